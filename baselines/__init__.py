@@ -1,0 +1,3 @@
+"""Comparison methods. Importing this package registers them with `graft.drafter.register`."""
+
+from baselines import pld  # noqa: F401

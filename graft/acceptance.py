@@ -1,0 +1,112 @@
+"""Which drafted tokens the target keeps.
+
+Words used throughout:
+- *accepted* tokens are draft nodes the target agrees with, along one root-to-node path;
+- the *bonus* token is the target's own token after the deepest accepted node (under greedy decoding the
+  argmax there; under sampling a draw from the residual distribution, which is the *recovered* token when
+  a draft was rejected). Every step commits accepted + 1 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from graft.tree import DraftTree, TreeAttention
+
+
+@dataclass
+class Acceptance:
+    path: Tensor  # [num_accepted + 1] node indices from the root to the deepest accepted node
+    tokens: list[int]  # committed this step: the accepted nodes' tokens, then the bonus token
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.tokens) - 1
+
+
+def accept_greedy(tree: DraftTree, attn: TreeAttention, logits: Tensor) -> Acceptance:
+    """Longest root path whose every token equals the target's argmax after its parent, plus the bonus.
+
+    logits: [num_nodes, vocab], row i is the target's prediction after node i's path.
+    """
+    target = logits.argmax(-1)  # [num_nodes]
+    if tree.num_nodes == 1:
+        return Acceptance(path=torch.zeros(1, dtype=torch.long, device=logits.device), tokens=target.tolist())
+    correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
+    correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
+    on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
+    deepest = torch.argmax(torch.where(on_correct_path, attn.depth, -1))
+    path = torch.nonzero(attn.ancestors[deepest]).squeeze(1)  # index order is root-to-leaf order
+    committed = torch.cat([tree.tokens[path[1:]], target[deepest].unsqueeze(0)])
+    return Acceptance(path=path, tokens=committed.tolist())
+
+
+def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
+    """The distribution the target samples from: softmax(logits / T), restricted to the top-p nucleus."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def accept_sampling(
+    tree: DraftTree,
+    logits: Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    renormalize: bool = True,
+) -> Acceptance:
+    """Multi-draft recursive rejection sampling over a tree with deterministic (point-mass) proposals.
+
+    At a node with target distribution p, its children are tried in index order: child token x is accepted
+    with probability p(x); on rejection x is removed from p and p is renormalised (the residual). When every
+    child is rejected the bonus token is drawn from the residual. The committed tokens are therefore
+    distributed exactly as the target's own samples, whatever the tree. `renormalize=False` breaks the
+    rule on purpose; tests use it to show that the distribution check can fail.
+    """
+    probs = target_distribution(logits, temperature, top_p).cpu()  # [num_nodes, vocab]
+    tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
+    children: dict[int, list[int]] = {}
+    for node in range(1, len(parents)):
+        children.setdefault(parents[node], []).append(node)
+
+    node, path, committed = 0, [0], []
+    while True:
+        residual = probs[node].clone()
+        chosen = None
+        for child in children.get(node, ()):
+            token = tokens[child]
+            p_token = float(residual[token])
+            if p_token <= 0.0:
+                continue
+            if float(torch.rand((), generator=generator)) < p_token:
+                chosen = child
+                break
+            residual[token] = 0.0
+            if renormalize:
+                residual /= residual.sum()
+        if chosen is None:
+            bonus = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+            committed.append(bonus)
+            break
+        path.append(chosen)
+        committed.append(tokens[chosen])
+        node = chosen
+    return Acceptance(path=torch.tensor(path, dtype=torch.long, device=logits.device), tokens=committed)
+
+
+def sample_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+    """One token from the target's distribution (temperature 0 means argmax)."""
+    if temperature <= 0:
+        return int(logits.argmax(-1))
+    probs = target_distribution(logits, temperature, top_p).cpu()
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,142 @@
+"""The one decode loop every method runs: prefill, then repeat draft -> verify -> accept -> commit.
+
+Definitions used by every record and summary:
+- a *step* is one verification forward of the target; prefill is not a step;
+- the first new token comes from the prefill logits and is not attributed to any step; every step then
+  commits its accepted tokens plus one bonus token, so `tau = step_tokens / steps` where
+  `step_tokens = new_tokens - 1`; the autoregressive baseline has tau = 1.00 exactly;
+- tokens are counted by id up to and including the first stop token, and at most `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from graft.acceptance import accept_greedy, accept_sampling, sample_token
+from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback
+from graft.target import TargetModel
+from graft.tree import tree_attention
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+@dataclass
+class Generation:
+    prompt_len: int
+    new_tokens: list[int]
+    stop_reason: str  # "stop_token" | "max_new_tokens" | "context"
+    prefill_s: float
+    wall_s: float  # prefill included
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed per step (accepted + bonus)
+    nodes: list[int] = field(default_factory=list)  # tree nodes verified per step, root included
+    draft_s: list[float] = field(default_factory=list)  # propose + update, per step
+    verify_s: list[float] = field(default_factory=list)  # the target forward, per step
+    other_s: list[float] = field(default_factory=list)  # mask, acceptance, cache commit, bookkeeping
+    top2_gaps: list[float] = field(default_factory=list)  # target's top-2 logit gap for each new token
+    step_info: list[dict] = field(default_factory=list)  # drafter's own per-step record, if it keeps one
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def step_tokens(self) -> int:
+        return len(self.new_tokens) - 1 if self.new_tokens else 0
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+    @property
+    def tau(self) -> float | None:
+        return self.step_tokens / self.steps if self.steps else None
+
+
+def _top2_gap(logits: torch.Tensor) -> list[float]:
+    top = logits.topk(2, dim=-1).values  # [rows, 2]
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def generate(
+    target: TargetModel,
+    drafter: Drafter,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    sampling: SamplingConfig = SamplingConfig(),
+    generator: torch.Generator | None = None,
+    record_gaps: bool = False,
+) -> Generation:
+    """Generate up to `max_new_tokens` tokens after `prompt_ids` with `drafter` proposing trees."""
+    clock = time.perf_counter
+    start = clock()
+    target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
+    prefill = target.prefill(prompt_ids)
+    first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
+    gen = Generation(prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
+    if record_gaps:
+        gen.top2_gaps.extend(_top2_gap(prefill.logits[-1:]))
+    state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
+    drafter.reset(PrefillInfo(state=state, forward=prefill))
+    gen.prefill_s = clock() - start
+    done = first in stop_ids or max_new_tokens <= 1
+    if first in stop_ids:
+        gen.stop_reason = "stop_token"
+    context_limit = target.max_context
+
+    while not done:
+        t0 = clock()
+        tree = drafter.propose(state)
+        t1 = clock()
+        committed_len = target.cache_len
+        if committed_len + tree.num_nodes > context_limit:
+            gen.stop_reason = "context"
+            break
+        attn = tree_attention(tree.parents, committed_len)
+        mask = attn.attention_mask(target.dtype)
+        t2 = clock()
+        forward = target.verify(tree, attn, mask)
+        t3 = clock()
+        if sampling.greedy:
+            acceptance = accept_greedy(tree, attn, forward.logits)
+        else:
+            acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
+        target.commit(committed_len, acceptance.path)
+
+        room = max_new_tokens - len(gen.new_tokens)
+        committed = acceptance.tokens[:room]
+        for i, token in enumerate(committed):
+            if token in stop_ids:
+                committed = committed[: i + 1]
+                gen.stop_reason, done = "stop_token", True
+                break
+        gen.new_tokens.extend(committed)
+        state.tokens.extend(committed)
+        if record_gaps:
+            gen.top2_gaps.extend(_top2_gap(forward.logits[acceptance.path])[: len(committed)])
+        if len(gen.new_tokens) >= max_new_tokens:
+            done = True
+        t4 = clock()
+        drafter.update(StepFeedback(tree=tree, attn=attn, forward=forward, acceptance=acceptance, state=state))
+        t5 = clock()
+
+        gen.accept_lengths.append(len(committed))
+        gen.nodes.append(tree.num_nodes)
+        draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
+        gen.draft_s.append(draft_s)
+        gen.verify_s.append(verify_s)
+        gen.other_s.append(clock() - t0 - draft_s - verify_s)
+
+    gen.wall_s = clock() - start
+    return gen

@@ -1,0 +1,99 @@
+"""Run-level metrics from per-prompt records. The definitions are printed next to the numbers.
+
+- tau: tokens committed by verification steps / steps (bonus token included; the prefill's first token
+  excluded), summed over every turn of every prompt. Autoregressive decoding has exactly 1.00.
+- tokens_per_s: mean over prompts of (new tokens / wall time), prefill included, as in Spec-Bench.
+- speedup_wall: tokens_per_s of the method / the same for the baseline run on the same prompts.
+- speedup_decode: baseline seconds per step token after prefill / the method's (prefill excluded).
+- lossless: greedy only: every prompt's tokens equal the baseline's (null under sampling).
+- avg_nodes_per_step: tree nodes verified per step, root included.
+- loop_overhead: share of step time outside the target forward and the drafter (mask, acceptance,
+  cache commit, bookkeeping).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+DEFINITIONS = {
+    "tau": "step tokens / steps (accepted + bonus per verification; AR = 1.00)",
+    "tokens_per_s": "mean over prompts of new tokens / wall s (prefill included)",
+    "baseline_tokens_per_s": "the same for the baseline, same prompts, interleaved",
+    "speedup_wall": "tokens_per_s / baseline_tokens_per_s",
+    "speedup_wall_median": "median over prompts of the per-prompt tokens/s ratio",
+    "speedup_decode": "baseline s per step token / method s per step token (prefill excluded)",
+    "lossless": "greedy: every prompt's tokens equal the baseline's",
+    "avg_nodes_per_step": "verified tree nodes per step, root included",
+    "loop_overhead": "share of step time not in the target forward or the drafter",
+}
+
+
+def side_totals(turns: list[dict]) -> dict:
+    new_tokens = sum(t["new_tokens"] for t in turns)
+    wall = sum(t["wall_s"] for t in turns)
+    return {
+        "new_tokens": new_tokens,
+        "step_tokens": sum(t["step_tokens"] for t in turns),
+        "steps": sum(t["steps"] for t in turns),
+        "nodes": sum(sum(t["nodes"]) for t in turns),
+        "wall_s": wall,
+        "decode_s": sum(t["decode_s"] for t in turns),
+        "prefill_s": sum(t["prefill_s"] for t in turns),
+        "draft_s": sum(sum(t["draft_ms"]) for t in turns) / 1e3,
+        "verify_s": sum(sum(t["verify_ms"]) for t in turns) / 1e3,
+        "other_s": sum(sum(t["other_ms"]) for t in turns) / 1e3,
+        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summarize(records: list[dict], meta: dict) -> dict:
+    done = [r for r in records if r.get("status") == "ok"]
+    method = [r["method"]["totals"] for r in done]
+    base = [(r["baseline"] or r["method"])["totals"] for r in done]
+    total = lambda rows, key: sum(row[key] for row in rows)  # noqa: E731
+    step_time = total(method, "draft_s") + total(method, "verify_s") + total(method, "other_s")
+    tps = statistics.fmean(row["tokens_per_s"] for row in method) if method else 0.0
+    base_tps = statistics.fmean(row["tokens_per_s"] for row in base) if base else 0.0
+    per_prompt = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(method, base) if b["tokens_per_s"]]
+    checked = [r["lossless"] for r in done if r["lossless"]["checked"]]
+    divergent = [c for c in checked if not c["equal"]]
+    summary = {
+        **meta,
+        "n_prompts": len(done),
+        "n_skipped": sum(1 for r in records if r.get("status") == "skipped"),
+        "tau": _ratio(total(method, "step_tokens"), total(method, "steps")),
+        "baseline_tau": _ratio(total(base, "step_tokens"), total(base, "steps")),
+        "tokens_per_s": tps,
+        "baseline_tokens_per_s": base_tps,
+        "speedup_wall": _ratio(tps, base_tps),
+        "speedup_wall_median": statistics.median(per_prompt) if per_prompt else None,
+        "speedup_decode": _ratio(
+            _ratio(total(base, "decode_s"), total(base, "step_tokens")) or 0.0,
+            _ratio(total(method, "decode_s"), total(method, "step_tokens")) or 0.0,
+        ),
+        "lossless": (len(divergent) == 0) if checked else None,
+        "n_divergent": len(divergent),
+        "n_divergent_float_tie": sum(1 for c in divergent if c["first_divergence"]["float_tie"]),
+        "avg_nodes_per_step": _ratio(total(method, "nodes"), total(method, "steps")),
+        "new_tokens": total(method, "new_tokens"),
+        "steps": total(method, "steps"),
+        "time_split": {
+            "draft": _ratio(total(method, "draft_s"), step_time),
+            "verify": _ratio(total(method, "verify_s"), step_time),
+            "other": _ratio(total(method, "other_s"), step_time),
+        },
+        "loop_overhead": _ratio(total(method, "other_s"), step_time),
+        "baseline_loop_overhead": _ratio(
+            total(base, "other_s"), total(base, "draft_s") + total(base, "verify_s") + total(base, "other_s")
+        ),
+        "ms_per_step": _ratio(1e3 * step_time, total(method, "steps")),
+        "baseline_ms_per_step": _ratio(
+            1e3 * (total(base, "draft_s") + total(base, "verify_s") + total(base, "other_s")), total(base, "steps")
+        ),
+        "definitions": DEFINITIONS,
+    }
+    return summary

@@ -1,0 +1,40 @@
+"""The console table printed at the end of a run, with each metric's definition beside its value."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+ROWS = [
+    ("n_prompts", "{}"),
+    ("tau", "{:.2f}"),
+    ("baseline_tau", "{:.2f}"),
+    ("tokens_per_s", "{:.1f}"),
+    ("baseline_tokens_per_s", "{:.1f}"),
+    ("speedup_wall", "{:.3f}x"),
+    ("speedup_wall_median", "{:.3f}x"),
+    ("speedup_decode", "{:.3f}x"),
+    ("lossless", "{}"),
+    ("avg_nodes_per_step", "{:.1f}"),
+    ("ms_per_step", "{:.1f}"),
+    ("baseline_ms_per_step", "{:.1f}"),
+    ("loop_overhead", "{:.1%}"),
+    ("baseline_loop_overhead", "{:.1%}"),
+]
+
+
+def print_summary(summary: dict, out_dir: str) -> None:
+    table = Table(title=f"{summary['method']} on {summary['model']} / {summary['dataset']}  ({summary['hardware'].get('cpu') if summary['hardware'].get('device') == 'cpu' else summary['hardware'].get('gpu', summary['hardware'].get('device'))})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("definition")
+    definitions = summary.get("definitions", {})
+    for key, fmt in ROWS:
+        value = summary.get(key)
+        text = "-" if value is None else fmt.format(value)
+        table.add_row(key, text, definitions.get(key, ""))
+    if summary.get("n_skipped"):
+        table.add_row("n_skipped", str(summary["n_skipped"]), "prompts longer than the context allows")
+    console = Console()
+    console.print(table)
+    console.print(f"records: {out_dir}/samples.jsonl  summary: {out_dir}/summary.json")

@@ -1,0 +1,43 @@
+"""Entry point: `python run.py [model=X] [method=Y] [dataset=Z] [run.key=value ...]` (Hydra)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from graft.config import ConfigError, check_overrides, validate  # noqa: E402
+from graft.embedded import EmbeddedModelError  # noqa: E402
+from graft.models import ModelLoadError  # noqa: E402
+from graft.records import RunDirConflict  # noqa: E402
+
+USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from graft.report import print_summary
+    from graft.runner import run
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        typed = validate(resolved)
+        summary = run(typed, resolved)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print_summary(summary, typed.run.out_dir)
+    return summary.get("speedup_wall")
+
+
+if __name__ == "__main__":
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    main()
