@@ -19,7 +19,7 @@ from graft.tree import DraftTree, TreeAttention
 
 @dataclass
 class Acceptance:
-    path: Tensor  # [num_accepted + 1] node indices from the root to the deepest accepted node
+    path: list[int]  # node indices from the root to the deepest accepted node (root included)
     tokens: list[int]  # committed this step: the accepted nodes' tokens, then the bonus token
 
     @property
@@ -30,18 +30,25 @@ class Acceptance:
 def accept_greedy(tree: DraftTree, attn: TreeAttention, logits: Tensor) -> Acceptance:
     """Longest root path whose every token equals the target's argmax after its parent, plus the bonus.
 
-    logits: [num_nodes, vocab], row i is the target's prediction after node i's path.
+    logits: [num_nodes, vocab], row i is the target's prediction after node i's path. Everything stays
+    on the device until one packed copy to the host, the step's only sync.
     """
     target = logits.argmax(-1)  # [num_nodes]
-    if tree.num_nodes == 1:
-        return Acceptance(path=torch.zeros(1, dtype=torch.long, device=logits.device), tokens=target.tolist())
+    n = tree.num_nodes
+    if n == 1:
+        return Acceptance(path=[0], tokens=target.tolist())
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
     on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
-    deepest = torch.argmax(torch.where(on_correct_path, attn.depth, -1))
-    path = torch.nonzero(attn.ancestors[deepest]).squeeze(1)  # index order is root-to-leaf order
-    committed = torch.cat([tree.tokens[path[1:]], target[deepest].unsqueeze(0)])
-    return Acceptance(path=path, tokens=committed.tolist())
+    deepest = torch.argmax(torch.where(on_correct_path, attn.depth, -1))  # []
+    slot = torch.where(attn.ancestors[deepest], attn.depth, n)  # [num_nodes]; off-path nodes -> spare slot n
+    path = torch.zeros(n + 1, dtype=torch.long, device=logits.device).scatter_(0, slot, torch.arange(n, device=logits.device))
+    packed = torch.cat([attn.depth[deepest].view(1), path[:n], tree.tokens[path[:n]], target[deepest].view(1)])
+    host = packed.tolist()
+    length = host[0] + 1
+    path_list = host[1 : 1 + length]
+    tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
+    return Acceptance(path=path_list, tokens=tokens)
 
 
 def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
@@ -101,7 +108,7 @@ def accept_sampling(
         path.append(chosen)
         committed.append(tokens[chosen])
         node = chosen
-    return Acceptance(path=torch.tensor(path, dtype=torch.long, device=logits.device), tokens=committed)
+    return Acceptance(path=path, tokens=committed)
 
 
 def sample_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:

@@ -68,6 +68,7 @@ def _top2_gap(logits: torch.Tensor) -> list[float]:
     return (top[:, 0] - top[:, 1]).tolist()
 
 
+@torch.inference_mode()
 def generate(
     target: TargetModel,
     drafter: Drafter,

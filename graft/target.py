@@ -190,8 +190,9 @@ class TargetModel:
         )
         return ForwardOutput(logits=out.logits[0].float(), hidden=self._collect_hidden())
 
-    def commit(self, committed_len: int, path: Tensor) -> None:
+    @torch.inference_mode()
+    def commit(self, committed_len: int, path: list[int]) -> None:
         """Keep the cache up to `committed_len` plus the verified nodes on `path` (root first)."""
-        count = path.shape[0]
-        in_place = count == 1 or bool((path == torch.arange(count, device=path.device)).all())
-        self.cache.keep(committed_len, None if in_place else path, count)
+        in_place = path == list(range(len(path)))
+        rows = None if in_place else torch.tensor(path, dtype=torch.long, device=self.device)
+        self.cache.keep(committed_len, rows, len(path))

@@ -1,0 +1,98 @@
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from graft.acceptance import accept_greedy, accept_sampling, target_distribution
+from graft.tree import DraftTree, tree_attention
+
+PARENTS = [-1, 0, 0, 1, 1, 2]
+
+
+def _logits_with_argmax(argmaxes, vocab=10):
+    logits = torch.zeros(len(argmaxes), vocab)
+    for row, token in enumerate(argmaxes):
+        logits[row, token] = 5.0
+    return logits
+
+
+def test_greedy_takes_the_longest_correct_path_and_the_bonus():
+    tree = DraftTree(tokens=torch.tensor([1, 5, 7, 6, 9, 8]), parents=torch.tensor(PARENTS))
+    attn = tree_attention(tree.parents, 0)
+    # target: after root 7 (node 2 right, node 1 wrong); after node 2 -> 8 (node 5 right); after node 5 -> 3
+    logits = _logits_with_argmax([7, 0, 8, 0, 0, 3])
+    acc = accept_greedy(tree, attn, logits)
+    assert acc.path == [0, 2, 5]
+    assert acc.tokens == [7, 8, 3]
+    assert acc.num_accepted == 2
+
+
+def test_greedy_rejects_a_correct_token_under_a_wrong_parent():
+    tree = DraftTree(tokens=torch.tensor([1, 5, 7, 6, 9, 8]), parents=torch.tensor(PARENTS))
+    attn = tree_attention(tree.parents, 0)
+    # node 3 (token 6) matches the argmax after node 1, but node 1 itself is wrong
+    logits = _logits_with_argmax([4, 6, 0, 0, 0, 0])
+    acc = accept_greedy(tree, attn, logits)
+    assert acc.path == [0] and acc.tokens == [4]
+
+
+def test_greedy_root_only_is_plain_argmax():
+    tree = DraftTree.root_only(3)
+    acc = accept_greedy(tree, tree_attention(tree.parents, 4), _logits_with_argmax([9]))
+    assert acc.path == [0] and acc.tokens == [9]
+
+
+# --- sampling: the committed tokens must follow the target's own distribution --------------------
+
+VOCAB = 5
+_rng = np.random.default_rng(0)
+MARKOV_LOGITS = torch.tensor(np.log(_rng.dirichlet(np.full(VOCAB, 0.6), size=VOCAB)), dtype=torch.float32)
+
+
+def _tree_for(root: int) -> DraftTree:
+    """A fixed, unbalanced tree: the two most likely next tokens, with duplicates and a deep branch."""
+    order = torch.argsort(MARKOV_LOGITS[root], descending=True).tolist()
+    a, b, c = order[0], order[1], order[2]
+    tokens = [root, a, b, a, b, c, a]
+    parents = [-1, 0, 0, 0, 1, 1, 4]  # node 3 duplicates node 1's token under the same parent
+    return DraftTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents))
+
+
+def _logits_for(tree: DraftTree) -> torch.Tensor:
+    return MARKOV_LOGITS[tree.tokens]  # a Markov target: next-token logits depend on the node's own token
+
+
+def _draw_two_tokens(gen, temperature, top_p, renormalize):
+    committed = []
+    root = 0
+    while len(committed) < 2:
+        tree = _tree_for(root)
+        acc = accept_sampling(tree, _logits_for(tree), temperature, top_p, gen, renormalize=renormalize)
+        committed += acc.tokens
+        root = committed[-1]
+    return committed[0] * VOCAB + committed[1]
+
+
+def _expected_two_tokens(temperature, top_p):
+    p = target_distribution(MARKOV_LOGITS, temperature, top_p).double()
+    first = p[0]
+    return (first[:, None] * p).reshape(-1).numpy()
+
+
+def _chi2_pvalue(temperature, top_p, renormalize, draws=6000):
+    gen = torch.Generator().manual_seed(1234)
+    counts = np.bincount([_draw_two_tokens(gen, temperature, top_p, renormalize) for _ in range(draws)], minlength=VOCAB * VOCAB)
+    expected = _expected_two_tokens(temperature, top_p) * draws
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "sampled a token outside the target's support"
+    expected = expected[keep] * counts[keep].sum() / expected[keep].sum()
+    return chisquare(counts[keep], expected).pvalue
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_tree_sampling_matches_the_target_distribution(temperature, top_p):
+    assert _chi2_pvalue(temperature, top_p, renormalize=True) > 1e-3
+
+
+def test_the_check_fails_on_a_broken_acceptance_rule():
+    assert _chi2_pvalue(1.0, 1.0, renormalize=False) < 1e-6

@@ -1,0 +1,91 @@
+"""The command line, end to end: `python run.py ...` in a subprocess, as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = {
+    "model", "method", "dataset", "n_prompts", "tau", "speedup_wall", "speedup_decode", "tokens_per_s",
+    "baseline_tokens_per_s", "lossless", "avg_nodes_per_step", "hardware",
+}
+
+
+def run_cli(*args, check=True):
+    proc = subprocess.run(
+        [sys.executable, "run.py", *args, "run.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"run.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def lines(path: Path) -> list[str]:
+    return (path / "samples.jsonl").read_text().splitlines()
+
+
+@pytest.mark.embedded
+def test_embedded_model_end_to_end(tmp_path):
+    common = ["run.num_prompts=2", "run.max_new_tokens=16", "logger=none"]
+    run_cli("method=ar", f"run.out_dir={tmp_path / 'ar'}", *common)
+    ar = json.loads((tmp_path / "ar" / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(ar)
+    assert ar["model"] == "smollm2_135m" and ar["n_prompts"] == 2
+    assert ar["tau"] == 1.0 and ar["speedup_wall"] == 1.0
+
+    proc = run_cli(f"run.out_dir={tmp_path / 'pld'}", *common)  # the default method
+    pld = json.loads((tmp_path / "pld" / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(pld)
+    assert pld["method"] == "pld" and pld["lossless"] is True
+    assert "speedup_wall" in proc.stdout
+    record = json.loads(lines(tmp_path / "pld")[0])
+    turn = record["method"]["turns"][0]
+    assert turn["new_tokens"] == 16 or turn["stop_reason"] == "stop_token"
+    assert len(turn["accept_lengths"]) == turn["steps"] == len(turn["draft_ms"]) == len(turn["verify_ms"])
+
+
+def test_unknown_names_are_refused_with_the_options():
+    for arg, needle in [("model=gpt5", "smollm2_135m"), ("method=magic", "pld"), ("dataset=imagenet", "builtin")]:
+        proc = run_cli(arg, check=False)
+        assert proc.returncode == 2
+        assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_local_model_path(tmp_path):
+    proc = run_cli("model=pretrained", f"model.path={tmp_path}/no/such/model", f"run.out_dir={tmp_path}/o", "logger=none", check=False)
+    assert proc.returncode == 2
+    assert "no such directory" in proc.stderr and f"{tmp_path}/no/such/model" in proc.stderr
+
+
+def test_too_long_prompts_are_skipped_and_recorded(tmp_path):
+    out = tmp_path / "long"
+    run_cli("experiment=smoke", "run.num_prompts=null", "model.max_context=200", f"run.out_dir={out}")
+    records = [json.loads(line) for line in lines(out)]
+    skipped = [r for r in records if r["status"] == "skipped"]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert len(records) == 16 and skipped and ok
+    assert all("context 200" in r["reason"] for r in skipped)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_skipped"] == len(skipped) and summary["n_prompts"] == len(ok)
+
+
+def test_resume_and_refusal_of_another_config(tmp_path):
+    out = tmp_path / "resume"
+    run_cli("experiment=smoke", f"run.out_dir={out}")
+    first = lines(out)
+    assert len(first) == 2
+
+    proc = run_cli("experiment=smoke", "run.max_new_tokens=8", f"run.out_dir={out}", check=False)
+    assert proc.returncode == 2
+    assert "different config" in proc.stderr and "run.max_new_tokens" in proc.stderr
+    assert lines(out) == first  # nothing lost
+
+    # a torn last line (killed mid-write) is dropped and that prompt reruns
+    (out / "samples.jsonl").write_text("\n".join(first) + "\n" + first[1][:40])
+    run_cli("experiment=smoke", "run.num_prompts=3", f"run.out_dir={out}")
+    resumed = lines(out)
+    assert len(resumed) == 3 and resumed[:2] == first
+    assert [json.loads(line)["id"] for line in resumed] == ["chat-1", "chat-2", "chat-3"]

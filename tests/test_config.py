@@ -1,0 +1,65 @@
+import itertools
+
+import pytest
+
+from conftest import compose
+from graft.config import ConfigError, check_overrides, group_options, validate
+
+GROUP_NAMES = ["model", "method", "dataset", "logger", "hardware"]
+
+
+def test_every_combination_of_configs_composes_and_validates():
+    options = [group_options(g) for g in GROUP_NAMES]
+    for combo in itertools.product(*options):
+        overrides = [f"{g}={o}" for g, o in zip(GROUP_NAMES, combo)]
+        cfg = validate(compose(overrides))
+        assert cfg.model.name == combo[0] and cfg.method["name"] == combo[1]
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes(experiment):
+    validate(compose([f"experiment={experiment}"]))
+
+
+def test_defaults_are_the_embedded_model_on_builtin_prompts():
+    cfg = validate(compose([]))
+    assert (cfg.model.name, cfg.dataset.name, cfg.model.source) == ("smollm2_135m", "builtin", "embedded")
+
+
+@pytest.mark.parametrize(
+    "argv,needles",
+    [
+        (["model=llama9"], ["unknown model 'llama9'", "smollm2_135m", "tiny_llama"]),
+        (["method=graftt"], ["unknown method 'graftt'", "pld"]),
+        (["dataset=nope"], ["unknown dataset 'nope'", "builtin"]),
+        (["run.max_new_tokn=3"], ["run.max_new_tokn", "max_new_tokens", "did you mean"]),
+        (["method=pld", "method.ngram=2"], ["method.ngram", "max_ngram"]),
+        (["modle=tiny_llama"], ["unknown override 'modle'", "did you mean 'model'"]),
+        (["foo.bar=1"], ["unknown config section 'foo'"]),
+    ],
+)
+def test_bad_overrides_name_the_key_and_what_is_allowed(argv, needles):
+    with pytest.raises(ConfigError) as err:
+        check_overrides(argv)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "mutate,needles",
+    [
+        (lambda c: c["model"].update(dtype="flaot32"), ["model.dtype='flaot32'", "float32", "bfloat16"]),
+        (lambda c: c["run"].update(max_new_tokens=0), ["run.max_new_tokens=0", ">= 1"]),
+        (lambda c: c["run"].update(temperature="hot"), ["run.temperature", "number"]),
+        (lambda c: c["run"].update(extra=1), ["unknown key 'extra' in run", "max_new_tokens"]),
+        (lambda c: c["method"].update(num_pred_tokens=0), ["num_pred_tokens must be >= 1"]),
+        (lambda c: c["logger"].update(mode="sometimes"), ["logger.mode='sometimes'", "offline"]),
+    ],
+)
+def test_bad_values_in_a_composed_config(mutate, needles):
+    cfg = compose(["method=pld"])
+    mutate(cfg)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    for needle in needles:
+        assert needle in str(err.value)

@@ -1,0 +1,98 @@
+"""Greedy output of every drafter equals the autoregressive baseline's, token for token."""
+
+import random
+
+import pytest
+import torch
+
+from graft.data import BUILTIN
+from graft.decode import SamplingConfig, generate
+from graft.drafter import METHODS, Drafter, SequenceState, build_drafter
+from graft.tree import DraftTree, NodeSource
+
+TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"]
+MAX_NEW = 48
+
+
+class RandomTreeDrafter(Drafter):
+    """Random trees of varied shape; one branch follows the reference continuation to a random depth,
+    at a random child position, with random siblings and duplicate tokens around it."""
+
+    def __init__(self, target, reference: list[int], prompt_len: int, seed: int, max_nodes: int = 24):
+        super().__init__(target)
+        self.reference, self.prompt_len = reference, prompt_len
+        self.rng = random.Random(seed)
+        self._max = max_nodes
+
+    def max_nodes(self) -> int:
+        return self._max
+
+    def propose(self, state: SequenceState) -> DraftTree:
+        rng, vocab = self.rng, self.target.vocab_size
+        done = len(state.tokens) - self.prompt_len
+        truth = self.reference[done : done + rng.randint(0, 8)]
+        n_nodes = rng.randint(1, self._max)
+        tokens, parents = [state.root], [-1]
+        truth_node, truth_depth = 0, 0
+        while len(tokens) < n_nodes:
+            if truth_depth < len(truth) and rng.random() < 0.4:
+                parent, token = truth_node, truth[truth_depth]
+                truth_node, truth_depth = len(tokens), truth_depth + 1
+            else:
+                parent = rng.randrange(len(tokens))
+                token = rng.choice(tokens) if rng.random() < 0.2 else rng.randrange(vocab)
+            tokens.append(token)
+            parents.append(parent)
+        sources = torch.full((len(tokens),), int(NodeSource.TEST), dtype=torch.int8)
+        tree = DraftTree(torch.tensor(tokens), torch.tensor(parents), sources=sources)
+        tree.validate()
+        return tree
+
+
+def _prompt_ids(model, k):
+    return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_every_registered_method_is_lossless(tiny, name):
+    model = tiny(name)
+    for k in range(3):
+        ids = _prompt_ids(model, k)
+        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids)
+        assert base.tau == 1.0
+        for method, spec in METHODS.items():
+            drafter = build_drafter(method, model.target, {})
+            out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
+            assert out.new_tokens == base.new_tokens, f"{method} diverged on prompt {k}"
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_random_trees_are_lossless_and_accept(tiny, name):
+    model = tiny(name)
+    accepted_beyond_bonus = 0
+    for k in range(3):
+        ids = _prompt_ids(model, k)
+        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids)
+        for seed in range(3):
+            drafter = RandomTreeDrafter(model.target, base.new_tokens, len(ids), seed=seed + 10 * k)
+            out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
+            assert out.new_tokens == base.new_tokens, f"random tree seed {seed} diverged on prompt {k}"
+            assert max(out.nodes) > 1
+            accepted_beyond_bonus += sum(a - 1 for a in out.accept_lengths)
+    assert accepted_beyond_bonus > 20  # the trees did get accepted, so compaction of deep paths was exercised
+
+
+def test_pld_accepts_on_repetitive_text(tiny):
+    model = tiny("tiny_llama")
+    ids = _prompt_ids(model, 0)
+    out = generate(model.target, build_drafter("pld", model.target, {}), ids, 96, model.stop_ids)
+    assert out.tau > 1.0
+
+
+def test_sampling_runs_through_the_same_loop(tiny):
+    model = tiny("tiny_qwen3")
+    ids = _prompt_ids(model, 1)
+    gen = torch.Generator().manual_seed(0)
+    out = generate(model.target, build_drafter("pld", model.target, {}), ids, 32, model.stop_ids, SamplingConfig(0.8, 0.95), gen)
+    assert 1 <= len(out.new_tokens) <= 32
+    assert sum(out.accept_lengths) == out.step_tokens
