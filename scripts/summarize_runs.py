@@ -1,0 +1,51 @@
+"""Collect the summary.json of several runs into one Markdown table.
+
+    python scripts/summarize_runs.py outputs/**/summary.json [--out results/table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+COLUMNS = [
+    ("model", "{}"),
+    ("method", "{}"),
+    ("dataset", "{}"),
+    ("n_prompts", "{}"),
+    ("tau", "{:.2f}"),
+    ("tokens_per_s", "{:.1f}"),
+    ("baseline_tokens_per_s", "{:.1f}"),
+    ("speedup_wall", "{:.3f}"),
+    ("speedup_decode", "{:.3f}"),
+    ("avg_nodes_per_step", "{:.1f}"),
+    ("loop_overhead", "{:.1%}"),
+    ("lossless", "{}"),
+]
+
+
+def table(summaries: list[dict]) -> str:
+    head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    rows = []
+    for s in summaries:
+        cells = ["-" if s.get(k) is None else fmt.format(s[k]) for k, fmt in COLUMNS]
+        rows.append("| " + " | ".join(cells) + " |")
+    hardware = sorted({f"{s['hardware'].get('gpu') or s['hardware'].get('cpu')} ({s['hardware'].get('torch_threads')} threads)" for s in summaries})
+    return "\n".join([head, rule, *rows, "", "Hardware: " + "; ".join(hardware)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("summaries", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    text = table([json.loads(p.read_text()) for p in args.summaries])
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The target adapter against plain Hugging Face forwards: hidden-state taps and cache compaction."""
+
+import pytest
+import torch
+
+from graft.target import HiddenTap
+from graft.tree import DraftTree, tree_attention
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
+def test_hidden_taps_match_output_hidden_states(tiny, name):
+    model = tiny(name)
+    target = model.target
+    taps = (HiddenTap(2, "input"), HiddenTap(1, "output"), HiddenTap(3, "input"))
+    target.set_hidden_taps(taps)
+    try:
+        ids = list(range(40, 60))
+        target.reset(64)
+        pre = target.prefill(ids)
+        with torch.inference_mode():
+            ref = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        # hidden_states[i] is the input of layer i; the output of layer i is the input of layer i + 1
+        expected = torch.cat([ref[2][0], ref[2][0], ref[3][0]], dim=-1)
+        assert pre.hidden.shape == (20, 3 * target.hidden_size)
+        torch.testing.assert_close(pre.hidden, expected, rtol=1e-4, atol=1e-5)
+        assert pre.logits.shape == (1, target.vocab_size)
+    finally:
+        target.set_hidden_taps(())
+
+
+def test_commit_of_a_branch_equals_encoding_it_directly(tiny):
+    """Verify a tree, keep a non-contiguous path, and check the cache against a fresh prefill."""
+    target = tiny("tiny_llama").target
+    prompt = [5, 17, 99, 3, 42, 8]
+    # root 7 -> {11, 12}; 11 -> {13}; 12 -> {14 -> 15}: keep 0, 2, 4, 5 (root, 12, 14, 15)
+    tree = DraftTree(tokens=torch.tensor([7, 11, 12, 13, 14, 15]), parents=torch.tensor([-1, 0, 0, 1, 2, 4]))
+    target.reset(32)
+    target.prefill(prompt)
+    attn = tree_attention(tree.parents, target.cache_len)
+    target.verify(tree, attn, attn.attention_mask(target.dtype))
+    target.commit(len(prompt), [0, 2, 4, 5])
+    assert target.cache_len == len(prompt) + 4
+
+    probe = DraftTree.root_only(21)
+    attn = tree_attention(probe.parents, target.cache_len)
+    after_commit = target.verify(probe, attn, attn.attention_mask(target.dtype)).logits
+
+    target.reset(32)
+    direct = target.prefill(prompt + [7, 12, 14, 15, 21]).logits
+    torch.testing.assert_close(after_commit, direct, rtol=1e-4, atol=1e-5)
