@@ -25,6 +25,10 @@ DEFINITIONS = {
     "lossless": "greedy: every prompt's tokens equal the baseline's",
     "avg_nodes_per_step": "verified tree nodes per step, root included",
     "loop_overhead": "share of step time not in the target forward or the drafter",
+    "baseline_tau": "tau of the baseline run (1.00 by construction)",
+    "ms_per_step": "draft + verify + other milliseconds per step",
+    "baseline_ms_per_step": "the same for the baseline",
+    "baseline_loop_overhead": "loop_overhead of the baseline run",
 }
 
 
