@@ -10,12 +10,14 @@ os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from graft.config import ConfigError, check_overrides, validate  # noqa: E402
+from graft.config import ConfigError, check_overrides, register_schemas, validate  # noqa: E402
+from graft.data import DatasetError  # noqa: E402
 from graft.embedded import EmbeddedModelError  # noqa: E402
 from graft.models import ModelLoadError  # noqa: E402
 from graft.records import RunDirConflict  # noqa: E402
 
-USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError)
+USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError, DatasetError)
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")

@@ -34,6 +34,7 @@ class RunConfig:
     warmup_tokens: int = 16
     float_tie_gap: float = 1e-4  # a divergence where the baseline's top-2 logit gap is below this is a float tie
     progress: bool = True
+    score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
 
     def __post_init__(self):
         _require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
@@ -63,10 +64,25 @@ class ModelConfig:
 @dataclass
 class DatasetConfig:
     name: str
-    source: Literal["builtin"] = "builtin"
-    path: str | None = None
+    source: Literal["builtin", "question_jsonl", "eagle", "mt_bench", "humaneval", "gsm8k", "longbench", "pg19", "long_synthetic"] = "builtin"
+    path: str | None = None  # a local file or folder; overrides paths.data_root and the Hub
+    local_name: str | None = None  # where the file sits under paths.data_root (the ../shared/data layout)
+    hub_id: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "test"
     num_prompts: int | None = None
     categories: list[str] | None = None
+    min_prompt_tokens: int | None = None  # first turn, chat template included, target's tokenizer
+    max_prompt_tokens: int | None = None
+    prompt_template: str | None = None  # how a record becomes the first user turn, e.g. "{question}"
+    subsets: list[str] | None = None  # longbench
+    lengths: list[int] = field(default_factory=lambda: [8192])  # long_synthetic / pg19: prompt tokens
+    tasks: list[str] = field(default_factory=lambda: ["summarise"])  # long_synthetic / pg19: continue, summarise, qa
+
+
+@dataclass
+class PathsConfig:
+    data_root: str | None = None  # folder with the ../shared/data layout; $GRAFT_DATA overrides
 
 
 @dataclass
@@ -93,6 +109,7 @@ class ExperimentConfig:
     dataset: DatasetConfig
     logger: LoggerConfig
     hardware: HardwareConfig
+    paths: PathsConfig
 
 
 SECTIONS: dict[str, type] = {
@@ -101,7 +118,33 @@ SECTIONS: dict[str, type] = {
     "dataset": DatasetConfig,
     "logger": LoggerConfig,
     "hardware": HardwareConfig,
+    "paths": PathsConfig,
 }
+
+
+SCHEMA_GROUPS = {"model": ModelConfig, "dataset": DatasetConfig, "logger": LoggerConfig, "hardware": HardwareConfig}
+
+
+def schema_defaults(cls: type) -> dict:
+    """Every field of a section with its default ('???' when required), so any key can be overridden."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+        else:
+            values[f.name] = "???"
+    return values
+
+
+def register_schemas() -> None:
+    """Store each group's full key set as `<group>/schema`; group YAML files start from it."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for group, cls in SCHEMA_GROUPS.items():
+        store.store(group=group, name="schema", node=schema_defaults(cls))
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -29,6 +29,9 @@ DEFINITIONS = {
     "ms_per_step": "draft + verify + other milliseconds per step",
     "baseline_ms_per_step": "the same for the baseline",
     "baseline_loop_overhead": "loop_overhead of the baseline run",
+    "mean_prompt_tokens": "prompt tokens per turn (chat template included)",
+    "mean_prefill_s": "seconds per turn to encode the prompt and produce the first token",
+    "prefill_tokens_per_s": "prompt tokens / prefill seconds",
 }
 
 
@@ -48,6 +51,11 @@ def side_totals(turns: list[dict]) -> dict:
         "other_s": sum(sum(t["other_ms"]) for t in turns) / 1e3,
         "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
     }
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return statistics.fmean(values) if values else None
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -98,6 +106,17 @@ def summarize(records: list[dict], meta: dict) -> dict:
         "baseline_ms_per_step": _ratio(
             1e3 * (total(base, "draft_s") + total(base, "verify_s") + total(base, "other_s")), total(base, "steps")
         ),
+        "mean_prompt_tokens": _mean(t["prompt_tokens"] for r in done for t in r["method"]["turns"]),
+        "mean_prefill_s": _mean(t["prefill_s"] for r in done for t in r["method"]["turns"]),
+        "prefill_tokens_per_s": _ratio(
+            sum(t["prompt_tokens"] for r in done for t in r["method"]["turns"]),
+            sum(t["prefill_s"] for r in done for t in r["method"]["turns"]),
+        ),
         "definitions": DEFINITIONS,
     }
+    scored = [r["score"] for r in done if r.get("score") and r["score"].get("method")]
+    if scored:
+        metric = scored[0]["method"]["metric"]
+        side = lambda role: statistics.fmean(float((s.get(role) or s["method"])["correct"]) for s in scored)  # noqa: E731
+        summary["score"] = {"metric": metric, "n_scored": len(scored), "method": side("method"), "baseline": side("baseline")}
     return summary

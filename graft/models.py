@@ -64,6 +64,11 @@ class ChatFormatter:
         )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode(self, text: str) -> list[int]:
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return self.tokenizer.encode(text)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -16,7 +16,9 @@ import warnings
 from pathlib import Path
 
 # Keys that do not change any prompt's result: they may differ between a run and its resumption.
-RESUMABLE_KEYS = {("run", "out_dir"), ("run", "num_prompts"), ("run", "progress"), ("dataset", "num_prompts")}
+RESUMABLE_KEYS = {
+    ("run", "out_dir"), ("run", "num_prompts"), ("run", "progress"), ("dataset", "num_prompts"), ("paths", "data_root"),
+}
 
 
 class RunDirConflict(RuntimeError):

@@ -20,6 +20,9 @@ ROWS = [
     ("baseline_ms_per_step", "{:.1f}"),
     ("loop_overhead", "{:.1%}"),
     ("baseline_loop_overhead", "{:.1%}"),
+    ("mean_prompt_tokens", "{:.0f}"),
+    ("mean_prefill_s", "{:.2f}"),
+    ("prefill_tokens_per_s", "{:.0f}"),
 ]
 
 
@@ -33,6 +36,9 @@ def print_summary(summary: dict, out_dir: str) -> None:
         value = summary.get(key)
         text = "-" if value is None else fmt.format(value)
         table.add_row(key, text, definitions.get(key, ""))
+    if summary.get("score"):
+        sc = summary["score"]
+        table.add_row(sc["metric"], f"{sc['method']:.3f} (baseline {sc['baseline']:.3f})", f"over {sc['n_scored']} scored prompts")
     if summary.get("n_skipped"):
         table.add_row("n_skipped", str(summary["n_skipped"]), "prompts longer than the context allows")
     console = Console()

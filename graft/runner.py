@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from graft.config import ExperimentConfig
 from graft.data import Prompt, load_prompts
+from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, generate
 from graft.drafter import Drafter, build_drafter
 from graft.loggers import make_logger
@@ -112,10 +113,12 @@ def compare(method: Conversation, baseline: Conversation, float_tie_gap: float) 
 def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     run_cfg = cfg.run
     sampling = SamplingConfig(temperature=run_cfg.temperature, top_p=run_cfg.top_p)
-    prompts = load_prompts(cfg.dataset)
+    if cfg.dataset.source not in ("longbench", "pg19", "long_synthetic"):
+        load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
+    model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
+    prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
     if run_cfg.num_prompts:
         prompts = prompts[: run_cfg.num_prompts]
-    model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
     hardware = hardware_info(str(model.target.device))
     meta = {
         "model": cfg.model.name,
@@ -173,6 +176,8 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
                 lossless=lossless,
                 speedup_wall=method_side["totals"]["tokens_per_s"] / b_tps if b_tps else None,
             )
+            if run_cfg.score:
+                record["score"] = {role: score_answer(prompt, conv.texts) for role, conv in results.items()}
         rundir.append(record)
         records.append(record)
         summary = summarize(records, meta)

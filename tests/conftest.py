@@ -19,6 +19,9 @@ def compose(overrides: list[str]) -> dict:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
+    from graft.config import register_schemas
+
+    register_schemas()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=overrides)
         with open_dict(cfg):

@@ -8,12 +8,22 @@ from graft.config import ConfigError, check_overrides, group_options, validate
 GROUP_NAMES = ["model", "method", "dataset", "logger", "hardware"]
 
 
-def test_every_combination_of_configs_composes_and_validates():
-    options = [group_options(g) for g in GROUP_NAMES]
-    for combo in itertools.product(*options):
-        overrides = [f"{g}={o}" for g, o in zip(GROUP_NAMES, combo)]
-        cfg = validate(compose(overrides))
-        assert cfg.model.name == combo[0] and cfg.method["name"] == combo[1]
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUP_NAMES for o in group_options(g)])
+def test_every_config_file_composes_and_validates(group, option):
+    cfg = validate(compose([f"{group}={option}"]))
+    name = cfg.method["name"] if group == "method" else getattr(cfg, group).name
+    assert name == option
+
+
+def test_models_and_methods_compose_in_every_pairing():
+    for model, method in itertools.product(group_options("model"), group_options("method")):
+        cfg = validate(compose([f"model={model}", f"method={method}"]))
+        assert (cfg.model.name, cfg.method["name"]) == (model, method)
+
+
+def test_any_schema_key_can_be_overridden_without_plus():
+    cfg = validate(compose(["dataset.path=/x.jsonl", "model.system_prompt=hi", "hardware.num_threads=1", "logger.dir=/tmp"]))
+    assert (cfg.dataset.path, cfg.model.system_prompt, cfg.hardware.num_threads) == ("/x.jsonl", "hi", 1)
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

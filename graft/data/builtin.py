@@ -1,23 +1,10 @@
-"""Prompt sets. A prompt is one conversation: a list of user turns; each later turn continues the
-conversation with the model's own earlier answers.
-
-`builtin` is a small set written for this project (chat, code, math, summarisation; some multi-turn),
-so the harness runs with nothing downloaded.
+"""`builtin`: a small prompt set written for this project (chat, code, math, summarisation; five of the
+sixteen are multi-turn), so the harness runs with nothing downloaded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from graft.config import ConfigError, DatasetConfig
-
-
-@dataclass
-class Prompt:
-    id: str
-    category: str
-    turns: list[str]
-    meta: dict = field(default_factory=dict)
+from graft.data.prompt import Prompt
 
 
 _PASSAGE_TIDES = (
@@ -104,21 +91,3 @@ BUILTIN: list[Prompt] = [
     Prompt("sum-3", "summarisation", ["Give a one-paragraph summary of this text.\n\n" + _PASSAGE_BEES]),
     Prompt("sum-4", "summarisation", ["Read the passage and list its key facts.\n\n" + _PASSAGE_TIDES]),
 ]
-
-
-def load_prompts(cfg: DatasetConfig) -> list[Prompt]:
-    if cfg.source == "builtin":
-        prompts = list(BUILTIN)
-    else:  # the schema allows only known sources; this guards future ones
-        raise ConfigError(f"dataset.source={cfg.source!r} is not supported")
-    if cfg.categories:
-        known = sorted({p.category for p in prompts})
-        unknown = [c for c in cfg.categories if c not in known]
-        if unknown:
-            raise ConfigError(f"dataset.categories names {unknown}; categories in '{cfg.name}': {', '.join(known)}")
-        prompts = [p for p in prompts if p.category in cfg.categories]
-    if cfg.num_prompts:
-        prompts = prompts[: cfg.num_prompts]
-    if not prompts:
-        raise ConfigError(f"dataset '{cfg.name}' selection is empty after filtering")
-    return prompts

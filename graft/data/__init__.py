@@ -1,0 +1,68 @@
+"""Prompt sets: `builtin`, the benchmark files (local or Hub), and long-context sets.
+
+`load_prompts` applies, in order: the loader, `dataset.categories`, the prompt-length filters (tokens of
+the first turn with the chat template, counted by the target's tokenizer), then `dataset.num_prompts`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from graft.config import CONFIG_DIR, DatasetConfig
+from graft.data import long_context, sources
+from graft.data.builtin import BUILTIN
+from graft.data.prompt import DatasetError, Prompt
+
+__all__ = ["BUILTIN", "DatasetError", "Prompt", "load_prompts", "resolve_data_root"]
+
+LOADERS = {
+    "builtin": lambda cfg, root, chat: list(BUILTIN),
+    "question_jsonl": lambda cfg, root, chat: _question_file(cfg, root),
+    "eagle": lambda cfg, root, chat: sources.eagle_questions(cfg, root),
+    "mt_bench": lambda cfg, root, chat: sources.mt_bench(cfg, root),
+    "humaneval": lambda cfg, root, chat: sources.humaneval(cfg, root),
+    "gsm8k": lambda cfg, root, chat: sources.gsm8k(cfg, root),
+    "longbench": long_context.longbench,
+    "pg19": long_context.pg19,
+    "long_synthetic": long_context.long_synthetic,
+}
+
+
+def _question_file(cfg: DatasetConfig, root: str | None) -> list[Prompt]:
+    path = sources.local_file(cfg, root)
+    if path is None:
+        return sources.question_jsonl_from_hub_or_fail(cfg, root)
+    return sources.question_jsonl(path, cfg.name)
+
+
+def resolve_data_root(data_root: str | None) -> str | None:
+    """$GRAFT_DATA wins; a relative root is taken from the current directory, else from the repository."""
+    data_root = os.environ.get("GRAFT_DATA") or data_root
+    if not data_root:
+        return None
+    path = Path(data_root).expanduser()
+    if not path.is_absolute() and not path.exists():
+        path = CONFIG_DIR.parent / path
+    return str(path)
+
+
+def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) -> list[Prompt]:
+    root = resolve_data_root(data_root)
+    if cfg.source in ("longbench", "pg19", "long_synthetic") and chat is None:
+        raise DatasetError(f"dataset '{cfg.name}' is built with the target's tokenizer; pass a chat formatter")
+    prompts = LOADERS[cfg.source](cfg, root, chat)
+    if cfg.categories:
+        known = sorted({p.category for p in prompts})
+        unknown = [c for c in cfg.categories if c not in known]
+        if unknown:
+            raise DatasetError(f"dataset.categories names {unknown}; categories in '{cfg.name}': {', '.join(known)}")
+        prompts = [p for p in prompts if p.category in cfg.categories]
+    if (cfg.min_prompt_tokens or cfg.max_prompt_tokens) and chat is not None:
+        low, high = cfg.min_prompt_tokens or 0, cfg.max_prompt_tokens or float("inf")
+        prompts = [p for p in prompts if low <= len(chat.prompt_ids([{"role": "user", "content": p.turns[0]}])) <= high]
+    if cfg.num_prompts:
+        prompts = prompts[: cfg.num_prompts]
+    if not prompts:
+        raise DatasetError(f"dataset '{cfg.name}': the selection is empty after filtering (categories, prompt-length limits)")
+    return prompts
