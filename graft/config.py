@@ -99,6 +99,7 @@ class HardwareConfig:
     name: str = "cpu"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
+    fast_path: Literal["none", "transposed", "bf16", "compile"] = "none"  # graft/fast.py
 
 
 @dataclass

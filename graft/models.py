@@ -166,6 +166,10 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     else:
         model, tokenizer = _pretrained(cfg, dtype, device)
         source = cfg.path
+    if hardware.fast_path != "none":
+        from graft.fast import apply_fast_path
+
+        model = apply_fast_path(model, hardware.fast_path)
     target = TargetModel(model, tokenizer, name=cfg.name)
     if cfg.max_context:
         target.max_context = cfg.max_context

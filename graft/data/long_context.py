@@ -114,7 +114,7 @@ def _synthetic_from_texts(cfg: DatasetConfig, chat, texts: list[tuple[str, str]]
             prompts.append(
                 Prompt(
                     id=f"{cfg.name}-{length}-{task}",
-                    category=f"{length // 1024}k",
+                    category=f"{round(length / 1024)}k",
                     turns=[turn],
                     meta={"requested_tokens": length, "prompt_tokens": actual, "task": task, "source": title, "start_char": start},
                 )
