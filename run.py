@@ -6,6 +6,9 @@ import os
 import sys
 
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+# Keep OpenMP workers spinning between the many small ops of a decode step instead of sleeping; must be
+# set before torch loads libgomp (measured in scripts/bench_forward.py; see results/README.md).
+os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402

@@ -32,7 +32,7 @@ class RunConfig:
     out_dir: str = "outputs/run"
     warmup: bool = True  # one untimed generation per decoder before the timed prompts
     warmup_tokens: int = 16
-    float_tie_gap: float = 1e-4  # a divergence where the baseline's top-2 logit gap is below this is a float tie
+    float_tie_ulps: int = 16  # a divergence is a float tie when the baseline's top-2 gap <= this many ulps of its top logit
     progress: bool = True
     score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
 
@@ -99,7 +99,7 @@ class HardwareConfig:
     name: str = "cpu"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
-    fast_path: Literal["none", "transposed", "bf16", "compile"] = "none"  # graft/fast.py
+    fast_path: Literal["none", "transposed", "packed", "bf16"] = "none"  # graft/fast.py
 
 
 @dataclass

@@ -10,6 +10,7 @@ Definitions used by every record and summary:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class Generation:
     verify_s: list[float] = field(default_factory=list)  # the target forward, per step
     other_s: list[float] = field(default_factory=list)  # mask, acceptance, cache commit, bookkeeping
     top2_gaps: list[float] = field(default_factory=list)  # target's top-2 logit gap for each new token
+    top_logits: list[float] = field(default_factory=list)  # the target's top logit for each new token
     step_info: list[dict] = field(default_factory=list)  # drafter's own per-step record, if it keeps one
 
     @property
@@ -63,9 +65,17 @@ class Generation:
         return self.step_tokens / self.steps if self.steps else None
 
 
-def _top2_gap(logits: torch.Tensor) -> list[float]:
-    top = logits.topk(2, dim=-1).values  # [rows, 2]
-    return (top[:, 0] - top[:, 1]).tolist()
+def _record_top2(gen: Generation, logits: torch.Tensor, count: int) -> None:
+    top = logits.topk(2, dim=-1).values[:count]  # [rows, 2]
+    gen.top2_gaps.extend((top[:, 0] - top[:, 1]).tolist())
+    gen.top_logits.extend(top[:, 0].tolist())
+
+
+def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int) -> bool:
+    """A top-2 gap within `ulps` units in the last place of the top logit, in the model's dtype: a
+    difference that batched and one-row products can produce from the same inputs."""
+    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(top_logit), 1e-30)))
+    return gap <= ulps * ulp
 
 
 @torch.inference_mode()
@@ -87,7 +97,7 @@ def generate(
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
     gen = Generation(prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
     if record_gaps:
-        gen.top2_gaps.extend(_top2_gap(prefill.logits[-1:]))
+        _record_top2(gen, prefill.logits[-1:], 1)
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
     gen.prefill_s = clock() - start
@@ -125,7 +135,7 @@ def generate(
         gen.new_tokens.extend(committed)
         state.tokens.extend(committed)
         if record_gaps:
-            gen.top2_gaps.extend(_top2_gap(forward.logits[acceptance.path])[: len(committed)])
+            _record_top2(gen, forward.logits[acceptance.path], len(committed))
         if len(gen.new_tokens) >= max_new_tokens:
             done = True
         t4 = clock()

@@ -10,8 +10,60 @@ the bf16 target); `compile` adds torch.compile (inductor) on top where it pays.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+ATTENTION_NAME = "graft_sdpa"
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, mask_tiled=False, **kwargs):
+    """SDPA for grouped-query attention without copying keys/values per query head.
+
+    With a tree mask, transformers' own SDPA path repeats every key/value head `groups` times (a copy of
+    the whole cache per layer per step). Here the query heads that share a key/value head are folded into
+    the query-length axis instead: query [b, kv_heads * groups, n, d] -> [b, kv_heads, groups * n, d],
+    and the [n, S] mask is tiled `groups` times along the query axis (callers that run many layers tile
+    it once and pass mask_tiled=True), so the cache is read in place.
+    """
+    b, heads, n, d = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    if attention_mask is None:
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=bool(n > 1 and (is_causal is None or is_causal)), scale=scaling, enable_gqa=groups > 1
+        )
+        return out.transpose(1, 2).contiguous(), None
+    folded = query.reshape(b, kv_heads, groups * n, d)
+    mask = attention_mask if mask_tiled or groups == 1 else attention_mask.repeat(1, 1, groups, 1)
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, n, d).transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, grouped_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+
+
+def keep_freed_memory() -> None:
+    """Stop glibc from returning large freed blocks to the kernel after every forward.
+
+    Activations above glibc's mmap threshold are mapped and unmapped on each use, so every step pays
+    page faults on fresh pages; raising the thresholds makes them reuse the heap. Linux/glibc only.
+    """
+    path = ctypes.util.find_library("c")
+    if not path:
+        return
+    libc = ctypes.CDLL(path)
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 class TransposedLinear(nn.Module):
@@ -31,27 +83,68 @@ class TransposedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def transpose_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in `model` by a TransposedLinear; returns how many were replaced.
+class PackedLinear(nn.Module):
+    """oneDNN's linear on weights reordered once into its blocked layout, which keeps small-row products
+    (a verification of a few tokens) close to the streaming rate. In fp32 a single row (a decode step)
+    is faster as x @ W_t from a contiguous transposed copy, so fp32 keeps both; bf16 uses oneDNN
+    (avx512_bf16 dot products) for every row count."""
 
-    A tied LM head gets its own transposed copy (the embedding keeps the row layout it needs for lookup).
+    def __init__(self, linear: nn.Linear, batch_hint: int = 16):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().contiguous()
+        self.single_row_t = None
+        if weight.dtype == torch.float32:
+            self.single_row_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)  # [rows, in]
+        if flat.shape[0] == 1 and self.single_row_t is not None:
+            y = flat @ self.single_row_t
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def replace_linears(model: nn.Module, make) -> int:
+    """Replace every nn.Linear in `model` by make(linear); returns how many were replaced.
+
+    A tied LM head gets its own copy (the embedding keeps the row layout it needs for lookup).
     """
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, TransposedLinear(child))
+                setattr(parent, name, make(child))
                 count += 1
     return count
 
 
-def apply_fast_path(model: nn.Module, mode: str) -> nn.Module:
-    """mode: 'none' | 'transposed' | 'bf16' | 'compile' (transposed + torch.compile)."""
+def apply_fast_path(model: nn.Module, mode: str):
+    """Prepare `model` for `mode`; returns (model, lean forward or None).
+
+    'none': transformers' own forward. 'transposed': lean forward, products as x @ W_t. 'packed': lean
+    forward, oneDNN-packed products (x @ W_t for one row). 'bf16': 'packed' in bfloat16.
+    """
     if mode == "none":
-        return model
+        return model, None
+    from graft.lean import LeanForward
+
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if on_cpu:
+        keep_freed_memory()
+    if mode in ("packed", "bf16") and (not on_cpu or not torch.backends.mkldnn.is_available()):
+        raise ValueError(f"hardware.fast_path='{mode}' needs a CPU build of torch with oneDNN (mkldnn)")
     if mode == "bf16":
         model = model.to(torch.bfloat16)
-    transpose_linears(model)
-    if mode == "compile":
-        model.forward = torch.compile(model.forward, dynamic=True)
-    return model
+    register_attention()
+    model.config._attn_implementation = ATTENTION_NAME
+    make = TransposedLinear if mode == "transposed" else PackedLinear
+    return model, LeanForward(model, make)

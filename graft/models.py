@@ -166,11 +166,15 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     else:
         model, tokenizer = _pretrained(cfg, dtype, device)
         source = cfg.path
+    lean = None
     if hardware.fast_path != "none":
         from graft.fast import apply_fast_path
 
-        model = apply_fast_path(model, hardware.fast_path)
-    target = TargetModel(model, tokenizer, name=cfg.name)
+        try:
+            model, lean = apply_fast_path(model, hardware.fast_path)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+    target = TargetModel(model, tokenizer, name=cfg.name, lean=lean)
     if cfg.max_context:
         target.max_context = cfg.max_context
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)

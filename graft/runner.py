@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from graft.config import ExperimentConfig
 from graft.data import Prompt, load_prompts
 from graft.data.scoring import score as score_answer
-from graft.decode import Generation, SamplingConfig, generate
+from graft.decode import Generation, SamplingConfig, float_tie, generate
 from graft.drafter import Drafter, build_drafter
 from graft.loggers import make_logger
 from graft.metrics import side_totals, summarize
@@ -85,7 +85,7 @@ def side_record(conv: Conversation) -> dict:
     return {"turns": turns, "totals": side_totals(turns)}
 
 
-def compare(method: Conversation, baseline: Conversation, float_tie_gap: float) -> dict:
+def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ulps: int) -> dict:
     """First position where the method's tokens differ from the baseline's, with the baseline's top-2 gap."""
     for turn, (m, b) in enumerate(zip(method.turns, baseline.turns)):
         if m.new_tokens == b.new_tokens:
@@ -95,6 +95,7 @@ def compare(method: Conversation, baseline: Conversation, float_tie_gap: float) 
             min(len(m.new_tokens), len(b.new_tokens)),
         )
         gap = b.top2_gaps[position] if position < len(b.top2_gaps) else None
+        top = b.top_logits[position] if position < len(b.top_logits) else None
         return {
             "checked": True,
             "equal": False,
@@ -104,7 +105,8 @@ def compare(method: Conversation, baseline: Conversation, float_tie_gap: float) 
                 "baseline_token": b.new_tokens[position] if position < len(b.new_tokens) else None,
                 "method_token": m.new_tokens[position] if position < len(m.new_tokens) else None,
                 "baseline_top2_gap": gap,
-                "float_tie": gap is not None and gap < float_tie_gap,
+                "baseline_top_logit": top,
+                "float_tie": gap is not None and float_tie(gap, top, dtype, ulps),
             },
         }
     return {"checked": True, "equal": True, "first_divergence": None}
@@ -167,7 +169,7 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
             if baseline is None or not sampling.greedy:
                 lossless = {"checked": False, "equal": None, "first_divergence": None}
             else:
-                lossless = compare(results["method"], results["baseline"], run_cfg.float_tie_gap)
+                lossless = compare(results["method"], results["baseline"], model.target.dtype, run_cfg.float_tie_ulps)
             b_tps = (base_side or method_side)["totals"]["tokens_per_s"]
             record.update(
                 status="ok",

@@ -111,8 +111,9 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
 class TargetModel:
     """A causal LM seen as: prefill(prompt), verify(tree), commit(path)."""
 
-    def __init__(self, model, tokenizer, name: str = "target"):
+    def __init__(self, model, tokenizer, name: str = "target", lean=None):
         self.model = model.eval()
+        self.lean = lean  # graft.lean.LeanForward, when a fast path is on
         self.tokenizer = tokenizer
         self.name = name
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -125,6 +126,7 @@ class TargetModel:
         self.dtype = next(model.parameters()).dtype
         self.cache: PositionalKVCache | None = None
         self._taps: tuple[HiddenTap, ...] = ()
+        self._tap_keys: set[tuple[int, str]] = set()
         self._captured: dict[HiddenTap, Tensor] = {}
         self._hooks: list = []
 
@@ -133,10 +135,13 @@ class TargetModel:
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._taps = [], tuple(taps)
+        self._tap_keys = {(tap.layer, tap.where) for tap in self._taps}
         layers = _decoder_layers(self.model)
         for tap in self._taps:
             if not 0 <= tap.layer < len(layers):
                 raise ValueError(f"hidden tap on layer {tap.layer}, but the target has layers 0..{len(layers) - 1}")
+            if self.lean is not None:
+                continue  # the lean forward records taps itself
             if tap.where == "input":
                 self._hooks.append(layers[tap.layer].register_forward_pre_hook(self._pre_hook(tap), with_kwargs=True))
             else:
@@ -175,12 +180,23 @@ class TargetModel:
         """Encode the prompt into the cache; logits for the last position, hidden states for all."""
         assert self.cache is not None, "call reset() first"
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        if self.lean is not None:
+            positions = torch.arange(len(prompt_ids), device=self.device).unsqueeze(0)
+            return self._lean_forward(ids, positions, None, logits_to_keep=1)
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
         return ForwardOutput(logits=out.logits[0].float(), hidden=self._collect_hidden())
+
+    def _lean_forward(self, ids, positions, mask, logits_to_keep: int = 0) -> ForwardOutput:
+        logits, captured = self.lean(ids, positions, mask, self.cache, self._tap_keys, logits_to_keep)
+        for tap in self._taps:
+            self._captured[tap] = captured[(tap.layer, tap.where)]
+        return ForwardOutput(logits=logits[0].float(), hidden=self._collect_hidden())
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree, attn: TreeAttention, mask: Tensor) -> ForwardOutput:
         """One forward over every tree node; the nodes stay in the cache until `commit`."""
+        if self.lean is not None:
+            return self._lean_forward(tree.tokens.unsqueeze(0), attn.position_ids(), mask)
         out = self.model(
             input_ids=tree.tokens.unsqueeze(0),
             position_ids=attn.position_ids(),

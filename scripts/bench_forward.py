@@ -3,20 +3,24 @@
     python scripts/bench_forward.py [model=smollm2_135m] [--paths none,transposed,bf16] [--out FILE.json]
 
 Times are medians over repeats of the same verification forward the decode loop runs (a chain of k
-tokens on top of a `--context`-token cache, with the 4-D tree mask), after warm-up runs that are not
-timed. The cache is rolled back after each forward, so every repeat sees the same context.
+tokens on top of a `--context`-token cache, with the 4-D tree mask), after warm-up rounds that are not
+timed. All paths are loaded side by side and measured round-robin (alternating order), and the cache is
+rolled back after each forward, so every repeat sees the same context.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
+os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,37 +48,56 @@ def weight_bytes(model) -> int:
     return total
 
 
-def time_verify(target, context: list[int], k: int, repeats: int, warmup: int) -> float:
-    from graft.tree import DraftTree, NodeSource, tree_attention
+class VerifyTimer:
+    """Times the verification forward of k chain tokens on top of a fixed context, for one target."""
 
-    target.reset(len(context) + max(TOKEN_COUNTS) + 8)
-    target.prefill(context)
-    committed = target.cache_len
-    tree = DraftTree.chain(context[-1], context[1:k], NodeSource.TEST, device=target.device) if k > 1 else DraftTree.root_only(context[-1], target.device)
-    times = []
-    for i in range(warmup + repeats):
-        attn = tree_attention(tree.parents, committed)
+    def __init__(self, target, context: list[int]):
+        self.target, self.context = target, context
+        target.reset(len(context) + max(TOKEN_COUNTS) + 8)
+        target.prefill(context)
+        self.committed = target.cache_len
+
+    def once(self, k: int) -> float:
+        from graft.tree import DraftTree, NodeSource, tree_attention
+
+        target, context = self.target, self.context
+        if k > 1:
+            tree = DraftTree.chain(context[-1], context[1:k], NodeSource.TEST, device=target.device)
+        else:
+            tree = DraftTree.root_only(context[-1], target.device)
+        attn = tree_attention(tree.parents, self.committed)
         mask = attn.attention_mask(target.dtype)
         start = time.perf_counter()
         target.verify(tree, attn, mask)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        target.cache.keep(committed, None, 0)
-        if i >= warmup:
-            times.append(elapsed)
-    return 1e3 * statistics.median(times)
+        target.cache.keep(self.committed, None, 0)  # roll back: every repeat sees the same context
+        return 1e3 * elapsed
 
 
-def profile(model_cfg, hardware_cfg, path: str, context_len: int, repeats: int, warmup: int) -> dict:
+def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats: int, warmup: int) -> dict:
+    """All paths loaded side by side and measured round-robin, so machine noise hits them alike."""
     from graft.models import load_model
 
-    hardware_cfg.fast_path = path
-    loaded = load_model(model_cfg, hardware_cfg, progress=False)
-    target = loaded.target
     context = (list(range(100, 100 + context_len)) * 2)[:context_len]
-    verify = {k: time_verify(target, context, k, repeats, warmup) for k in TOKEN_COUNTS}
-    return {"decode_ms": verify[1], "verify_ms": verify, "weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype)}
+    timers, info = {}, {}
+    for path in paths:
+        hardware_cfg.fast_path = path
+        target = load_model(model_cfg, hardware_cfg, progress=False).target
+        timers[path] = VerifyTimer(target, context)
+        info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype)}
+    samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}
+    for round_ in range(warmup + repeats):
+        for k in TOKEN_COUNTS:
+            for path in paths if round_ % 2 == 0 else reversed(paths):
+                ms = timers[path].once(k)
+                if round_ >= warmup:
+                    samples[path][k].append(ms)
+    for path in paths:
+        verify = {k: statistics.median(v) for k, v in samples[path].items()}
+        info[path].update(decode_ms=verify[1], verify_ms=verify)
+    return info
 
 
 def main() -> None:
@@ -99,7 +122,7 @@ def main() -> None:
 
     bandwidth = measure_bandwidth_gbs()
     paths = args.paths.split(",")
-    results = {p: profile(cfg.model, cfg.hardware, p, args.context, args.repeats, args.warmup) for p in paths}
+    results = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
     plain_bytes = results[paths[0]]["weight_bytes"]
     report = {
         "model": cfg.model.name,
@@ -112,13 +135,15 @@ def main() -> None:
         "fast": results[paths[-1]] if len(paths) > 1 else results[paths[0]],
         "paths": results,
     }
+    params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
-        r["bandwidth_limit_ms"] = r["weight_bytes"] / (bandwidth * 1e9) * 1e3
+        # the bytes one decode step must stream: every parameter once, in the path's dtype
+        r["bandwidth_limit_ms"] = params * (2 if "bfloat16" in r["dtype"] else 4) / (bandwidth * 1e9) * 1e3
 
     print(f"model {cfg.model.name}, {torch.get_num_threads()} threads, context {args.context} tokens")
     print(f"streaming read bandwidth {bandwidth:.1f} GB/s")
     for name, r in results.items():
-        print(f"  {name:>10}: weights {r['weight_bytes'] / 1e6:.0f} MB ({r['dtype']}) -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step")
+        print(f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step")
     header = "tokens " + "".join(f"{name:>12}" for name in results)
     print(header + "   (verify ms, median)")
     for k in TOKEN_COUNTS:

@@ -31,10 +31,12 @@ def compose(overrides: list[str]) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def load_tiny(name: str):
+    """A tiny random model; `name:path` selects a fast path (default: transformers' own forward)."""
     from graft.config import validate
     from graft.models import load_model
 
-    cfg = validate(compose([f"model={name}", "logger=none"]))
+    name, _, fast_path = name.partition(":")
+    cfg = validate(compose([f"model={name}", "logger=none", f"hardware.fast_path={fast_path or 'none'}"]))
     return load_model(cfg.model, cfg.hardware, progress=False)
 
 

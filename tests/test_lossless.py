@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from graft.data import BUILTIN
-from graft.decode import SamplingConfig, generate
+from graft.decode import SamplingConfig, float_tie, generate
 from graft.drafter import METHODS, Drafter, SequenceState, build_drafter
 from graft.tree import DraftTree, NodeSource
 
-TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"]
+TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_llama:packed", "tiny_qwen3_moe:bf16"]
 MAX_NEW = 48
 
 
@@ -49,6 +49,16 @@ class RandomTreeDrafter(Drafter):
         return tree
 
 
+def assert_lossless(model, out, base, what):
+    """Equal tokens; in bf16, a first divergence where the baseline's top-2 gap is a float tie is allowed."""
+    if out.new_tokens == base.new_tokens:
+        return
+    assert model.target.dtype != torch.float32, f"{what} diverged in float32"
+    pos = next(i for i, (a, b) in enumerate(zip(out.new_tokens, base.new_tokens)) if a != b)
+    gap, top = base.top2_gaps[pos], base.top_logits[pos]
+    assert float_tie(gap, top, model.target.dtype, ulps=16), f"{what} diverged at {pos}; baseline top-2 gap {gap:.3g} at logit {top:.3g}"
+
+
 def _prompt_ids(model, k):
     return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
 
@@ -58,12 +68,12 @@ def test_every_registered_method_is_lossless(tiny, name):
     model = tiny(name)
     for k in range(3):
         ids = _prompt_ids(model, k)
-        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids)
+        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
         assert base.tau == 1.0
         for method, spec in METHODS.items():
             drafter = build_drafter(method, model.target, {})
             out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
-            assert out.new_tokens == base.new_tokens, f"{method} diverged on prompt {k}"
+            assert_lossless(model, out, base, f"{method} on prompt {k}")
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -72,11 +82,11 @@ def test_random_trees_are_lossless_and_accept(tiny, name):
     accepted_beyond_bonus = 0
     for k in range(3):
         ids = _prompt_ids(model, k)
-        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids)
+        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
         for seed in range(3):
             drafter = RandomTreeDrafter(model.target, base.new_tokens, len(ids), seed=seed + 10 * k)
             out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
-            assert out.new_tokens == base.new_tokens, f"random tree seed {seed} diverged on prompt {k}"
+            assert_lossless(model, out, base, f"random tree seed {seed} on prompt {k}")
             assert max(out.nodes) > 1
             accepted_beyond_bonus += sum(a - 1 for a in out.accept_lengths)
     assert accepted_beyond_bonus > 20  # the trees did get accepted, so compaction of deep paths was exercised

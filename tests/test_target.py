@@ -48,3 +48,31 @@ def test_commit_of_a_branch_equals_encoding_it_directly(tiny):
     target.reset(32)
     direct = target.prefill(prompt + [7, 12, 14, 15, 21]).logits
     torch.testing.assert_close(after_commit, direct, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("fast_path", ["transposed", "packed", "bf16"])
+def test_fast_paths_match_the_transformers_forward(name, fast_path):
+    from conftest import compose
+    from graft.config import validate
+    from graft.models import load_model
+
+    def logits_and_taps(path, dtype="float32"):
+        cfg = validate(compose([f"model={name}", "logger=none", f"hardware.fast_path={path}", f"model.dtype={dtype}"]))
+        target = load_model(cfg.model, cfg.hardware, progress=False).target
+        target.set_hidden_taps((HiddenTap(1, "input"), HiddenTap(2, "output")))
+        target.reset(64)
+        pre = target.prefill(list(range(30, 70)))
+        tree = DraftTree(tokens=torch.tensor([7, 11, 12, 13, 14, 15]), parents=torch.tensor([-1, 0, 0, 1, 2, 4]))
+        attn = tree_attention(tree.parents, target.cache_len)
+        out = target.verify(tree, attn, attn.attention_mask(target.dtype))
+        return pre, out
+
+    # bf16 is compared with transformers' forward in bf16: same weights, same precision
+    (ref_pre, ref) = logits_and_taps("none", "bfloat16" if fast_path == "bf16" else "float32")
+    pre, out = logits_and_taps(fast_path)
+    tol = dict(rtol=0.02, atol=0.05) if fast_path == "bf16" else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pre.logits, ref_pre.logits, **tol)
+    torch.testing.assert_close(out.logits, ref.logits, **tol)
+    torch.testing.assert_close(out.hidden.float(), ref.hidden.float(), **tol)
+    torch.testing.assert_close(pre.hidden.float(), ref_pre.hidden.float(), **tol)

@@ -1,0 +1,131 @@
+"""A lean forward over the weights of a Hugging Face Llama / Qwen2 / Qwen3 (and Qwen3-MoE) model.
+
+On a small model on a CPU a decode step spends as long in Python and small-op dispatch as in the
+weight-bound products (measured in scripts/bench_forward.py), so the fast paths run this gpt-fast
+style forward instead of the transformers modules: fused q/k/v and gate/up products, one RMSNorm call,
+the rotary tables from the model's own rotary module, and grouped-query SDPA reading the cache in
+place. It uses the same weights and the same cache; tests check its logits against transformers'.
+Mixture-of-experts MLPs are called as the model's own modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from graft.fast import grouped_sdpa
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
+
+
+def _fused(parts: list[nn.Linear]) -> nn.Linear:
+    weight = torch.cat([p.weight.detach() for p in parts], dim=0)
+    biases = [p.bias for p in parts]
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype, device=weight.device)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if biases[0] is not None:
+        fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
+    return fused
+
+
+@dataclass
+class _Layer:
+    qkv: nn.Module
+    o: nn.Module
+    input_norm: Tensor
+    post_norm: Tensor
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+    gate_up: nn.Module | None  # dense MLP
+    down: nn.Module | None
+    mlp: nn.Module | None  # anything else (mixture of experts), called as is
+
+
+class LeanForward:
+    def __init__(self, model, make_linear: Callable[[nn.Linear], nn.Module]):
+        config = model.config
+        if config.model_type not in SUPPORTED:
+            raise ValueError(f"the lean forward supports {', '.join(SUPPORTED)}, not '{config.model_type}'")
+        decoder = model.model
+        self.embed = decoder.embed_tokens
+        self.rotary = decoder.rotary_emb
+        self.eps = config.rms_norm_eps
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.final_norm = decoder.norm.weight.detach()
+        self.lm_head = make_linear(model.lm_head)
+        self.layers = []
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            dense = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+            self.layers.append(
+                _Layer(
+                    qkv=make_linear(_fused([attn.q_proj, attn.k_proj, attn.v_proj])),
+                    o=make_linear(attn.o_proj),
+                    input_norm=layer.input_layernorm.weight.detach(),
+                    post_norm=layer.post_attention_layernorm.weight.detach(),
+                    q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
+                    k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None,
+                    gate_up=make_linear(_fused([mlp.gate_proj, mlp.up_proj])) if dense else None,
+                    down=make_linear(mlp.down_proj) if dense else None,
+                    mlp=None if dense else mlp,
+                )
+            )
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        # as transformers' RMSNorm: normalise in fp32, cast back, then scale
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    @staticmethod
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def __call__(self, input_ids, position_ids, mask, cache, taps, logits_to_keep: int = 0):
+        """input_ids/position_ids [1, n]; mask [1, 1, n, S] or None (causal); returns logits, taps dict."""
+        x = self.embed(input_ids)  # [1, n, hidden]
+        n = x.shape[1]
+        cos, sin = self.rotary(x, position_ids)  # [1, n, head_dim]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        captured = {}
+        groups = self.heads // self.kv_heads
+        if mask is not None and n == 1:
+            mask = None  # a one-node tree sees the whole cache: no mask needed
+        elif mask is not None and groups > 1:
+            mask = mask.repeat(1, 1, groups, 1)  # tiled once for grouped_sdpa's folded query axis
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for index, layer in enumerate(self.layers):
+            if (index, "input") in taps:
+                captured[(index, "input")] = x
+            h = self._norm(x, layer.input_norm)
+            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(1, n, self.heads, self.head_dim)
+            k = k.view(1, n, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            q = self._rotate(q.transpose(1, 2), cos, sin)  # [1, heads, n, head_dim]
+            k = self._rotate(k.transpose(1, 2), cos, sin)
+            v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            k, v = cache.update(k, v, index)
+            out, _ = grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)
+            x = x + layer.o(out.reshape(1, n, q_size))
+            h = self._norm(x, layer.post_norm)
+            if layer.mlp is None:
+                gate, up = layer.gate_up(h).chunk(2, dim=-1)
+                x = x + layer.down(F.silu(gate) * up)
+            else:
+                x = x + layer.mlp(h)
+            if (index, "output") in taps:
+                captured[(index, "output")] = x
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        logits = self.lm_head(self._norm(x, self.final_norm))
+        return logits, captured
