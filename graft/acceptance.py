@@ -21,6 +21,7 @@ from graft.tree import DraftTree, TreeAttention
 class Acceptance:
     path: list[int]  # node indices from the root to the deepest accepted node (root included)
     tokens: list[int]  # committed this step: the accepted nodes' tokens, then the bonus token
+    path_index: Tensor | None = None  # [len(path)] the same indices on the target's device (no copy back)
 
     @property
     def num_accepted(self) -> int:
@@ -48,7 +49,7 @@ def accept_greedy(tree: DraftTree, attn: TreeAttention, logits: Tensor) -> Accep
     length = host[0] + 1
     path_list = host[1 : 1 + length]
     tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
-    return Acceptance(path=path_list, tokens=tokens)
+    return Acceptance(path=path_list, tokens=tokens, path_index=path[:length])
 
 
 def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:

@@ -1,5 +1,9 @@
 """The one decode loop every method runs: prefill, then repeat draft -> verify -> accept -> commit.
 
+Per step the host waits for the device once, to read the accepted path; everything else stays
+queued. On CUDA the draft / verify / other split of a step is therefore approximate (kernels run
+asynchronously), while the step's and the prompt's wall times are exact.
+
 Definitions used by every record and summary:
 - a *step* is one verification forward of the target; prefill is not a step;
 - the first new token comes from the prefill logits and is not attributed to any step; every step then
@@ -65,10 +69,8 @@ class Generation:
         return self.step_tokens / self.steps if self.steps else None
 
 
-def _record_top2(gen: Generation, logits: torch.Tensor, count: int) -> None:
-    top = logits.topk(2, dim=-1).values[:count]  # [rows, 2]
-    gen.top2_gaps.extend((top[:, 0] - top[:, 1]).tolist())
-    gen.top_logits.extend(top[:, 0].tolist())
+def _top2(logits: torch.Tensor, count: int) -> torch.Tensor:
+    return logits.topk(2, dim=-1).values[:count]  # [count, 2], left on the device until the end
 
 
 def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int) -> bool:
@@ -97,7 +99,7 @@ def generate(
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
     gen = Generation(prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
     if record_gaps:
-        _record_top2(gen, prefill.logits[-1:], 1)
+        top2 = [_top2(prefill.logits[-1:], 1)]
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
     gen.prefill_s = clock() - start
@@ -123,7 +125,7 @@ def generate(
             acceptance = accept_greedy(tree, attn, forward.logits)
         else:
             acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
-        target.commit(committed_len, acceptance.path)
+        target.commit(committed_len, acceptance.path, acceptance.path_index)
 
         room = max_new_tokens - len(gen.new_tokens)
         committed = acceptance.tokens[:room]
@@ -135,7 +137,7 @@ def generate(
         gen.new_tokens.extend(committed)
         state.tokens.extend(committed)
         if record_gaps:
-            _record_top2(gen, forward.logits[acceptance.path], len(committed))
+            top2.append(_top2(forward.logits[acceptance.path_index if acceptance.path_index is not None else acceptance.path], len(committed)))
         if len(gen.new_tokens) >= max_new_tokens:
             done = True
         t4 = clock()
@@ -150,4 +152,8 @@ def generate(
         gen.other_s.append(clock() - t0 - draft_s - verify_s)
 
     gen.wall_s = clock() - start
+    if record_gaps:
+        host = torch.cat(top2).tolist()
+        gen.top2_gaps = [a - b for a, b in host]
+        gen.top_logits = [a for a, _ in host]
     return gen

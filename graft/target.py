@@ -207,8 +207,13 @@ class TargetModel:
         return ForwardOutput(logits=out.logits[0].float(), hidden=self._collect_hidden())
 
     @torch.inference_mode()
-    def commit(self, committed_len: int, path: list[int]) -> None:
-        """Keep the cache up to `committed_len` plus the verified nodes on `path` (root first)."""
+    def commit(self, committed_len: int, path: list[int], path_index: Tensor | None = None) -> None:
+        """Keep the cache up to `committed_len` plus the verified nodes on `path` (root first).
+
+        `path_index` is the same path already on the device, which saves a host-to-device copy."""
         in_place = path == list(range(len(path)))
-        rows = None if in_place else torch.tensor(path, dtype=torch.long, device=self.device)
+        if in_place:
+            rows = None
+        else:
+            rows = path_index if path_index is not None else torch.tensor(path, dtype=torch.long, device=self.device)
         self.cache.keep(committed_len, rows, len(path))
