@@ -158,6 +158,14 @@ def _suggest(name: str, allowed: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+_SCALARS = {
+    bool: ((bool,), "true or false"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+}
+
+
 def _check_type(value: Any, hint: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if hint is Any:
@@ -191,22 +199,11 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} must be a mapping")
         return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} must be true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}={value!r} must be an integer")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r} must be a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}={value!r} must be a string")
-        return value
+    if hint in _SCALARS:
+        accepted, words = _SCALARS[hint]
+        if not isinstance(value, accepted) or (hint is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{key}={value!r} must be {words}")
+        return float(value) if hint is float else value
     return value
 
 

@@ -177,3 +177,47 @@ def test_real_files_load_with_their_counts(monkeypatch, name, count, turns):
         assert all(p.meta.get("humaneval") for p in prompts)
     if name in ("eagle_gsm8k", "gsm8k"):
         assert all(p.meta.get("gsm8k_answer") for p in prompts)
+
+
+# --- the Hub path, with a stand-in for the `datasets` package (no network here) -----------------
+
+
+class FakeHub:
+    """Answers datasets.load_dataset(id, config, split=...) from a dict; records the calls."""
+
+    def __init__(self, tables):
+        self.tables, self.calls = tables, []
+
+    def load_dataset(self, hub_id, config=None, split=None):
+        self.calls.append((hub_id, config, split))
+        if (hub_id, config) not in self.tables:
+            raise ConnectionError(f"Couldn't reach 'https://huggingface.co/datasets/{hub_id}'")
+        return self.tables[(hub_id, config)]
+
+
+def test_hub_rows_are_mapped_like_local_files(monkeypatch):
+    import sys
+
+    hub = FakeHub({
+        ("HuggingFaceH4/mt_bench_prompts", None): [{"prompt": ["Hi?", "More?"], "category": "writing", "prompt_id": 81}],
+        ("openai/gsm8k", "main"): [{"question": "2+3?", "answer": "2+3=5\n#### 5"}],
+        ("THUDM/LongBench", "qmsum"): [{"input": "Who?", "context": "Alice spoke. " * 400, "answers": ["Alice"], "length": 800, "_id": "q1"}],
+        ("emozilla/pg19", None): [{"short_book_title": "A Book", "text": "It was a long day. " * 3000}],
+    })
+    monkeypatch.setitem(sys.modules, "datasets", hub)
+    monkeypatch.setenv("GRAFT_DATA", "/nonexistent")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    chat = load_tiny("tiny_llama").chat
+
+    mt = load_prompts(dataset_cfg("mt_bench"))
+    assert (mt[0].id, mt[0].category, mt[0].turns) == ("mt_bench-81", "writing", ["Hi?", "More?"])
+    gsm = load_prompts(dataset_cfg("gsm8k"))
+    assert gsm[0].meta["gsm8k_answer"] == "5" and ("openai/gsm8k", "main", "test") in hub.calls
+    lb = load_prompts(dataset_cfg("longbench", "dataset.subsets=[qmsum]", "dataset.min_prompt_tokens=100"), chat=chat)
+    assert lb[0].id == "qmsum-q1" and "Who?" in lb[0].turns[0]
+    pg = load_prompts(dataset_cfg("pg19", "dataset.lengths=[1000]"), chat=chat)
+    assert pg[0].meta["source"] == "A Book" and abs(pg[0].meta["prompt_tokens"] - 1000) <= 20
+
+    with pytest.raises(DatasetError) as err:
+        load_prompts(dataset_cfg("longbench", "dataset.subsets=[gov_report]"), chat=chat)
+    assert "THUDM/LongBench" in str(err.value) and "ConnectionError" in str(err.value)
