@@ -58,6 +58,7 @@ class ModelConfig:
     architecture: Literal["llama", "qwen2", "qwen3", "qwen3_moe"] | None = None  # random: which HF class
     arch_config: dict = field(default_factory=dict)  # random: config fields
     seed: int = 0  # random: weight seed
+    draft_head: str | None = None  # the model's published EAGLE head (Hub id or local directory)
     hardware_hint: str = ""  # what it needs, for people choosing a node
 
 

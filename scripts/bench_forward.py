@@ -80,11 +80,11 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     """All paths loaded side by side and measured round-robin, so machine noise hits them alike."""
     from graft.models import load_model
 
-    context = (list(range(100, 100 + context_len)) * 2)[:context_len]
     timers, info = {}, {}
     for path in paths:
         hardware_cfg.fast_path = path
         target = load_model(model_cfg, hardware_cfg, progress=False).target
+        context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
         info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype)}
     samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}

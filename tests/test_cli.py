@@ -89,3 +89,19 @@ def test_resume_and_refusal_of_another_config(tmp_path):
     resumed = lines(out)
     assert len(resumed) == 3 and resumed[:2] == first
     assert [json.loads(line)["id"] for line in resumed] == ["chat-1", "chat-2", "chat-3"]
+
+
+def test_bench_forward_writes_a_cost_profile(tmp_path):
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_forward.py", "model=tiny_llama", "--paths", "none,packed", "--repeats", "1",
+         "--warmup", "1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = json.loads(out.read_text())
+    assert profile["bandwidth_limit_ms"] > 0 and profile["fast_path"] == "packed"
+    for side in ("plain", "fast"):
+        assert profile[side]["decode_ms"] > 0
+        assert set(profile[side]["verify_ms"]) == {"1", "2", "4", "8", "16", "32", "60", "128"}
+    assert "bandwidth" in proc.stdout and "verify" in proc.stdout

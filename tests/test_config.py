@@ -73,3 +73,19 @@ def test_bad_values_in_a_composed_config(mutate, needles):
         validate(cfg)
     for needle in needles:
         assert needle in str(err.value)
+
+
+def test_vicuna_template_renders_fastchat_v1_1():
+    import jinja2
+
+    template = compose(["model=vicuna_7b"])["model"]["chat_template"]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]
+    text = jinja2.Template(template).render(messages=messages, bos_token="<s>", add_generation_prompt=True)
+    assert text == (
+        "<s>A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+        "detailed, and polite answers to the user's questions. USER: Hi ASSISTANT: Hello!</s>USER: Bye ASSISTANT:"
+    )
