@@ -122,3 +122,4 @@ def method_params(name: str) -> list[str]:
 def _import_methods() -> None:
     """Methods live in graft/methods and baselines/; importing them registers them."""
     import baselines  # noqa: F401
+    import graft.methods  # noqa: F401

@@ -125,7 +125,10 @@ class LeanForward:
                 x = x + layer.mlp(h)
             if (index, "output") in taps:
                 captured[(index, "output")] = x
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        logits = self.lm_head(self._norm(x, self.final_norm))
+        if any(where == "final" for _, where in taps):
+            normed = self._norm(x, self.final_norm)
+            captured.update({key: normed for key in taps if key[1] == "final"})
+            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
+        else:
+            logits = self.lm_head(self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, self.final_norm))
         return logits, captured

@@ -133,6 +133,8 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     }
     rundir = RunDir(run_cfg.out_dir, resolved, meta={"hardware": hardware})
     method_params = {k: v for k, v in cfg.method.items() if k != "name"}
+    if "head" in method_params and method_params["head"] is None:
+        method_params["head"] = cfg.model.draft_head  # the model config names its published head
     drafter = build_drafter(cfg.method["name"], model.target, method_params)
     baseline = None if cfg.method["name"] == "ar" else Drafter(model.target)
     model.target.set_hidden_taps(drafter.hidden_taps)

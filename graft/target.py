@@ -91,10 +91,11 @@ class PositionalKVCache(Cache):
 
 @dataclass(frozen=True)
 class HiddenTap:
-    """A hidden state a drafter asks for: the input or the output of decoder layer `layer`."""
+    """A hidden state a drafter asks for: the input or the output of decoder layer `layer`, or the
+    final normalised hidden state ("final", the LM head's input; `layer` is ignored)."""
 
     layer: int
-    where: Literal["input", "output"] = "input"
+    where: Literal["input", "output", "final"] = "input"
 
 
 @dataclass
@@ -138,6 +139,11 @@ class TargetModel:
         self._tap_keys = {(tap.layer, tap.where) for tap in self._taps}
         layers = _decoder_layers(self.model)
         for tap in self._taps:
+            if tap.where == "final":
+                if self.lean is None:
+                    decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+                    self._hooks.append(decoder.norm.register_forward_hook(self._post_hook(tap)))
+                continue
             if not 0 <= tap.layer < len(layers):
                 raise ValueError(f"hidden tap on layer {tap.layer}, but the target has layers 0..{len(layers) - 1}")
             if self.lean is not None:

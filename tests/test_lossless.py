@@ -63,17 +63,47 @@ def _prompt_ids(model, k):
     return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
 
 
+# every registered method, plus variants; a method not listed here runs with its defaults
+VARIANTS = {
+    "eagle3": [
+        {"head": "random"},
+        {"head": "random", "random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4},
+        {"head": "random", "total_tokens": 8, "depth": 7, "top_k": 1},
+    ],
+}
+
+
+def _drafters(target):
+    for method in METHODS:
+        for params in VARIANTS.get(method, [{}]):
+            yield f"{method} {params}", build_drafter(method, target, dict(params))
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_every_registered_method_is_lossless(tiny, name):
     model = tiny(name)
+    drafters = list(_drafters(model.target))
     for k in range(3):
         ids = _prompt_ids(model, k)
         base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
         assert base.tau == 1.0
-        for method, spec in METHODS.items():
-            drafter = build_drafter(method, model.target, {})
+        for what, drafter in drafters:
+            model.target.set_hidden_taps(drafter.hidden_taps)
             out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
-            assert_lossless(model, out, base, f"{method} on prompt {k}")
+            assert_lossless(model, out, base, f"{what} on prompt {k}")
+    model.target.set_hidden_taps(())
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
+def test_every_method_samples_through_the_loop(tiny, name):
+    model = tiny(name)
+    for what, drafter in _drafters(model.target):
+        model.target.set_hidden_taps(drafter.hidden_taps)
+        gen = torch.Generator().manual_seed(1)
+        out = generate(model.target, drafter, _prompt_ids(model, 2), 32, model.stop_ids, SamplingConfig(0.9, 0.95), gen)
+        assert 1 <= len(out.new_tokens) <= 32, what
+        assert sum(out.accept_lengths) == out.step_tokens, what
+    model.target.set_hidden_taps(())
 
 
 @pytest.mark.parametrize("name", TINY)

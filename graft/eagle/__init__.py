@@ -1,0 +1,1 @@
+"""EAGLE draft heads and their checkpoints."""

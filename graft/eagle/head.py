@@ -1,0 +1,186 @@
+"""EAGLE draft heads: EAGLE-3 (fused multi-layer features, own reduced-vocabulary LM head) and
+EAGLE-1/2 (last-layer features, the target's LM head). Both are one decoder layer that runs on a
+small KV cache of its own (`DraftCache`), so only newly accepted tokens are re-encoded each step.
+
+Module and parameter names follow the published checkpoints, so their state dicts load as they are:
+EAGLE-3: fc, midlayer.{self_attn,mlp,hidden_norm,input_layernorm,post_attention_layernorm}, norm,
+lm_head, d2t, t2d. EAGLE-1: fc (with bias), layers.0.{self_attn,mlp,post_attention_layernorm}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class HeadConfig:
+    kind: str  # "eagle3" | "eagle1"
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int  # eagle3: the head's own output vocabulary
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    fc_bias: bool = False  # eagle1 checkpoints have a bias on fc
+    layer_ids: list[int] = field(default_factory=list)  # eagle3: target layers whose inputs are fused
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+class DraftCache:
+    """Keys/values of the head's single layer, preallocated, with a fill length."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int, dtype, device):
+        self.keys = torch.empty(1, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        end = self.length + k.shape[2]
+        if end > self.keys.shape[2]:
+            grow = lambda t: torch.cat([t, t.new_empty(*t.shape[:2], max(end, 2 * t.shape[2]) - t.shape[2], t.shape[3])], 2)  # noqa: E731
+            self.keys, self.values = grow(self.keys), grow(self.values)
+        self.keys[:, :, self.length : end] = k
+        self.values[:, :, self.length : end] = v
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: HeadConfig, in_features: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.head_dim
+        self.q_proj = nn.Linear(in_features, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2).float() / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: DraftCache | None) -> Tensor:
+        n, d = x.shape[1], self.cfg.head_dim
+        q = self.q_proj(x).view(1, n, self.cfg.num_heads, d).transpose(1, 2)
+        k = self.k_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
+        v = self.v_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if mask is None and n > 1:  # causal over the new positions, all of the cached prefix visible
+            total = k.shape[2]
+            mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)[None, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """The decoder layer whose attention reads [norm(embedding); norm(hidden)] (2H wide)."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg, 2 * cfg.hidden_size)
+        self.mlp = MLP(cfg)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, embeds, hidden, positions, mask, cache):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, positions, mask, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle1Layer(nn.Module):
+    """A Llama decoder layer without the input norm (the first layer of an EAGLE-1 head)."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg, cfg.hidden_size)
+        self.mlp = MLP(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, hidden, positions, mask, cache):
+        hidden = hidden + self.self_attn(hidden, positions, mask, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DraftHead(nn.Module):
+    """step(): encode (token embedding, feature) pairs at `positions`; logits(): next-token scores."""
+
+    def __init__(self, cfg: HeadConfig, target_lm_head: nn.Module | None = None):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.kind == "eagle3":
+            self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+            self.midlayer = Eagle3Layer(cfg)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        elif cfg.kind == "eagle1":
+            self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
+            self.layers = nn.ModuleList([Eagle1Layer(cfg)])
+            self._target_lm_head = [target_lm_head]  # a list: not a submodule, not in the state dict
+        else:
+            raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
+
+    def new_cache(self, capacity: int) -> DraftCache:
+        p = self.fc.weight
+        return DraftCache(self.cfg.num_kv_heads, self.cfg.head_dim, capacity, p.dtype, p.device)
+
+    def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: DraftCache) -> Tensor:
+        """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""
+        embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
+        if self.cfg.kind == "eagle3":
+            if hidden.shape[-1] != self.cfg.hidden_size:  # fused target features: project once
+                hidden = self.fc(hidden)
+            return self.midlayer(embeds, hidden, positions, mask, cache)[0]
+        x = self.fc(torch.cat([embeds, hidden], dim=-1))
+        return self.layers[0](x, positions, mask, cache)[0]
+
+    def log_probs(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Log-probabilities over the head's vocabulary, and the draft-to-target id offsets (or None)."""
+        if self.cfg.kind == "eagle3":
+            logits = self.lm_head(self.norm(out))
+            same_vocab = self.cfg.draft_vocab_size == self.cfg.vocab_size
+            return torch.log_softmax(logits.float(), dim=-1), None if same_vocab else self.d2t
+        logits = self._target_lm_head[0](out)
+        return torch.log_softmax(logits.float(), dim=-1), None

@@ -1,0 +1,144 @@
+"""EAGLE heads: checkpoint layouts, strict loading, and the dynamic tree against a plain reference."""
+
+import json
+
+import pytest
+import torch
+
+from graft.eagle.checkpoint import HeadLoadError, load_head, random_head, save_head
+from graft.eagle.head import DraftHead
+from graft.methods.eagle3 import extend, grow_tree
+from graft.tree import tree_attention
+
+
+def _same_weights(a: DraftHead, b: DraftHead):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert set(sa) == set(sb)
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("layout,kind,draft_vocab", [("eagle", "eagle3", None), ("specforge", "eagle3", None), ("eagle", "eagle3", 100), ("eagle", "eagle1", None)])
+def test_published_layouts_round_trip(tiny, tmp_path, layout, kind, draft_vocab):
+    model = tiny("tiny_llama").target.model
+    head = random_head(model, kind, seed=3, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab)
+    save_head(head, tmp_path / "h", layout)
+    raw = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert raw["architectures"] == (["LlamaForCausalLMEagle3"] if layout == "specforge" else ["LlamaForCausalLM"])
+    loaded = load_head(str(tmp_path / "h"), model)
+    assert loaded.cfg.kind == kind and loaded.cfg.layer_ids == head.cfg.layer_ids
+    _same_weights(head, loaded)
+
+
+def test_bin_weights_and_dropped_vocab_maps_load(tiny, tmp_path):
+    model = tiny("tiny_llama").target.model
+    head = random_head(model, "eagle3", seed=1, layer_ids=[1, 2, 3])
+    save_head(head, tmp_path / "h")
+    state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}  # equal vocabularies: maps omitted
+    state["embed_tokens.weight"] = torch.zeros(1)  # the target's embeddings may ride along; they are ignored
+    (tmp_path / "h" / "model.safetensors").unlink()
+    torch.save(state, tmp_path / "h" / "pytorch_model.bin")
+    _same_weights(head, load_head(str(tmp_path / "h"), model))
+
+
+def test_missing_unexpected_and_misshapen_weights_are_refused(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny("tiny_llama").target.model
+    save_head(random_head(model, "eagle3", layer_ids=[1, 2, 3]), tmp_path / "h")
+    weights = tmp_path / "h" / "model.safetensors"
+    state = load_file(str(weights))
+    broken = dict(state)
+    del broken["midlayer.hidden_norm.weight"]
+    broken["midlayer.extra.weight"] = torch.zeros(2)
+    save_file(broken, str(weights))
+    with pytest.raises(HeadLoadError) as err:
+        load_head(str(tmp_path / "h"), model)
+    assert "midlayer.hidden_norm.weight" in str(err.value) and "midlayer.extra.weight" in str(err.value)
+    broken = dict(state)
+    broken["fc.weight"] = torch.zeros(64, 100)
+    save_file(broken, str(weights))
+    with pytest.raises(HeadLoadError, match=r"fc\.weight: expected \(64, 192\), got \(64, 100\)"):
+        load_head(str(tmp_path / "h"), model)
+
+
+def test_a_head_for_another_target_is_refused_with_both_sizes(tiny, tmp_path):
+    model = tiny("tiny_llama").target.model
+    save_head(random_head(model, "eagle3", layer_ids=[1, 2, 3]), tmp_path / "h")
+    raw = json.loads((tmp_path / "h" / "config.json").read_text())
+    raw["target_hidden_size"] = 4096
+    (tmp_path / "h" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(HeadLoadError, match="width 4096.*hidden size is 64"):
+        load_head(str(tmp_path / "h"), model)
+    with pytest.raises(HeadLoadError, match="no such directory"):
+        load_head(str(tmp_path / "nope"), model)
+
+
+# --- the tree ------------------------------------------------------------------------------------------
+
+
+def _reference_tree(head, embed, prefix_tokens, prefix_hidden, root, total_tokens, depth, k):
+    """Exhaustive expansion then sort, with every node's output computed from scratch along its path."""
+
+    def path_output(path):  # path: list of (token, hidden input) from the first draft node down
+        cache = head.new_cache(64)
+        out = extend(head, cache, embed(torch.tensor(prefix_tokens)), prefix_hidden)
+        if not path:
+            return out[-1]
+        tokens = torch.tensor([t for t, _ in path])
+        hidden = torch.stack([h for _, h in path])
+        positions = torch.arange(len(prefix_tokens), len(prefix_tokens) + len(path))
+        return head.step(embed(tokens), hidden, positions, None, cache)[-1]
+
+    def children(node):  # node: dict(path, score, out)
+        logp, d2t = head.log_probs(node["out"][None])
+        top = torch.topk(logp[0], k)
+        kids = []
+        for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+            target_tok = tok + int(d2t[tok]) if d2t is not None else tok
+            path = node["path"] + [(target_tok, node["out"])]
+            kids.append({"path": path, "score": node["score"] + lp, "parent": node})
+        return kids
+
+    root_node = {"path": [], "score": 0.0, "out": path_output([]), "parent": None}
+    candidates = children(root_node)
+    frontier = candidates[:]
+    for _ in range(depth):
+        for node in frontier:
+            node["out"] = path_output(node["path"])
+        new = [kid for node in frontier for kid in children(node)]
+        candidates += new
+        order = sorted(range(len(new)), key=lambda i: -new[i]["score"])[:k]
+        frontier = [new[i] for i in order]
+    best = sorted(sorted(range(len(candidates)), key=lambda i: -candidates[i]["score"])[: total_tokens - 1])
+    index_of = {id(candidates[i]): pos + 1 for pos, i in enumerate(best)}
+    tokens = [root] + [candidates[i]["path"][-1][0] for i in best]
+    parents = [-1] + [index_of.get(id(candidates[i]["parent"]), 0) for i in best]
+    return tokens, parents
+
+
+@pytest.mark.parametrize("kind,draft_vocab", [("eagle3", None), ("eagle3", 120), ("eagle1", None)])
+@pytest.mark.parametrize("total_tokens,depth,k", [(12, 3, 3), (20, 4, 4), (4, 3, 1)])
+def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tokens, depth, k):
+    model = tiny("tiny_llama").target.model
+    torch.manual_seed(0)
+    # float64 throughout: random heads fall into loops whose candidates' scores differ by ~1e-6, and
+    # the reference must break those near-ties the same way the tree does
+    head = random_head(model, kind, seed=7, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab).double()
+    head._target_lm_head = [torch.nn.Linear(64, 272, bias=False).double()]
+    head._target_lm_head[0].weight.data = model.get_output_embeddings().weight.double()
+    embed = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.double())
+    width = 3 * 64 if kind == "eagle3" else 64
+    prefix_tokens = [5, 99, 13, 200, 42]
+    prefix_hidden = torch.randn(len(prefix_tokens), width, dtype=torch.float64)
+    with torch.inference_mode():
+        cache = head.new_cache(64)
+        out = extend(head, cache, embed(torch.tensor(prefix_tokens)), prefix_hidden)
+        tree = grow_tree(head, embed, cache, out[-1], 7, total_tokens, depth, k)
+        assert cache.length == len(prefix_tokens)  # tree levels were scratch
+        ref_tokens, ref_parents = _reference_tree(head, embed, prefix_tokens, prefix_hidden, 7, total_tokens, depth, k)
+    assert tree.tokens.tolist() == ref_tokens
+    assert tree.parents.tolist() == ref_parents
+    tree.validate()
+    assert tree.num_nodes == min(total_tokens, 1 + k + depth * k * k)
+    assert int(tree_attention(tree.parents, 0).depth.max()) <= depth + 1
