@@ -142,3 +142,32 @@ def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tok
     tree.validate()
     assert tree.num_nodes == min(total_tokens, 1 + k + depth * k * k)
     assert int(tree_attention(tree.parents, 0).depth.max()) <= depth + 1
+
+
+def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
+    """scripts/train_eagle3.py on a tiny target: generate, features, fit (TTT), export, then resume."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "train"
+    args = [
+        sys.executable, "scripts/train_eagle3.py", "model=tiny_llama", f"train.out_dir={out}", "train.data.num_gsm8k=4",
+        "train.data.num_self_questions=4", "train.data.max_new_tokens=24", "train.head.draft_vocab=64",
+        "train.fit.epochs=1", "train.fit.batch_sequences=4", "train.fit.ttt_steps=3", f"train.export.dir={out}/head",
+        f"paths.data_root={tmp_path}",  # no GSM8K here: the trainer must say so and go on
+    ]
+    env = dict(__import__("os").environ, WANDB_MODE="disabled")
+    proc = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and {"loss_0", "loss_2", "acc_0", "acc_2"} <= set(metrics[-1])
+    raw = json.loads((out / "head" / "config.json").read_text())
+    assert raw["draft_vocab_size"] == 64 and raw["architectures"] == ["LlamaForCausalLM"]
+    from conftest import load_tiny
+
+    head = load_head(str(out / "head"), load_tiny("tiny_llama").target.model)
+    assert int(head.t2d.sum()) == 64
+    again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)  # resumed, nothing redone

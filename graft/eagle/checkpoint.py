@@ -26,10 +26,15 @@ class HeadLoadError(ValueError):
     pass
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def _local_dir(source: str) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         return path
+    if not path.is_absolute() and (REPO / path).is_dir():  # heads shipped in the repository
+        return REPO / path
     if source.startswith(("/", ".", "~")) or source.count("/") > 1:
         raise HeadLoadError(f"draft head {source}: no such directory")
     try:

@@ -1,0 +1,306 @@
+"""Train an EAGLE-3 head for a target of this harness (Hydra config: configs/train.yaml, configs/train/).
+
+    python scripts/train_eagle3.py [model=smollm2_135m] [train.stage=all] [train.fit.max_minutes=60]
+
+Stages, each resumable (rerun the same command to continue):
+- generate: the target answers non-evaluation prompts itself (greedy): GSM8K *train* questions,
+  questions it writes about a list of topics, and code / prose requests composed for this project;
+- features: one target pass per conversation records the fused features (inputs of the head's layers);
+- fit: training-time test over `ttt_steps` unrolled steps (graft/eagle/train.py), checkpointing;
+- export: the head in the EAGLE layout (config.json + model.safetensors), loadable by method=eagle3.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from graft.config import ModelConfig, HardwareConfig, coerce_dataclass, register_schemas  # noqa: E402
+
+TOPICS = [
+    "cooking", "gardening", "personal finance", "history of science", "astronomy", "learning a language",
+    "running", "photography", "climate", "sleep", "job interviews", "writing fiction", "electric cars",
+    "birds", "chess", "budget travel", "ancient Rome", "volcanoes", "the human heart", "recycling",
+    "music theory", "coffee", "time management", "dogs", "oceans", "bicycles", "public speaking",
+    "painting", "the internet", "renting a flat", "first aid", "board games", "mountains", "tea",
+    "saving energy at home", "friendship", "mathematics puzzles", "trains", "weather forecasts", "bread",
+]
+COMPOSED = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "Write a JavaScript function that removes duplicates from an array.",
+    "Write a short poem about autumn leaves.",
+    "Write a short story about a robot who learns to paint.",
+    "Describe your ideal weekend in a few paragraphs.",
+    "Write a Python function that counts the words in a text file.",
+    "Explain recursion to a beginner programmer.",
+    "Write a SQL query that lists all employees hired after 2020 from a table employees(name, hire_date).",
+    "Write a letter to a neighbour asking them to water your plants while you travel.",
+    "Explain how a refrigerator keeps food cold.",
+    "Write a Python function that checks whether a number is prime.",
+    "Summarise the plot of a detective story you invent, in one paragraph.",
+    "List five tips for writing clear emails and explain each.",
+    "Write a bash command that finds all .txt files in a folder and counts their lines.",
+    "Explain what a hash table is and why lookups are fast.",
+    "Write a product description for a reusable water bottle.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Describe how plants make food from sunlight.",
+]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _chat_ids(chat, text: str) -> list[int]:
+    return chat.prompt_ids([{"role": "user", "content": text}])
+
+
+@torch.inference_mode()
+def _generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int]) -> list[list[int]]:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else min(stop_ids)
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    answers = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, tok in enumerate(row) if tok in stop_ids), len(row))
+        answers.append(row[:cut])
+    return answers
+
+
+def stage_generate(cfg, loaded, out: Path) -> None:
+    path = out / "conversations.jsonl"
+    done = {r["id"] for r in _jsonl(path)}
+    model, tokenizer, chat = loaded.target.model, loaded.target.tokenizer, loaded.chat
+    data = cfg.train.data
+    jobs = []
+    gsm = Path(data.gsm8k_train)
+    if gsm.exists():
+        for i, line in enumerate(gsm.read_text().splitlines()[: data.num_gsm8k]):
+            jobs.append((f"gsm8k-train-{i}", json.loads(line)["question"]))
+    else:
+        print(f"note: {gsm} not found; training without GSM8K train questions")
+    jobs += [(f"composed-{i}", text) for i, text in enumerate(COMPOSED)]
+    questions_path = out / "self_questions.jsonl"
+    asked = _jsonl(questions_path)
+    if len(asked) < data.num_self_questions:  # the target writes its own questions first
+        styles = ["a beginner", "a student", "a curious child", "an expert", "a traveller"]
+        seeds = [(t, s) for t in TOPICS for s in styles][: data.num_self_questions]
+        todo = seeds[len(asked) :]
+        bar = tqdm(total=len(todo), desc="target writes questions")
+        for start in range(0, len(todo), data.generate_batch):
+            chunk = todo[start : start + data.generate_batch]
+            prompts = [_chat_ids(chat, f"Write one question that {s} might ask an AI assistant about {t}. Reply with the question only.") for t, s in chunk]
+            for (t, s), answer in zip(chunk, _generate(model, tokenizer, prompts, 48, loaded.stop_ids)):
+                text = chat.decode(answer).strip().split("\n")[0]
+                with open(questions_path, "a") as f:
+                    f.write(json.dumps({"topic": t, "style": s, "question": text}) + "\n")
+            bar.update(len(chunk))
+        bar.close()
+        asked = _jsonl(questions_path)
+    jobs += [(f"self-{i}", q["question"]) for i, q in enumerate(asked) if len(q["question"]) > 10]
+    todo = [(jid, text) for jid, text in jobs if jid not in done]
+    bar = tqdm(total=len(todo), desc="target answers")
+    for start in range(0, len(todo), data.generate_batch):
+        chunk = todo[start : start + data.generate_batch]
+        prompts = [_chat_ids(chat, text) for _, text in chunk]
+        answers = _generate(model, tokenizer, prompts, data.max_new_tokens, loaded.stop_ids)
+        with open(path, "a") as f:
+            for (jid, _), p, a in zip(chunk, prompts, answers):
+                f.write(json.dumps({"id": jid, "prompt_ids": p, "answer_ids": a}) + "\n")
+        bar.update(len(chunk))
+    bar.close()
+
+
+@torch.inference_mode()
+def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
+    from graft.target import HiddenTap
+
+    convs = _jsonl(out / "conversations.jsonl")
+    shard_dir = out / "features"
+    shard_dir.mkdir(exist_ok=True)
+    target = loaded.target
+    target.set_hidden_taps(tuple(HiddenTap(i, "input") for i in layer_ids))
+    per_shard = 64
+    counts = torch.zeros(target.vocab_size, dtype=torch.long)
+    for s, start in enumerate(tqdm(range(0, len(convs), per_shard), desc="target features")):
+        chunk = convs[start : start + per_shard]
+        for c in chunk:
+            counts += torch.bincount(torch.tensor(c["answer_ids"], dtype=torch.long), minlength=target.vocab_size)
+        shard = shard_dir / f"shard_{s:04d}.pt"
+        if shard.exists():
+            continue
+        records = []
+        for c in chunk:
+            ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
+            target.reset(len(ids) + 8)
+            hidden = target.prefill(ids).hidden
+            valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
+            records.append({"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": hidden.half()})
+        torch.save(records, shard)
+    torch.save(counts, out / "token_counts.pt")
+
+
+def _new_head(cfg, loaded, layer_ids, counts):
+    from graft.eagle.head import DraftHead, HeadConfig
+    from graft.eagle.train import draft_vocabulary
+
+    config = loaded.target.config
+    head_cfg = HeadConfig(
+        kind="eagle3",
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        draft_vocab_size=cfg.train.head.draft_vocab,
+        target_hidden_size=config.hidden_size,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=float(getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+        layer_ids=list(layer_ids),
+    )
+    head = DraftHead(head_cfg)
+    d2t, t2d = draft_vocabulary(counts, head_cfg.draft_vocab_size)
+    head.d2t.copy_(d2t)
+    head.t2d.copy_(t2d)
+    return head
+
+
+def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
+    from graft.eagle.train import ttt_losses
+
+    fit = cfg.train.fit
+    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
+    counts = torch.load(out / "token_counts.pt")
+    torch.manual_seed(cfg.train.seed)
+    head = _new_head(cfg, loaded, layer_ids, counts)
+    embed = loaded.target.model.get_input_embeddings()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = math.ceil(len(records) / fit.batch_sequences)
+    total_steps = per_epoch * fit.epochs
+    schedule = lambda step: min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / total_steps))  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    ckpt_path = out / "checkpoint.pt"
+    state = {"step": 0, "seconds": 0.0}
+    if ckpt_path.exists():
+        saved = torch.load(ckpt_path, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+        print(f"resumed at step {state['step']} of {total_steps}")
+    log_path = out / "metrics.jsonl"
+    logger = _wandb(cfg, out)
+    weights = [fit.step_weight**j for j in range(fit.ttt_steps)]
+    started = time.time()
+    bar = tqdm(total=total_steps, initial=state["step"], desc="fit (TTT)")
+    head.train()
+    while state["step"] < total_steps:
+        epoch, position = divmod(state["step"], per_epoch)
+        order = list(range(len(records)))
+        random.Random(cfg.train.seed + epoch).shuffle(order)
+        batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
+        width = max(r["tokens"].shape[0] for r in batch)
+        tokens = torch.stack([torch.nn.functional.pad(r["tokens"], (0, width - r["tokens"].shape[0])) for r in batch])
+        valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, width - r["valid"].shape[0])) for r in batch])
+        feats = torch.stack([torch.nn.functional.pad(r["features"].float(), (0, 0, 0, width - r["features"].shape[0])) for r in batch])
+        losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps)
+        loss = sum(w * l for w, l in zip(weights, losses))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), fit.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        state["step"] += 1
+        record = {"step": state["step"], "epoch": epoch, "loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0]}
+        record.update({f"loss_{j}": float(l) for j, l in enumerate(losses)})
+        record.update({f"acc_{j}": a for j, a in enumerate(accs)})
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if logger:
+            logger.log(record, step=state["step"])
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc3=f"{accs[min(3, len(accs) - 1)]:.2f}")
+        elapsed = state["seconds"] + time.time() - started
+        out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes
+        if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
+            state_to_save = dict(state, seconds=elapsed)
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state_to_save}, ckpt_path)
+        if out_of_time:
+            print(f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue")
+            break
+    bar.close()
+    if logger:
+        logger.finish()
+    head.eval()
+    return {"head": head, "steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+
+
+def _wandb(cfg, out: Path):
+    if os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    try:
+        import wandb
+
+        return wandb.init(project="graft-train", mode=os.environ.get("WANDB_MODE", "offline"), dir=str(out), config=OmegaConf.to_container(cfg, resolve=True))
+    except Exception as err:  # logging must not stop training
+        print(f"W&B logger unavailable ({err}); metrics go to metrics.jsonl only")
+        return None
+
+
+def stage_export(cfg, fitted: dict, out: Path) -> Path:
+    from graft.eagle.checkpoint import save_head
+
+    head = fitted["head"].to(getattr(torch, cfg.train.export.dtype))
+    directory = save_head(head, ROOT / cfg.train.export.dir, layout="eagle")
+    print(f"exported {directory} ({fitted['steps']} of {fitted['total_steps']} steps, {fitted['sequences']} sequences)")
+    return directory
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    from graft.eagle.checkpoint import default_layer_ids
+    from graft.models import load_model
+
+    model_cfg = coerce_dataclass(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+    hardware_cfg = coerce_dataclass(HardwareConfig, OmegaConf.to_container(cfg.hardware, resolve=True), "hardware")
+    out = Path(cfg.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stage = cfg.train.stage
+    loaded = load_model(model_cfg, hardware_cfg)
+    layer_ids = list(cfg.train.head.layer_ids or default_layer_ids(loaded.target.num_layers))
+    if stage in ("generate", "all"):
+        plain = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none", num_threads=hardware_cfg.num_threads))
+        stage_generate(cfg, plain, out)
+        del plain
+    if stage in ("features", "all"):
+        stage_features(cfg, loaded, out, layer_ids)
+    if stage in ("fit", "export", "all"):
+        fitted = stage_fit(cfg, loaded, out, layer_ids)
+        if stage in ("export", "all") or fitted["steps"] > 0:
+            stage_export(cfg, fitted, out)
+
+
+if __name__ == "__main__":
+    register_schemas()
+    main()
