@@ -162,23 +162,11 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
 
 
 def _new_head(cfg, loaded, layer_ids, counts):
-    from graft.eagle.head import DraftHead, HeadConfig
+    from graft.eagle.checkpoint import head_config_for
+    from graft.eagle.head import DraftHead
     from graft.eagle.train import draft_vocabulary
 
-    config = loaded.target.config
-    head_cfg = HeadConfig(
-        kind="eagle3",
-        hidden_size=config.hidden_size,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        draft_vocab_size=cfg.train.head.draft_vocab,
-        target_hidden_size=config.hidden_size,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_theta=float(getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
-        layer_ids=list(layer_ids),
-    )
+    head_cfg = head_config_for(loaded.target.config, "eagle3", cfg.train.head.draft_vocab, layer_ids)
     head = DraftHead(head_cfg)
     d2t, t2d = draft_vocabulary(counts, head_cfg.draft_vocab_size)
     head.d2t.copy_(d2t)

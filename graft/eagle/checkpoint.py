@@ -173,10 +173,10 @@ def save_head(head: DraftHead, directory: str | Path, layout: str = "eagle") -> 
     return directory
 
 
-def random_head(target_model, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None) -> DraftHead:
-    """A seeded random-weight head shaped for `target_model` (tests and smoke runs)."""
-    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
-    cfg = HeadConfig(
+def head_config_for(config, kind: str = "eagle3", draft_vocab: int | None = None, layer_ids: list[int] | None = None) -> HeadConfig:
+    """A head shaped like one decoder layer of the target `config` (for training or random heads)."""
+    rope = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return HeadConfig(
         kind=kind,
         hidden_size=config.hidden_size,
         num_heads=config.num_attention_heads,
@@ -186,8 +186,15 @@ def random_head(target_model, kind: str = "eagle3", seed: int = 0, layer_ids: li
         draft_vocab_size=draft_vocab or config.vocab_size,
         target_hidden_size=config.hidden_size,
         rms_norm_eps=config.rms_norm_eps,
-        layer_ids=layer_ids or (default_layer_ids(config.num_hidden_layers) if kind == "eagle3" else []),
+        rope_theta=float(rope),
+        layer_ids=list(layer_ids or (default_layer_ids(config.num_hidden_layers) if kind == "eagle3" else [])),
     )
+
+
+def random_head(target_model, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None) -> DraftHead:
+    """A seeded random-weight head shaped for `target_model` (tests and smoke runs)."""
+    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
+    cfg = head_config_for(config, kind, draft_vocab, layer_ids)
     torch.manual_seed(seed)
     head = DraftHead(cfg, target_lm_head=target_model.get_output_embeddings())
     with torch.no_grad():

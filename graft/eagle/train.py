@@ -28,14 +28,6 @@ def draft_vocabulary(counts: Tensor, size: int) -> tuple[Tensor, Tensor]:
     return d2t, t2d
 
 
-def _rope(attn, x: Tensor, positions: Tensor) -> Tensor:
-    freqs = positions.float()[..., None] * attn.inv_freq  # [T, d/2]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 def ttt_losses(
     head: DraftHead, embed, features: Tensor, tokens: Tensor, valid: Tensor, steps: int
 ) -> tuple[list[Tensor], list[float]]:
@@ -61,8 +53,8 @@ def ttt_losses(
         ids = F.pad(tokens[:, shift:], (0, shift))  # token t + j + 1 at anchor t
         x = torch.cat([layer.input_layernorm(embed(ids)), layer.hidden_norm(hidden)], dim=-1)
         positions = base_pos + step
-        q = _rope(attn, attn.q_proj(x).view(b, t, h, d).transpose(1, 2), positions)
-        k = _rope(attn, attn.k_proj(x).view(b, t, kvh, d).transpose(1, 2), positions)
+        q = attn._rope(attn.q_proj(x).view(b, t, h, d).transpose(1, 2), positions)
+        k = attn._rope(attn.k_proj(x).view(b, t, kvh, d).transpose(1, 2), positions)
         v = attn.v_proj(x).view(b, t, kvh, d).transpose(1, 2)
         keys.append(k.repeat_interleave(groups, dim=1))
         values.append(v.repeat_interleave(groups, dim=1))
