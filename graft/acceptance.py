@@ -27,6 +27,11 @@ class Acceptance:
     def num_accepted(self) -> int:
         return len(self.tokens) - 1
 
+    @property
+    def index(self) -> Tensor | list[int]:
+        """The path for indexing verification outputs: on the device when acceptance left it there."""
+        return self.path_index if self.path_index is not None else self.path
+
 
 def accept_greedy(tree: DraftTree, attn: TreeAttention, logits: Tensor) -> Acceptance:
     """Longest root path whose every token equals the target's argmax after its parent, plus the bonus.

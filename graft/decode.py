@@ -137,7 +137,7 @@ def generate(
         gen.new_tokens.extend(committed)
         state.tokens.extend(committed)
         if record_gaps:
-            top2.append(_top2(forward.logits[acceptance.path_index if acceptance.path_index is not None else acceptance.path], len(committed)))
+            top2.append(_top2(forward.logits[acceptance.index], len(committed)))
         if len(gen.new_tokens) >= max_new_tokens:
             done = True
         t4 = clock()

@@ -116,7 +116,7 @@ def _random_model(cfg: ModelConfig, dtype: torch.dtype):
     return model.to(dtype)
 
 
-def _looks_local(path: str) -> bool:
+def looks_local(path: str) -> bool:
     """Hub ids are `name` or `org/name`; anything else that is not on disk was meant as a local path."""
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
@@ -128,7 +128,7 @@ def _pretrained(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         raise ConfigError(f"model '{cfg.name}' has source 'pretrained' but no model.path (a Hub id or a local directory)")
     path = os.path.expanduser(cfg.path)
     local = Path(path).exists()
-    if not local and _looks_local(cfg.path):
+    if not local and looks_local(cfg.path):
         raise ModelLoadError(f"model.path={cfg.path}: no such directory. Point model.path at a local checkpoint or use a Hub id.")
     kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation)
     if cfg.device_map:

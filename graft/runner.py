@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from graft.config import ExperimentConfig
-from graft.data import Prompt, load_prompts
+from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, float_tie, generate
 from graft.drafter import Drafter, build_drafter
@@ -115,7 +115,7 @@ def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ul
 def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     run_cfg = cfg.run
     sampling = SamplingConfig(temperature=run_cfg.temperature, top_p=run_cfg.top_p)
-    if cfg.dataset.source not in ("longbench", "pg19", "long_synthetic"):
+    if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
         load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
     model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)

@@ -14,7 +14,9 @@ from graft.data import long_context, sources
 from graft.data.builtin import BUILTIN
 from graft.data.prompt import DatasetError, Prompt
 
-__all__ = ["BUILTIN", "DatasetError", "Prompt", "load_prompts", "resolve_data_root"]
+__all__ = ["BUILT_WITH_TOKENIZER", "BUILTIN", "DatasetError", "Prompt", "load_prompts", "resolve_data_root"]
+
+BUILT_WITH_TOKENIZER = ("longbench", "pg19", "long_synthetic")  # their prompts are cut to token lengths
 
 LOADERS = {
     "builtin": lambda cfg, root, chat: list(BUILTIN),
@@ -49,7 +51,7 @@ def resolve_data_root(data_root: str | None) -> str | None:
 
 def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) -> list[Prompt]:
     root = resolve_data_root(data_root)
-    if cfg.source in ("longbench", "pg19", "long_synthetic") and chat is None:
+    if cfg.source in BUILT_WITH_TOKENIZER and chat is None:
         raise DatasetError(f"dataset '{cfg.name}' is built with the target's tokenizer; pass a chat formatter")
     prompts = LOADERS[cfg.source](cfg, root, chat)
     if cfg.categories:

@@ -35,7 +35,9 @@ def _local_dir(source: str) -> Path:
         return path
     if not path.is_absolute() and (REPO / path).is_dir():  # heads shipped in the repository
         return REPO / path
-    if source.startswith(("/", ".", "~")) or source.count("/") > 1:
+    from graft.models import looks_local
+
+    if looks_local(source):
         raise HeadLoadError(f"draft head {source}: no such directory")
     try:
         from huggingface_hub import snapshot_download

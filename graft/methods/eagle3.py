@@ -145,9 +145,6 @@ class Eagle3Drafter(Drafter):
     def max_nodes(self) -> int:
         return self.params.total_tokens
 
-    def _embed_ids(self, ids: Tensor) -> Tensor:
-        return self._embed(ids)
-
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         state = prefill.state
@@ -160,12 +157,10 @@ class Eagle3Drafter(Drafter):
     def propose(self, state: SequenceState) -> DraftTree:
         device = self.target.device
         ids = torch.tensor(self._pending_tokens, dtype=torch.long, device=device)
-        out = extend(self.head, self.cache, self._embed_ids(ids), self._pending_hidden)
+        out = extend(self.head, self.cache, self._embed(ids), self._pending_hidden)
         p = self.params
-        return grow_tree(self.head, self._embed_ids, self.cache, out[-1], state.root, p.total_tokens, p.depth, p.top_k)
+        return grow_tree(self.head, self._embed, self.cache, out[-1], state.root, p.total_tokens, p.depth, p.top_k)
 
     def update(self, step: StepFeedback) -> None:
-        acceptance = step.acceptance
-        index = acceptance.path_index if acceptance.path_index is not None else acceptance.path
-        self._pending_tokens = acceptance.tokens
-        self._pending_hidden = step.forward.hidden[index]
+        self._pending_tokens = step.acceptance.tokens
+        self._pending_hidden = step.forward.hidden[step.acceptance.index]
