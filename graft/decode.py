@@ -23,7 +23,7 @@ import torch
 from graft.acceptance import accept_greedy, accept_sampling, sample_token
 from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback
 from graft.target import TargetModel
-from graft.tree import tree_attention
+from graft.tree import NodeSource, tree_attention
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Generation:
     top2_gaps: list[float] = field(default_factory=list)  # target's top-2 logit gap for each new token
     top_logits: list[float] = field(default_factory=list)  # the target's top logit for each new token
     step_info: list[dict] = field(default_factory=list)  # drafter's own per-step record, if it keeps one
+    # per step: [draft nodes, retrieved nodes, accepted draft nodes, accepted retrieved nodes] (root excluded)
+    step_sources: list[list[int]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -80,6 +82,15 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int) -> bo
     return gap <= ulps * ulp
 
 
+def _source_counts(tree, acceptance) -> torch.Tensor:
+    """[4]: draft and retrieved nodes in the tree, then among the accepted nodes (stays on the device)."""
+    src = tree.sources.long() if tree.sources is not None else torch.full_like(tree.tokens, int(NodeSource.DRAFT))
+    src[0] = int(NodeSource.ROOT)
+    in_tree = torch.bincount(src, minlength=3)
+    accepted = torch.bincount(src[acceptance.index], minlength=3)
+    return torch.stack([in_tree[NodeSource.DRAFT], in_tree[NodeSource.RETRIEVAL], accepted[NodeSource.DRAFT], accepted[NodeSource.RETRIEVAL]])
+
+
 @torch.inference_mode()
 def generate(
     target: TargetModel,
@@ -107,6 +118,7 @@ def generate(
     if first in stop_ids:
         gen.stop_reason = "stop_token"
     context_limit = target.max_context
+    sources = []  # per step [4] counts, left on the device until the end
 
     while not done:
         t0 = clock()
@@ -144,6 +156,10 @@ def generate(
         drafter.update(StepFeedback(tree=tree, attn=attn, forward=forward, acceptance=acceptance, state=state))
         t5 = clock()
 
+        if drafter.last_info is not None:
+            gen.step_info.append(drafter.last_info)
+            drafter.last_info = None
+        sources.append(_source_counts(tree, acceptance))
         gen.accept_lengths.append(len(committed))
         gen.nodes.append(tree.num_nodes)
         draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
@@ -152,6 +168,8 @@ def generate(
         gen.other_s.append(clock() - t0 - draft_s - verify_s)
 
     gen.wall_s = clock() - start
+    if sources:
+        gen.step_sources = torch.stack(sources).tolist()
     if record_gaps:
         host = torch.cat(top2).tolist()
         gen.top2_gaps = [a - b for a, b in host]

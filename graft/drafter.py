@@ -6,6 +6,8 @@ one config under `configs/method/`. The decode loop calls, per sequence:
     reset(prompt)                    once, after prefill
     propose(state) -> DraftTree      before each verification step (the "draft" phase)
     update(step)                     after acceptance, with the verification logits and hidden states
+
+A drafter may leave a small dict in `last_info` during a step; the loop stores it in the step's record.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Drafter:
 
     name: ClassVar[str] = "ar"
     hidden_taps: tuple[HiddenTap, ...] = ()
+    last_info: dict | None = None  # the drafter's own record of the step (e.g. the pruner's stage); the loop collects it
 
     def __init__(self, target: TargetModel, params: Any = None):
         self.target = target

@@ -7,6 +7,7 @@
 - speedup_decode: baseline seconds per step token after prefill / the method's (prefill excluded).
 - lossless: greedy only: every prompt's tokens equal the baseline's (null under sampling).
 - avg_nodes_per_step: tree nodes verified per step, root included.
+- retrieval_share: accepted nodes that retrieval proposed / all accepted nodes (bonus tokens excluded).
 - loop_overhead: share of step time outside the target forward and the drafter (mask, acceptance,
   cache commit, bookkeeping).
 """
@@ -24,6 +25,8 @@ DEFINITIONS = {
     "speedup_decode": "baseline s per step token / method s per step token (prefill excluded)",
     "lossless": "greedy: every prompt's tokens equal the baseline's",
     "avg_nodes_per_step": "verified tree nodes per step, root included",
+    "retrieval_share": "accepted retrieved nodes / all accepted nodes (bonus tokens excluded)",
+    "retrieved_nodes_per_step": "verified nodes per step that retrieval proposed",
     "loop_overhead": "share of step time not in the target forward or the drafter",
     "baseline_tau": "tau of the baseline run (1.00 by construction)",
     "ms_per_step": "draft + verify + other milliseconds per step",
@@ -33,6 +36,9 @@ DEFINITIONS = {
     "mean_prefill_s": "seconds per turn to encode the prompt and produce the first token",
     "prefill_tokens_per_s": "prompt tokens / prefill seconds",
 }
+
+
+SOURCE_KEYS = ("draft_nodes", "retrieved_nodes", "accepted_draft", "accepted_retrieved")
 
 
 def side_totals(turns: list[dict]) -> dict:
@@ -50,6 +56,7 @@ def side_totals(turns: list[dict]) -> dict:
         "verify_s": sum(sum(t["verify_ms"]) for t in turns) / 1e3,
         "other_s": sum(sum(t["other_ms"]) for t in turns) / 1e3,
         "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+        **{key: sum(row[i] for t in turns for row in t.get("step_sources", [])) for i, key in enumerate(SOURCE_KEYS)},
     }
 
 
@@ -66,7 +73,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
     done = [r for r in records if r.get("status") == "ok"]
     method = [r["method"]["totals"] for r in done]
     base = [(r["baseline"] or r["method"])["totals"] for r in done]
-    total = lambda rows, key: sum(row[key] for row in rows)  # noqa: E731
+    total = lambda rows, key: sum(row.get(key, 0) for row in rows)  # noqa: E731
     step_time = total(method, "draft_s") + total(method, "verify_s") + total(method, "other_s")
     tps = statistics.fmean(row["tokens_per_s"] for row in method) if method else 0.0
     base_tps = statistics.fmean(row["tokens_per_s"] for row in base) if base else 0.0
@@ -91,6 +98,8 @@ def summarize(records: list[dict], meta: dict) -> dict:
         "n_divergent": len(divergent),
         "n_divergent_float_tie": sum(1 for c in divergent if c["first_divergence"]["float_tie"]),
         "avg_nodes_per_step": _ratio(total(method, "nodes"), total(method, "steps")),
+        "retrieval_share": _ratio(total(method, "accepted_retrieved"), total(method, "accepted_draft") + total(method, "accepted_retrieved")),
+        "retrieved_nodes_per_step": _ratio(total(method, "retrieved_nodes"), total(method, "steps")),
         "new_tokens": total(method, "new_tokens"),
         "steps": total(method, "steps"),
         "time_split": {

@@ -75,6 +75,7 @@ def turn_record(gen: Generation, text: str) -> dict:
         "verify_ms": ms(gen.verify_s),
         "other_ms": ms(gen.other_s),
         "step_info": gen.step_info,
+        "step_sources": gen.step_sources,
         "tokens_sha256": token_hash(gen.new_tokens),
         "text": text,
     }

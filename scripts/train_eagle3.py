@@ -64,6 +64,21 @@ COMPOSED = [
     "Describe how plants make food from sunlight.",
 ]
 
+# Request shapes composed for this project, crossed with TOPICS: prose, lists, explanation, role-play,
+# letters, comparison and code-adjacent answers, the kinds of turns a chat assistant writes.
+TEMPLATES = [
+    "Write a short essay about {t}.",
+    "Explain {t} to a ten-year-old.",
+    "Give five practical tips about {t}, with one sentence on each.",
+    "Write a short poem about {t}.",
+    "What are the most common mistakes beginners make with {t}, and how can they avoid them?",
+    "Write an email to a friend inviting them to try {t} with you.",
+    "Pretend you are a guide who knows everything about {t}. Introduce yourself and the subject.",
+    "Compare two different approaches to {t} and say which you would recommend.",
+    "Summarise the history of {t} in a few paragraphs.",
+    "Write a step-by-step plan for someone who wants to get better at {t} in one month.",
+]
+
 
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -101,6 +116,8 @@ def stage_generate(cfg, loaded, out: Path) -> None:
     else:
         print(f"note: {gsm} not found; training without GSM8K train questions")
     jobs += [(f"composed-{i}", text) for i, text in enumerate(COMPOSED)]
+    templated = [template.format(t=topic) for template in TEMPLATES for topic in TOPICS][: data.num_templated]
+    jobs += [(f"templated-{i}", text) for i, text in enumerate(templated)]
     questions_path = out / "self_questions.jsonl"
     asked = _jsonl(questions_path)
     if len(asked) < data.num_self_questions:  # the target writes its own questions first
@@ -148,7 +165,7 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
         for c in chunk:
             counts += torch.bincount(torch.tensor(c["answer_ids"], dtype=torch.long), minlength=target.vocab_size)
         shard = shard_dir / f"shard_{s:04d}.pt"
-        if shard.exists():
+        if shard.exists() and len(torch.load(shard)) == len(chunk):  # a short last shard is redone when data grows
             continue
         records = []
         for c in chunk:
@@ -197,6 +214,10 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         print(f"resumed at step {state['step']} of {total_steps}")
+    elif fit.init_from:  # warm start: weights (and draft vocabulary) of an earlier run, fresh optimizer
+        saved = torch.load(fit.init_from, weights_only=False)
+        head.load_state_dict(saved["head"] if "head" in saved else saved)
+        print(f"warm start from {fit.init_from}")
     log_path = out / "metrics.jsonl"
     logger = _wandb(cfg, out)
     weights = [fit.step_weight**j for j in range(fit.ttt_steps)]

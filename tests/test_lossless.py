@@ -70,6 +70,23 @@ VARIANTS = {
         {"head": "random", "random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4},
         {"head": "random", "total_tokens": 8, "depth": 7, "top_k": 1},
     ],
+    # thresholds pick the stage: a random head is unsure, so 0.35 fires at the root; 0 never fires (dense)
+    "pruned": [
+        {"head": "random"},
+        {"head": "random", "thresholds": [0.0, 0.0, 1.0]},
+        {"head": "random", "thresholds": [0.0, 0.0, 0.0], "total_tokens": 16},
+    ],
+    "graft": [
+        {"head": "random"},
+        {"head": "random", "thresholds": [0.0, 1.0, 1.0], "total_tokens": 16},
+        {"head": "random", "attach": "both", "retrieval": "both"},
+        {"head": "random", "attach": "leaves", "thresholds": [0.0, 0.0, 1.0], "total_tokens": 32},
+        {"head": "random", "retrieval": "suffix", "total_tokens": 8},
+    ],
+    "graft_root": [{"head": "random", "total_tokens": 32}],
+    "graft_noprune": [{"head": "random", "thresholds": [0.0, 1.0, 1.0]}],
+    "graft_tail": [{"head": "random"}, {"head": "random", "tail_threshold": 0.0, "total_tokens": 16}],
+    "samd": [{"head": "random"}, {"head": "random", "min_match": 1, "total_tokens": 16}],
 }
 
 

@@ -1,3 +1,3 @@
 """The paper's side of the comparison: model drafters and tree builders. Importing registers them."""
 
-from graft.methods import eagle3  # noqa: F401
+from graft.methods import eagle3, graft, pruned  # noqa: F401

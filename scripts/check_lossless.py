@@ -1,0 +1,109 @@
+"""Lossless check of many methods against one greedy baseline per prompt, in one process.
+
+    python scripts/check_lossless.py --methods pld,recycling,graft --datasets builtin,mt_bench \
+        --num-prompts 20 --max-new-tokens 64 [--set method.total_tokens=16] --out results/lossless.json
+
+For every prompt the autoregressive baseline runs once (recording its top-2 logit gaps), then every
+method runs the same turns; a method's tokens must equal the baseline's, and a divergence is reported
+with the baseline's top-2 gap and whether it is a float tie. Speed is not measured here (run.py does
+that, with each method's own interleaved baseline); sharing the baseline only saves time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
+os.environ.setdefault("WANDB_MODE", "disabled")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def compose(overrides: list[str]) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from graft.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+        with open_dict(cfg):
+            cfg.run.out_dir = "unused"
+        return OmegaConf.to_container(cfg, resolve=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", required=True)
+    parser.add_argument("--datasets", default="builtin")
+    parser.add_argument("--num-prompts", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--set", action="append", default=[], help="extra override for every method, e.g. method.total_tokens=16")
+    parser.add_argument("--out", default="results/lossless_check.json")
+    args = parser.parse_args()
+
+    from graft.config import validate
+    from graft.data import load_prompts
+    from graft.decode import SamplingConfig
+    from graft.drafter import Drafter, build_drafter
+    from graft.models import load_model
+    from graft.runner import PromptTooLong, compare, run_conversation
+
+    methods = args.methods.split(",")
+    base_cfg = validate(compose(["logger=none"]))
+    model = load_model(base_cfg.model, base_cfg.hardware, progress=False)
+    drafters = {}
+    for name in methods:
+        cfg = validate(compose([f"method={name}", "logger=none", *args.set]))
+        params = {k: v for k, v in cfg.method.items() if k != "name"}
+        if "head" in params and params["head"] is None:
+            params["head"] = cfg.model.draft_head
+        drafters[name] = build_drafter(name, model.target, params)
+    baseline = Drafter(model.target)
+    greedy = SamplingConfig()
+    results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}}
+    for dataset in args.datasets.split(","):
+        cfg = validate(compose([f"dataset={dataset}", "logger=none"]))
+        prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[: args.num_prompts]
+        table = {name: {"prompts": 0, "equal": 0, "float_tie": 0, "divergent": []} for name in methods}
+        started = time.time()
+        for prompt in prompts:
+            try:
+                model.target.set_hidden_taps(())
+                base = run_conversation(model, baseline, prompt, args.max_new_tokens, greedy, 0, record_gaps=True)
+                for name, drafter in drafters.items():
+                    model.target.set_hidden_taps(drafter.hidden_taps)
+                    out = run_conversation(model, drafter, prompt, args.max_new_tokens, greedy, 0, record_gaps=False)
+                    verdict = compare(out, base, model.target.dtype, base_cfg.run.float_tie_ulps)
+                    row = table[name]
+                    row["prompts"] += 1
+                    if verdict["equal"]:
+                        row["equal"] += 1
+                    elif verdict["first_divergence"]["float_tie"]:
+                        row["float_tie"] += 1
+                        row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
+                    else:
+                        row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
+            except PromptTooLong as err:
+                print(f"skipped {prompt.id}: {err}")
+        results["datasets"][dataset] = table
+        print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
+        for name, row in table.items():
+            bad = len(row["divergent"]) - row["float_tie"]
+            print(f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    lossless = all(len(r["divergent"]) == r["float_tie"] for t in results["datasets"].values() for r in t.values())
+    print(f"lossless: {lossless}")
+    sys.exit(0 if lossless else 1)
+
+
+if __name__ == "__main__":
+    main()

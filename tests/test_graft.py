@@ -1,0 +1,189 @@
+"""Graft's parts on literal arrays: the successor table, template readout, grafting, stage selection,
+the suffix automaton; then the drafters' trees on a tiny model."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from graft.grafting import graft
+from graft.methods.pruned import scaled_split, stage_at
+from graft.retrieval.recycling import SuccessorTable, build_template, make_template, read_template
+from graft.retrieval.suffix import SuffixAutomaton
+from graft.tree import DraftTree, NodeSource, tree_attention
+
+T = torch.tensor
+
+
+def test_table_update_keeps_the_accepted_node_for_a_repeated_token():
+    table = SuccessorTable(vocab_size=6, k=2)
+    logits = T([
+        [0.0, 5.0, 4.0, 0.0, 0.0, 0.0],  # node 0, token 3, on the path: successors 1, 2
+        [0.0, 0.0, 0.0, 2.0, 0.0, 9.0],  # node 1, token 1: successors 5, 3
+        [7.0, 0.0, 0.0, 0.0, 6.0, 0.0],  # node 2, token 3 again, off the path: loses to node 0
+        [0.0, 0.0, 1.0, 0.0, 3.0, 0.0],  # node 3, token 4: successors 4, 2
+    ])
+    table.update(T([3, 1, 3, 4]), logits, T([True, False, False, False]))
+    assert table.rows.tolist() == [[-1, -1], [5, 3], [-1, -1], [1, 2], [4, 2], [-1, -1]]
+    # off the path both times: the node verified last wins
+    table.update(T([2, 2]), logits[:2], T([False, False]))
+    assert table.rows[2].tolist() == [5, 3]
+
+
+def test_bigram_seeding_fills_only_empty_rows_latest_first():
+    table = SuccessorTable(vocab_size=5, k=2)
+    table.rows[4] = T([0, 1])
+    table.seed_bigrams(T([1, 2, 1, 3, 4, 2]))
+    assert table.rows.tolist() == [[-1, -1], [3, -1], [1, -1], [4, -1], [0, 1]]
+
+
+def test_template_readout_from_a_given_table():
+    table = SuccessorTable(vocab_size=6, k=2)
+    table.rows.copy_(T([[1, 2], [3, 4], [5, -1], [0, 1], [-1, -1], [2, 0]]))
+    #         anchor  r0 of 0  r1 of 0  r0 of 1  r1 of 1  r0 of 2  r0 of 3
+    template = make_template([-1, 0, 0, 1, 1, 2, 3], [0, 0, 1, 0, 1, 0, 0])
+    assert read_template(table, template, 0).tolist() == [0, 1, 2, 3, 4, 5, 0]
+    assert read_template(table, template, 2).tolist() == [2, 5, -1, 2, 0, -1, 5]  # unknown propagates
+
+
+def test_templates_are_best_first_and_unbalanced():
+    template = build_template(60, k=8, max_depth=8)
+    parents, ranks = template.parents.tolist(), template.ranks.tolist()
+    assert len(parents) == 60 and parents[0] == -1
+    assert all(0 <= parents[i] < i for i in range(1, 60))
+    depth = [0] * 60
+    for i in range(1, 60):
+        depth[i] = depth[parents[i]] + 1
+    deepest = depth.index(max(depth))
+    node = deepest
+    while node > 0:  # the deepest node hangs from the rank-0 chain
+        assert ranks[node] == 0
+        node = parents[node]
+    assert max(depth) >= 5
+    assert depth[[i for i in range(1, 60) if ranks[i] != 0][0]] <= 2
+    children = lambda node: sum(1 for i in range(1, 60) if parents[i] == node)  # noqa: E731
+    root_kids = [i for i in range(1, 60) if parents[i] == 0]
+    assert [ranks[i] for i in root_kids] == list(range(len(root_kids)))
+    assert children(root_kids[0]) >= children(root_kids[1]) >= children(root_kids[-1])
+    assert build_template(20).parents.tolist() == parents[:20]  # a smaller budget is a prefix
+
+
+def _tree(tokens, parents, sources=None):
+    sources = T(sources, dtype=torch.int8) if sources is not None else None
+    return DraftTree(T(tokens), T(parents), scores=torch.zeros(len(tokens)), sources=sources)
+
+
+def test_graft_merges_duplicates_and_spends_the_freed_slots():
+    draft = _tree([10, 11, 12, 13], [-1, 0, 0, 1], [0, 1, 1, 1])  # root 10 -> 11 -> 13, root -> 12
+    # retrieved under the root: 11 (dup) -> 13 (dup) -> 30 ; 11 -> 31 ; 20 ; 12 (dup) -> 32 ; -1 (unknown) -> 33
+    tokens = T([10, 11, 20, 13, 31, 12, -1, 30, 32, 33])
+    parents = T([-1, 0, 0, 1, 1, 0, 0, 3, 5, 6])
+    out = graft(draft, 0, tokens, parents, room=3)
+    assert out.tree.tokens.tolist() == [10, 11, 12, 13, 20, 31, 30]
+    assert out.tree.parents.tolist() == [-1, 0, 0, 1, 0, 1, 3]
+    assert out.tree.sources.tolist() == [0, 1, 1, 1, 2, 2, 2]
+    assert (out.added, out.merged) == (3, 3)
+    mask = tree_attention(out.tree.parents, cache_len=0).ancestors.int().tolist()
+    assert mask == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 0, 1, 0],
+        [1, 1, 0, 1, 0, 0, 1],
+    ]
+    # with more room the next template node (32 under the draft's 12) comes in; the unknown branch never does
+    wide = graft(draft, 0, tokens, parents, room=10)
+    assert wide.tree.tokens.tolist() == [10, 11, 12, 13, 20, 31, 30, 32]
+    assert wide.tree.parents.tolist() == [-1, 0, 0, 1, 0, 1, 3, 2]
+
+
+def test_graft_under_a_leaf_anchor():
+    draft = _tree([10, 11, 13], [-1, 0, 1], [0, 1, 1])
+    out = graft(draft, 2, T([13, 40, 41]), T([-1, 0, 1]), room=2)
+    assert out.tree.tokens.tolist() == [10, 11, 13, 40, 41]
+    assert out.tree.parents.tolist() == [-1, 0, 1, 2, 3]
+
+
+def test_stage_selection_for_given_confidences():
+    checks, thresholds = [0, 1, 5], [0.35, 0.25, 0.15]
+    assert stage_at(0, T([math.log(0.30), math.log(0.2)]), checks, thresholds) == 0
+    assert stage_at(0, T([math.log(0.40)]), checks, thresholds) is None
+    assert stage_at(1, [math.log(0.24)], checks, thresholds) == 1
+    assert stage_at(1, [math.log(0.26)], checks, thresholds) is None
+    assert stage_at(3, [math.log(0.01)], checks, thresholds) is None  # not a checkpoint
+    assert stage_at(5, [math.log(0.10)], checks, thresholds) == 2
+    assert [scaled_split(n, 60, 60) for n in (8, 24, 40)] == [8, 24, 40]
+    assert [scaled_split(n, 8, 60) for n in (8, 24, 40)] == [2, 3, 5]
+    assert [scaled_split(n, 16, 60) for n in (8, 24, 40)] == [2, 6, 11]
+
+
+def _brute_match(text):
+    end = len(text) - 1
+    for length in range(end, 0, -1):
+        suffix = text[end - length + 1 :]
+        for start in range(0, end - length + 1):
+            if text[start : start + length] == suffix:
+                return length, start + length
+    return 0, -1
+
+
+def test_suffix_automaton_on_hand_made_sequences():
+    sam = SuffixAutomaton()
+    sam.extend([1, 2, 3, 4, 1, 2])
+    assert sam.longest_earlier_match() == (2, 2)  # "1 2" occurred at 0..1, continued with 3
+    assert sam.continuation(3) == (2, [3, 4, 1])
+    sam.extend([3])
+    assert sam.continuation(2) == (3, [4, 1])
+    sam = SuffixAutomaton()
+    sam.extend([5, 6, 7])
+    assert sam.longest_earlier_match() == (0, -1)
+    assert sam.continuation(4) == (0, [])
+    sam.extend([6])
+    assert sam.continuation(4, min_match=2) == (1, [])
+    assert sam.continuation(4) == (1, [7, 6])
+    sam = SuffixAutomaton()
+    sam.extend([9, 9, 9, 9])  # overlapping occurrences: the longest earlier one is 9 9 9 ending at 2
+    assert sam.continuation(5) == (3, [9])
+
+
+def test_suffix_automaton_agrees_with_brute_force():
+    rng = random.Random(0)
+    for _ in range(30):
+        sam = SuffixAutomaton()
+        text = []
+        for _ in range(rng.randint(1, 60)):
+            token = rng.randint(0, 3)
+            text.append(token)
+            sam.extend([token])
+            length, start = sam.longest_earlier_match()
+            want_length, _ = _brute_match(text)
+            assert length == want_length, text
+            if length:
+                assert text[start - length : start] == text[len(text) - length :]
+
+
+@pytest.mark.parametrize("budget", [8, 16, 60])
+def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
+    from graft.data import BUILTIN
+    from graft.decode import generate
+    from graft.drafter import build_drafter
+
+    model = tiny("tiny_llama")
+    ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])
+    runs = {}
+    for name in ("pruned", "graft"):
+        drafter = build_drafter(name, model.target, {"head": "random", "total_tokens": budget})
+        model.target.set_hidden_taps(drafter.hidden_taps)
+        runs[name] = generate(model.target, drafter, ids, 48, model.stop_ids)
+    model.target.set_hidden_taps(())
+    pruned, grafted = runs["pruned"], runs["graft"]
+    assert grafted.new_tokens == pruned.new_tokens
+    assert max(grafted.nodes) <= budget
+    assert grafted.tau >= pruned.tau
+    info = grafted.step_info
+    assert len(info) == grafted.steps and all(i["draft_nodes"] + i["retrieved_nodes"] + 1 == n for i, n in zip(info, grafted.nodes))
+    assert sum(s[3] for s in grafted.step_sources) > 0  # retrieved tokens were accepted
+    assert all(s[1] == 0 for s in pruned.step_sources)
