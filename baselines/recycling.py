@@ -39,8 +39,7 @@ class RecyclingDrafter(Drafter):
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         state = prefill.state
-        prompt = torch.tensor(state.tokens[: state.prompt_len], dtype=torch.long, device=self.target.device)
-        self.recycler.reset(prompt, prefill.forward.logits)
+        self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits)
 
     @torch.inference_mode()
     def propose(self, state: SequenceState) -> DraftTree:

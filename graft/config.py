@@ -248,6 +248,20 @@ def validate(cfg: dict) -> ExperimentConfig:
     return ExperimentConfig(method={"name": name, **method}, **typed)
 
 
+def compose(overrides: list[str]) -> dict:
+    """The resolved config dict that `python run.py <overrides>` would see (run.out_dir left unset)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+        with open_dict(cfg):
+            cfg.run.out_dir = "unused"
+        return OmegaConf.to_container(cfg, resolve=True)
+
+
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 

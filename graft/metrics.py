@@ -27,6 +27,8 @@ DEFINITIONS = {
     "avg_nodes_per_step": "verified tree nodes per step, root included",
     "retrieval_share": "accepted retrieved nodes / all accepted nodes (bonus tokens excluded)",
     "retrieved_nodes_per_step": "verified nodes per step that retrieval proposed",
+    "graft_overhead": "share of step time in table update, template readout, grafting (drafter-timed)",
+    "stages": "share of steps per pruner stage (check@<levels> fired, or dense)",
     "loop_overhead": "share of step time not in the target forward or the drafter",
     "baseline_tau": "tau of the baseline run (1.00 by construction)",
     "ms_per_step": "draft + verify + other milliseconds per step",
@@ -123,6 +125,13 @@ def summarize(records: list[dict], meta: dict) -> dict:
         ),
         "definitions": DEFINITIONS,
     }
+    infos = [i for r in done for t in r["method"]["turns"] for i in t.get("step_info") or []]
+    stages = [i["stage"] for i in infos if "stage" in i]
+    if stages:
+        summary["stages"] = {stage: stages.count(stage) / len(stages) for stage in sorted(set(stages))}
+    graft_ms = [i["graft_ms"] for i in infos if "graft_ms" in i]
+    if graft_ms:
+        summary["graft_overhead"] = _ratio(sum(graft_ms) / 1e3, step_time)
     scored = [r["score"] for r in done if r.get("score") and r["score"].get("method")]
     if scored:
         metric = scored[0]["method"]["metric"]

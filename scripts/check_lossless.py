@@ -24,21 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    from graft.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-        with open_dict(cfg):
-            cfg.run.out_dir = "unused"
-        return OmegaConf.to_container(cfg, resolve=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", required=True)
@@ -49,7 +34,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/lossless_check.json")
     args = parser.parse_args()
 
-    from graft.config import validate
+    from graft.config import compose, validate
     from graft.data import load_prompts
     from graft.decode import SamplingConfig
     from graft.drafter import Drafter, build_drafter
@@ -65,7 +50,7 @@ def main() -> None:
         params = {k: v for k, v in cfg.method.items() if k != "name"}
         if "head" in params and params["head"] is None:
             params["head"] = cfg.model.draft_head
-        drafters[name] = build_drafter(name, model.target, params)
+        drafters[name] = build_drafter(cfg.method["name"], model.target, params)  # a config (eagle3_static) may name another method
     baseline = Drafter(model.target)
     greedy = SamplingConfig()
     results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}}

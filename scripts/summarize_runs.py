@@ -13,6 +13,7 @@ COLUMNS = [
     ("model", "{}"),
     ("method", "{}"),
     ("dataset", "{}"),
+    ("budget", "{}"),
     ("n_prompts", "{}"),
     ("tau", "{:.2f}"),
     ("tokens_per_s", "{:.1f}"),
@@ -20,6 +21,8 @@ COLUMNS = [
     ("speedup_wall", "{:.3f}"),
     ("speedup_decode", "{:.3f}"),
     ("avg_nodes_per_step", "{:.1f}"),
+    ("retrieval_share", "{:.1%}"),
+    ("graft_overhead", "{:.1%}"),
     ("loop_overhead", "{:.1%}"),
     ("lossless", "{}"),
 ]
@@ -36,12 +39,21 @@ def table(summaries: list[dict]) -> str:
     return "\n".join([head, rule, *rows, "", "Hardware: " + "; ".join(hardware)])
 
 
+def _load(path: Path) -> dict:
+    """summary.json, plus the verification budget from the run.json beside it (when the method has one)."""
+    summary = json.loads(path.read_text())
+    run = path.parent / "run.json"
+    if run.exists():
+        summary.setdefault("budget", json.loads(run.read_text())["config"]["method"].get("total_tokens"))
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("summaries", nargs="+", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    text = table([json.loads(p.read_text()) for p in args.summaries])
+    text = table([_load(p) for p in args.summaries])
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

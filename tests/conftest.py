@@ -21,18 +21,9 @@ torch.set_flush_denormal(True)
 
 def compose(overrides: list[str]) -> dict:
     """The resolved config dict that `python run.py <overrides>` would see."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
+    from graft.config import compose as compose_config
 
-    from graft.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-        with open_dict(cfg):
-            cfg.run.out_dir = "unused"
-        return OmegaConf.to_container(cfg, resolve=True)
+    return compose_config(overrides)
 
 
 @functools.lru_cache(maxsize=None)

@@ -171,3 +171,46 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     assert int(head.t2d.sum()) == 64
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)  # resumed, nothing redone
+
+
+@torch.inference_mode()
+def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
+    """EAGLE-1's static tree: node shape from the choices; each child is its parent's rank-r head token,
+    checked against the head run on the ancestor path alone (a chain, no tree mask)."""
+    from graft.drafter import PrefillInfo, SequenceState, build_drafter
+    from graft.methods.eagle3 import MC_SIM_7B_63
+    from graft.tree import tree_attention
+
+    model = tiny("tiny_llama")
+    drafter = build_drafter("eagle3", model.target, {"head": "random", "static_tree": True})
+    model.target.set_hidden_taps(drafter.hidden_taps)
+    ids = [5, 9, 14, 3, 7, 11]
+    model.target.reset(64)
+    prefill = model.target.prefill(ids)
+    state = SequenceState(tokens=ids + [int(prefill.logits[-1].argmax())], prompt_len=len(ids))
+    drafter.reset(PrefillInfo(state=state, forward=prefill))
+    tree = drafter.propose(state)
+    model.target.set_hidden_taps(())
+    assert tree.num_nodes == 1 + len(MC_SIM_7B_63)
+    depth = tree_attention(tree.parents, 0).depth.tolist()
+    assert sorted(depth[1:]) == sorted(len(c) for c in MC_SIM_7B_63)
+    head, cache, embed = drafter.head, drafter.cache, drafter._embed
+    committed = cache.length
+    # reference: for every node, rerun the head on its own path as a chain and compare the chosen rank
+    for node in range(1, tree.num_nodes):
+        path = []
+        walk = node
+        while walk > 0:
+            path.append(walk)
+            walk = int(tree.parents[walk])
+        path.reverse()  # depth 1 .. node
+        out = drafter._last_output
+        cache.length = committed
+        for depth_i, p in enumerate(path[:-1]):
+            out = head.step(embed(tree.tokens[p : p + 1]), out[None], torch.tensor([committed + depth_i]), None, cache)[0]
+        logp, d2t = head.log_probs(out[None])
+        rank = int(drafter._static.ranks[node])
+        pick = int(torch.topk(logp[0], drafter._static.width).indices[rank])
+        pick = pick + int(d2t[pick]) if d2t is not None else pick
+        assert pick == int(tree.tokens[node]), f"node {node}"
+    cache.length = committed

@@ -69,6 +69,7 @@ VARIANTS = {
         {"head": "random"},
         {"head": "random", "random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4},
         {"head": "random", "total_tokens": 8, "depth": 7, "top_k": 1},
+        {"head": "random", "static_tree": True},
     ],
     # thresholds pick the stage: a random head is unsure, so 0.35 fires at the root; 0 never fires (dense)
     "pruned": [
@@ -111,7 +112,7 @@ def test_every_registered_method_is_lossless(tiny, name):
     model.target.set_hidden_taps(())
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_every_method_samples_through_the_loop(tiny, name):
     model = tiny(name)
     for what, drafter in _drafters(model.target):

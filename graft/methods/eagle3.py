@@ -37,8 +37,14 @@ class Eagle3Params:
     random_layer_ids: list[int] | None = None  # "random" heads: which target layers' inputs to fuse
     random_kind: str = "eagle3"  # "random" heads: eagle3 or eagle1
     seed: int = 0
+    static_tree: bool = False  # the EAGLE-1 static tree (`static_choices`) instead of the dynamic one
+    static_choices: list[list[int]] | None = None  # rank paths from the root; None: MC_SIM_7B_63
 
     def __post_init__(self):
+        if self.static_choices is not None:
+            for path in self.static_choices:
+                if not path or any(r < 0 for r in path) or (len(path) > 1 and list(path[:-1]) not in [list(c) for c in self.static_choices]):
+                    raise ValueError(f"static_choices: each path needs its parent path listed and ranks >= 0; bad path {path}")
         if self.top_k < 1 or self.depth < 1 or self.total_tokens < 2:
             raise ValueError(f"need top_k >= 1, depth >= 1, total_tokens >= 2; got {self.top_k}, {self.depth}, {self.total_tokens}")
 
@@ -66,6 +72,84 @@ def extend(head: DraftHead, cache: DraftCache, embeds: Tensor, hidden: Tensor) -
         allowed[:, start:] = torch.tril(allowed[:, start:])
         mask = _additive(allowed, head.fc.weight.dtype)
     return head.step(embeds, hidden, positions, mask, cache)
+
+
+# EAGLE-1's default static tree (`mc_sim_7b_63` in SafeAILab/EAGLE, eagle/model/choices.py): each path lists
+# the rank of the chosen child at each depth; 25 draft nodes, depth 5.
+MC_SIM_7B_63 = [
+    [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0], [0, 0, 1],
+    [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+]
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A fixed tree of ranks, flattened in (depth, path) order, with per-depth index tensors built once."""
+
+    parents: Tensor  # [n] int64, parents[0] = -1
+    ranks: Tensor  # [n] int64
+    ancestors: Tensor  # [n, n] bool
+    expand_at: tuple[Tensor, ...]  # per depth: nodes that have children
+    children_at: tuple[Tensor, ...]  # per depth: the children of those nodes
+    parent_row: tuple[Tensor, ...]  # per depth: row of each child's parent within expand_at
+    width: int  # largest rank + 1
+
+    @staticmethod
+    def from_choices(choices: list[list[int]], device="cpu") -> "StaticTree":
+        from graft.tree import tree_attention
+
+        paths = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c))
+        index = {(): 0}
+        parents, ranks, depth = [-1], [0], [0]
+        for path in paths:
+            index[path] = len(parents)
+            parents.append(index[path[:-1]])
+            ranks.append(path[-1])
+            depth.append(len(path))
+        expand_at, children_at, parent_row = [], [], []
+        for level in range(max(depth)):
+            kids = [i for i in range(len(parents)) if depth[i] == level + 1]
+            owners = sorted({parents[i] for i in kids})
+            expand_at.append(torch.tensor(owners, device=device))
+            children_at.append(torch.tensor(kids, device=device))
+            parent_row.append(torch.tensor([owners.index(parents[i]) for i in kids], device=device))
+        parents_t = torch.tensor(parents, device=device)
+        return StaticTree(
+            parents_t, torch.tensor(ranks, device=device), tree_attention(parents_t, 0).ancestors,
+            tuple(expand_at), tuple(children_at), tuple(parent_row), max(ranks) + 1,
+        )
+
+
+def static_tree(head: DraftHead, embed, cache: DraftCache, last: Tensor, root: int, shape: StaticTree) -> DraftTree:
+    """EAGLE-1's static tree: at each depth the head runs once over the nodes that have children (each
+    seeing its ancestors' entries on the head cache), and child i takes its parent's rank-`ranks[i]` token."""
+    device, dtype = last.device, head.fc.weight.dtype
+    n = shape.parents.shape[0]
+    committed = cache.length
+    tokens = torch.empty(n, dtype=torch.long, device=device)
+    tokens[0] = root
+    scores = torch.zeros(n, device=device)
+    outputs = last.new_empty(n, last.shape[-1])
+    outputs[0] = last
+    on_cache = torch.empty(0, dtype=torch.long, device=device)  # nodes whose entries are on the cache, in order
+    for level, (owners, kids, rows) in enumerate(zip(shape.expand_at, shape.children_at, shape.parent_row)):
+        if level > 0:  # depth-`level` nodes go through the head; the root's output is `last`
+            allowed = torch.ones(owners.shape[0], committed + on_cache.shape[0] + owners.shape[0], dtype=torch.bool, device=device)
+            allowed[:, committed : committed + on_cache.shape[0]] = shape.ancestors[owners][:, on_cache]
+            allowed[:, committed + on_cache.shape[0] :] = torch.eye(owners.shape[0], dtype=torch.bool, device=device)
+            positions = torch.full((owners.shape[0],), committed + level - 1, device=device)
+            outputs[owners] = head.step(embed(tokens[owners]), outputs[shape.parents[owners]], positions, _additive(allowed, dtype), cache)
+            on_cache = torch.cat([on_cache, owners])
+        logp, d2t = head.log_probs(outputs[owners])  # [owners, V_draft]
+        top = torch.topk(logp, shape.width, dim=-1)
+        picked = top.indices[rows, shape.ranks[kids]]
+        tokens[kids] = picked + d2t[picked] if d2t is not None else picked
+        scores[kids] = scores[shape.parents[kids]] + top.values[rows, shape.ranks[kids]]
+    cache.length = committed
+    sources = torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
+    sources[0] = NodeSource.ROOT
+    return DraftTree(tokens=tokens, parents=shape.parents, scores=scores, sources=sources)
 
 
 @dataclass
@@ -174,9 +258,10 @@ class Eagle3Drafter(Drafter):
         else:
             self.hidden_taps = (HiddenTap(-1, "final"),)
         self._embed = target.model.get_input_embeddings()
+        self._static = StaticTree.from_choices(params.static_choices or MC_SIM_7B_63, target.device) if params.static_tree else None
 
     def max_nodes(self) -> int:
-        return self.params.total_tokens
+        return self._static.parents.shape[0] if self._static is not None else self.params.total_tokens
 
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
@@ -194,7 +279,10 @@ class Eagle3Drafter(Drafter):
     @torch.inference_mode()
     def propose(self, state: SequenceState) -> DraftTree:
         p = self.params
-        return grow_tree(self.head, self._embed, self.cache, self._catch_up(), state.root, p.total_tokens, p.depth, p.top_k)
+        self._last_output = self._catch_up()  # [H] the head at the last committed position
+        if self._static is not None:
+            return static_tree(self.head, self._embed, self.cache, self._last_output, state.root, self._static)
+        return grow_tree(self.head, self._embed, self.cache, self._last_output, state.root, p.total_tokens, p.depth, p.top_k)
 
     def update(self, step: StepFeedback) -> None:
         self._pending_tokens = step.acceptance.tokens

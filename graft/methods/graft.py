@@ -82,8 +82,7 @@ class GraftDrafter(PrunedDrafter):
     def reset(self, prefill: PrefillInfo) -> None:
         super().reset(prefill)
         state = prefill.state
-        prompt = torch.tensor(state.tokens[: state.prompt_len], dtype=torch.long, device=self.target.device)
-        self.recycler.reset(prompt, prefill.forward.logits)
+        self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits)
         self.automaton = SuffixAutomaton()
         if self.uses_suffix:
             self.automaton.sync(state.tokens)

@@ -145,8 +145,9 @@ class Recycler:
                 self._templates[key] = build_template(size, self.table.k, self.max_depth, self.rank_prior, self.device)
         return self._templates[key]
 
-    def reset(self, prompt_tokens: Tensor, last_logits: Tensor | None = None) -> None:
+    def reset(self, prompt: list[int], last_logits: Tensor | None = None) -> None:
         """A fresh table per sequence: bigrams of the prompt, then the target's top-k after the last prompt token."""
+        prompt_tokens = torch.tensor(prompt, dtype=torch.long, device=self.table.rows.device)
         self.table.clear()
         self.table.seed_bigrams(prompt_tokens)
         if last_logits is not None:
