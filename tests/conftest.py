@@ -34,7 +34,9 @@ def load_tiny(name: str):
 
     name, _, fast_path = name.partition(":")
     cfg = validate(compose([f"model={name}", "logger=none", f"hardware.fast_path={fast_path or 'none'}"]))
-    return load_model(cfg.model, cfg.hardware, progress=False)
+    model = load_model(cfg.model, cfg.hardware, progress=False)
+    torch.set_flush_denormal(True)  # again: loading may reset the floating-point mode
+    return model
 
 
 @pytest.fixture
