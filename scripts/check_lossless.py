@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--set", action="append", default=[], help="extra override for every method, e.g. method.total_tokens=16")
+    parser.add_argument("--base", action="append", default=[], help="override for the model and hardware, e.g. hardware.num_threads=1")
     parser.add_argument("--out", default="results/lossless_check.json")
     args = parser.parse_args()
 
@@ -42,7 +43,7 @@ def main() -> None:
     from graft.runner import PromptTooLong, compare, run_conversation
 
     methods = args.methods.split(",")
-    base_cfg = validate(compose(["logger=none"]))
+    base_cfg = validate(compose(["logger=none", *args.base]))
     model = load_model(base_cfg.model, base_cfg.hardware, progress=False)
     drafters = {}
     for name in methods:
@@ -78,7 +79,9 @@ def main() -> None:
                         row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
             except PromptTooLong as err:
                 print(f"skipped {prompt.id}: {err}")
-        results["datasets"][dataset] = table
+            results["datasets"][dataset] = table  # written after every prompt: an interrupted check keeps what it did
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
         print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
         for name, row in table.items():
             bad = len(row["divergent"]) - row["float_tie"]
