@@ -182,14 +182,16 @@ class TargetModel:
         self.cache = PositionalKVCache(self.num_layers, capacity)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> ForwardOutput:
-        """Encode the prompt into the cache; logits for the last position, hidden states for all."""
+    def prefill(self, prompt_ids: list[int], all_logits: bool = False) -> ForwardOutput:
+        """Encode the prompt into the cache; logits for the last position (every position with
+        `all_logits`), hidden states for all."""
         assert self.cache is not None, "call reset() first"
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        keep = 0 if all_logits else 1
         if self.lean is not None:
             positions = torch.arange(len(prompt_ids), device=self.device).unsqueeze(0)
-            return self._lean_forward(ids, positions, None, logits_to_keep=1)
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+            return self._lean_forward(ids, positions, None, logits_to_keep=keep)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         return ForwardOutput(logits=out.logits[0].float(), hidden=self._collect_hidden())
 
     def _lean_forward(self, ids, positions, mask, logits_to_keep: int = 0) -> ForwardOutput:

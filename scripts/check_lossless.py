@@ -54,13 +54,20 @@ def main() -> None:
         drafters[name] = build_drafter(cfg.method["name"], model.target, params)  # a config (eagle3_static) may name another method
     baseline = Drafter(model.target)
     greedy = SamplingConfig()
-    results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}}
+    results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}, "checked": {}}
+    earlier = _earlier_results(Path(args.out), results, methods)
     for dataset in args.datasets.split(","):
         cfg = validate(compose([f"dataset={dataset}", "logger=none"]))
         prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[: args.num_prompts]
         table = {name: {"prompts": 0, "equal": 0, "float_tie": 0, "divergent": []} for name in methods}
+        checked = []
+        if dataset in earlier["datasets"]:  # resume: keep what an interrupted check already did
+            table, checked = earlier["datasets"][dataset], earlier["checked"][dataset]
+            print(f"{dataset}: resuming after {len(checked)} prompts checked in {args.out}")
         started = time.time()
         for prompt in prompts:
+            if prompt.id in checked:
+                continue
             try:
                 model.target.set_hidden_taps(())
                 base = run_conversation(model, baseline, prompt, args.max_new_tokens, greedy, 0, record_gaps=True)
@@ -79,9 +86,11 @@ def main() -> None:
                         row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
             except PromptTooLong as err:
                 print(f"skipped {prompt.id}: {err}")
-            results["datasets"][dataset] = table  # written after every prompt: an interrupted check keeps what it did
+            checked.append(prompt.id)
+            results["datasets"][dataset], results["checked"][dataset] = table, checked  # written after every prompt: an interrupted check keeps what it did
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(results, indent=1))
+        results["datasets"][dataset], results["checked"][dataset] = table, checked
         print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
         for name, row in table.items():
             bad = len(row["divergent"]) - row["float_tie"]
@@ -91,6 +100,17 @@ def main() -> None:
     lossless = all(len(r["divergent"]) == r["float_tie"] for t in results["datasets"].values() for r in t.values())
     print(f"lossless: {lossless}")
     sys.exit(0 if lossless else 1)
+
+
+def _earlier_results(path: Path, fresh: dict, methods: list[str]) -> dict:
+    """The datasets a previous run with the same settings wrote to `path` (with the prompt ids it checked);
+    nothing when the file is absent or was made with other settings or methods."""
+    if not path.exists():
+        return {"datasets": {}, "checked": {}}
+    old = json.loads(path.read_text())
+    same = all(old.get(k) == fresh[k] for k in ("model", "max_new_tokens", "overrides"))
+    usable = {d: t for d, t in old.get("datasets", {}).items() if same and list(t) == methods and d in old.get("checked", {})}
+    return {"datasets": usable, "checked": {d: old["checked"][d] for d in usable}}
 
 
 if __name__ == "__main__":

@@ -159,21 +159,28 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
     target = loaded.target
     target.set_hidden_taps(tuple(HiddenTap(i, "input") for i in layer_ids))
     per_shard = 64
+    top_k = cfg.train.data.soft_top_k
     counts = torch.zeros(target.vocab_size, dtype=torch.long)
     for s, start in enumerate(tqdm(range(0, len(convs), per_shard), desc="target features")):
         chunk = convs[start : start + per_shard]
         for c in chunk:
             counts += torch.bincount(torch.tensor(c["answer_ids"], dtype=torch.long), minlength=target.vocab_size)
         shard = shard_dir / f"shard_{s:04d}.pt"
-        if shard.exists() and len(torch.load(shard)) == len(chunk):  # a short last shard is redone when data grows
-            continue
+        if shard.exists():  # a short last shard, or one without the soft labels asked for, is redone
+            old = torch.load(shard)
+            if len(old) == len(chunk) and (top_k == 0 or "soft_ids" in old[0]):
+                continue
         records = []
         for c in chunk:
             ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
             target.reset(len(ids) + 8)
-            hidden = target.prefill(ids).hidden
+            encoded = target.prefill(ids, all_logits=top_k > 0)
             valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
-            records.append({"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": hidden.half()})
+            record = {"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": encoded.hidden.half()}
+            if top_k > 0:  # the target's own next-token distribution, top-k of it: soft labels for the fit
+                probs, soft_ids = torch.softmax(encoded.logits, dim=-1).topk(top_k, dim=-1)
+                record.update(soft_ids=soft_ids.int(), soft_probs=probs.half())
+            records.append(record)
         torch.save(records, shard)
     torch.save(counts, out / "token_counts.pt")
 
@@ -203,7 +210,11 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     optimizer = torch.optim.AdamW(head.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(records) / fit.batch_sequences)
     total_steps = per_epoch * fit.epochs
-    schedule = lambda step: min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / total_steps))  # noqa: E731
+    progress = [0.0]  # fraction of the run done: of the steps, or of max_minutes when annealing by time
+
+    def schedule(step: int) -> float:
+        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(progress[0], 1.0)))
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt_path = out / "checkpoint.pt"
     state = {"step": 0, "seconds": 0.0}
@@ -221,6 +232,13 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     log_path = out / "metrics.jsonl"
     logger = _wandb(cfg, out)
     weights = [fit.step_weight**j for j in range(fit.ttt_steps)]
+    soft = fit.soft_labels and "soft_ids" in records[0]
+    if fit.soft_labels and not soft:
+        print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")
+    by_time = fit.anneal == "time" and fit.max_minutes is not None
+    if state.get("annealed"):  # a time-annealed fit that already reached its end
+        total_steps = state["step"]
+    progress[0] = max(state["step"] / total_steps, state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0)
     started = time.time()
     bar = tqdm(total=total_steps, initial=state["step"], desc="fit (TTT)")
     head.train()
@@ -233,7 +251,11 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         tokens = torch.stack([torch.nn.functional.pad(r["tokens"], (0, width - r["tokens"].shape[0])) for r in batch])
         valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, width - r["valid"].shape[0])) for r in batch])
         feats = torch.stack([torch.nn.functional.pad(r["features"].float(), (0, 0, 0, width - r["features"].shape[0])) for r in batch])
-        losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps)
+        soft_args = {}
+        if soft:
+            soft_args["soft_ids"] = torch.stack([torch.nn.functional.pad(r["soft_ids"].long(), (0, 0, 0, width - r["soft_ids"].shape[0])) for r in batch])
+            soft_args["soft_probs"] = torch.stack([torch.nn.functional.pad(r["soft_probs"].float(), (0, 0, 0, width - r["soft_probs"].shape[0])) for r in batch])
+        losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps, **soft_args)
         loss = sum(w * l for w, l in zip(weights, losses))
         optimizer.zero_grad()
         loss.backward()
@@ -251,7 +273,10 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc3=f"{accs[min(3, len(accs) - 1)]:.2f}")
         elapsed = state["seconds"] + time.time() - started
-        out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes
+        progress[0] = max(state["step"] / total_steps, elapsed / (60 * fit.max_minutes) if by_time else 0.0)
+        if by_time and progress[0] >= 1.0:  # annealed to zero at the time budget: the run is complete
+            total_steps, state["annealed"] = state["step"], True
+        out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
             state_to_save = dict(state, seconds=elapsed)
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state_to_save}, ckpt_path)

@@ -214,3 +214,29 @@ def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
         pick = pick + int(d2t[pick]) if d2t is not None else pick
         assert pick == int(tree.tokens[node]), f"node {node}"
     cache.length = committed
+
+
+def test_soft_labels_reduce_to_the_hard_loss_and_skip_ids_outside_the_draft_vocab(tiny):
+    """A one-hot target distribution gives the hard cross-entropy; mass on a token outside the draft
+    vocabulary is dropped and the rest renormalised, so it cannot change the loss."""
+    from graft.eagle.train import ttt_losses
+
+    model = tiny("tiny_llama").target.model
+    head = random_head(model, "eagle3", draft_vocab=120, seed=0)
+    embed = model.get_input_embeddings()
+    torch.manual_seed(0)
+    draft_ids = torch.arange(120) + head.d2t
+    outside = int(torch.nonzero(~head.t2d)[0])
+    tokens = draft_ids[torch.randint(0, 120, (2, 12))]  # [B, T], every token in the draft vocabulary
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    features = torch.randn(2, 12, 3 * model.config.hidden_size)
+    hard, _ = ttt_losses(head, embed, features, tokens, valid, 3)
+    soft_ids = torch.full((2, 12, 2), outside)  # [B, T, K]: slot 0 the next token, slot 1 outside the vocabulary
+    soft_ids[:, :-1, 0] = tokens[:, 1:]
+    soft_probs = torch.tensor([0.7, 0.3]).expand(2, 12, 2)
+    soft, _ = ttt_losses(head, embed, features, tokens, valid, 3, soft_ids=soft_ids, soft_probs=soft_probs)
+    for h, s in zip(hard, soft):
+        assert torch.allclose(h, s, atol=1e-5)
+    soft_ids[:, :, 1] = draft_ids[0]  # now real mass on another draft token: the loss must change
+    mixed, _ = ttt_losses(head, embed, features, tokens, valid, 3, soft_ids=soft_ids, soft_probs=soft_probs)
+    assert not torch.allclose(mixed[0], hard[0])

@@ -29,13 +29,23 @@ def draft_vocabulary(counts: Tensor, size: int) -> tuple[Tensor, Tensor]:
 
 
 def ttt_losses(
-    head: DraftHead, embed, features: Tensor, tokens: Tensor, valid: Tensor, steps: int
+    head: DraftHead,
+    embed,
+    features: Tensor,
+    tokens: Tensor,
+    valid: Tensor,
+    steps: int,
+    soft_ids: Tensor | None = None,
+    soft_probs: Tensor | None = None,
 ) -> tuple[list[Tensor], list[float]]:
     """Per-step losses and accuracies for a right-padded batch.
 
     features [B, T, 3H] (target taps at each position), tokens [B, T], valid [B, T] (positions whose
     token is a training label: the target's own answer tokens). Labels are the next tokens themselves:
-    the data was generated greedily by the target, so they are its argmax.
+    the data was generated greedily by the target, so they are its argmax. With soft_ids / soft_probs
+    [B, T, K] (the target's top-K next-token ids and probabilities at each position) the loss is the
+    cross-entropy against that distribution, restricted to the draft vocabulary and renormalised: it
+    also teaches the ranks below the first, which a top-k tree verifies. Accuracy stays top-1.
     """
     cfg = head.cfg
     layer, attn = head.midlayer, head.midlayer.self_attn
@@ -74,12 +84,21 @@ def ttt_losses(
         label_ok = F.pad(valid[:, label_pos:], (0, label_pos), value=False)
         draft_labels = draft_of[labels]
         mask = label_ok & (draft_labels >= 0)
-        logits = head.lm_head(head.norm(hidden)).float()  # [B, T, V_draft]
-        if mask.any():
-            loss = F.cross_entropy(logits[mask], draft_labels[mask])
-            accuracies.append(float((logits[mask].argmax(-1) == draft_labels[mask]).float().mean()))
+        if mask.any():  # the LM head dominates the cost: score only positions that have a label
+            logits = head.lm_head(head.norm(hidden[mask])).float()  # [N, V_draft]
+            if soft_ids is None:
+                loss = F.cross_entropy(logits, draft_labels[mask])
+            else:  # the target's distribution at the position before the label predicts the label
+                ids_k = F.pad(soft_ids[:, label_pos - 1 :], (0, 0, 0, label_pos - 1))[mask]  # [N, K]
+                probs = F.pad(soft_probs[:, label_pos - 1 :].float(), (0, 0, 0, label_pos - 1))[mask]  # [N, K]
+                draft_k = draft_of[ids_k]
+                probs = probs * (draft_k >= 0)
+                probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-9)
+                log_q = torch.log_softmax(logits, dim=-1).gather(-1, draft_k.clamp_min(0))
+                loss = -(probs * log_q).sum(-1).mean()
+            accuracies.append(float((logits.argmax(-1) == draft_labels[mask]).float().mean()))
         else:
-            loss = logits.sum() * 0.0
+            loss = hidden.sum() * 0.0
             accuracies.append(float("nan"))
         losses.append(loss)
     return losses, accuracies
