@@ -37,6 +37,20 @@ from graft.retrieval.suffix import SuffixAutomaton
 from graft.tree import DraftTree
 
 ATTACH = ("root", "leaves", "both")
+
+
+class Grafted:
+    """The tree as retrieved subtrees are grafted onto it one after another, within `room` new nodes."""
+
+    def __init__(self, tree: DraftTree, room: int):
+        self.tree, self.room, self.added, self.merged = tree, room, 0, 0
+
+    def attach(self, anchor: int, tokens: torch.Tensor, parents: torch.Tensor, room: int | None = None) -> None:
+        result = graft(self.tree, anchor, tokens, parents, self.room if room is None else min(room, self.room))
+        self.tree = result.tree
+        self.room -= result.added
+        self.added += result.added
+        self.merged += result.merged
 RETRIEVAL = ("recycling", "suffix", "both")
 
 
@@ -105,53 +119,51 @@ class GraftDrafter(PrunedDrafter):
         return tree, stage_name(p, stage), 0
 
     # -- 2 + 3. retrieve and graft ----------------------------------------------------------------------
-    def _retrieve_and_graft(self, tree: DraftTree, anchor: int, room: int) -> tuple[DraftTree, int, int]:
+    def _retrieve_and_graft(self, tree: DraftTree, anchor: int, room: int) -> Grafted:
         p = self.params
-        added = merged = 0
-        if p.attach != "root" and room > 0 and tree.num_nodes > 1:
-            leaf_room = room if p.attach == "leaves" else int(room * p.leaf_share)
-            has_child = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.tokens.device)
-            has_child[tree.parents[1:]] = True
-            leaf_scores = torch.where(has_child, float("-inf"), tree.scores)
-            leaf_scores[0] = float("-inf")
-            leaves = torch.topk(leaf_scores, min(p.leaf_count, tree.num_nodes - 1)).indices.tolist()
-            per_leaf = max(1, leaf_room // len(leaves))
-            for leaf in leaves:
-                budget = min(per_leaf, room - added)
-                if budget <= 0:
-                    break
-                tokens, parents = self.recycler.subtree(tree.tokens[leaf], budget + 1, shape="chain")
-                result = graft(tree, leaf, tokens, parents, budget)
-                tree, added, merged = result.tree, added + result.added, merged + result.merged
+        grafted = Grafted(tree, room)
+        if p.attach != "root" and tree.num_nodes > 1:
+            self._graft_leaves(grafted, room if p.attach == "leaves" else int(room * p.leaf_share))
         if p.attach == "leaves":
-            return tree, added, merged
-        if self.uses_suffix and room - added > 0:
-            _, continuation = self.automaton.continuation(min(p.suffix_tokens, room - added), p.suffix_min_match)
+            return grafted
+        if self.uses_suffix and grafted.room > 0:
+            _, continuation = self.automaton.continuation(min(p.suffix_tokens, grafted.room), p.suffix_min_match)
             if continuation:
                 tokens = torch.tensor([int(tree.tokens[anchor]), *continuation], dtype=torch.long, device=tree.tokens.device)
-                parents = torch.arange(-1, tokens.shape[0] - 1, device=tokens.device)
-                result = graft(tree, anchor, tokens, parents, room - added)
-                tree, added, merged = result.tree, added + result.added, merged + result.merged
-        if p.retrieval != "suffix" and room - added > 0:
-            size = min(room - added + tree.num_nodes, 2 * p.total_tokens + 1)  # merges free slots: read further
-            tokens, parents = self.recycler.subtree(tree.tokens[anchor], size)
-            result = graft(tree, anchor, tokens, parents, room - added)
-            tree, added, merged = result.tree, added + result.added, merged + result.merged
-        return tree, added, merged
+                grafted.attach(anchor, tokens, torch.arange(-1, tokens.shape[0] - 1, device=tokens.device))
+        if p.retrieval != "suffix" and grafted.room > 0:
+            size = min(grafted.room + grafted.tree.num_nodes, 2 * p.total_tokens + 1)  # merges free slots: read further
+            grafted.attach(anchor, *self.recycler.subtree(grafted.tree.tokens[anchor], size))
+        return grafted
+
+    def _graft_leaves(self, grafted: Grafted, share: int) -> None:
+        """Continue the best frontier leaves of the draft (by cumulative log-prob) with rank-0 table chains."""
+        tree = grafted.tree
+        has_child = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.tokens.device)  # [num_nodes]
+        has_child[tree.parents[1:]] = True
+        leaf_scores = torch.where(has_child, float("-inf"), tree.scores)
+        leaf_scores[0] = float("-inf")
+        leaves = torch.topk(leaf_scores, min(self.params.leaf_count, tree.num_nodes - 1)).indices.tolist()
+        per_leaf = max(1, share // len(leaves))
+        for leaf in leaves:
+            budget = min(per_leaf, grafted.room)
+            if budget <= 0:
+                break
+            grafted.attach(leaf, *self.recycler.subtree(tree.tokens[leaf], budget + 1, shape="chain"), room=budget)
 
     @torch.inference_mode()
     def propose(self, state: SequenceState) -> DraftTree:
         draft, stage, anchor = self._draft(state)
         started = time.perf_counter()
-        tree, added, merged = self._retrieve_and_graft(draft, anchor, self.params.total_tokens - draft.num_nodes)
+        grafted = self._retrieve_and_graft(draft, anchor, self.params.total_tokens - draft.num_nodes)
         self.last_info = {
             "stage": stage,
             "draft_nodes": draft.num_nodes - 1,
-            "retrieved_nodes": added,
-            "merged_nodes": merged,
+            "retrieved_nodes": grafted.added,
+            "merged_nodes": grafted.merged,
             "graft_ms": 1e3 * (time.perf_counter() - started),
         }
-        return tree
+        return grafted.tree
 
     # -- 4. after verification: refresh the table ------------------------------------------------------
     @torch.inference_mode()
