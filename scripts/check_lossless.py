@@ -87,19 +87,22 @@ def main() -> None:
             except PromptTooLong as err:
                 print(f"skipped {prompt.id}: {err}")
             checked.append(prompt.id)
-            results["datasets"][dataset], results["checked"][dataset] = table, checked  # written after every prompt: an interrupted check keeps what it did
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(results, indent=1))
+            results["datasets"][dataset], results["checked"][dataset] = table, checked
+            _save(results, args.out)  # after every prompt: an interrupted check keeps what it did
         results["datasets"][dataset], results["checked"][dataset] = table, checked
         print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
         for name, row in table.items():
             bad = len(row["divergent"]) - row["float_tie"]
             print(f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}")
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        _save(results, args.out)
     lossless = all(len(r["divergent"]) == r["float_tie"] for t in results["datasets"].values() for r in t.values())
     print(f"lossless: {lossless}")
     sys.exit(0 if lossless else 1)
+
+
+def _save(results: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1))
 
 
 def _earlier_results(path: Path, fresh: dict, methods: list[str]) -> dict:

@@ -198,6 +198,12 @@ def _new_head(cfg, loaded, layer_ids, counts):
     return head
 
 
+def _padded(batch: list[dict], key: str, width: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """records[key] ([T] or [T, ...]) right-padded with zeros along T to `width` and stacked: [B, width, ...]."""
+    rows = [r[key] if dtype is None else r[key].to(dtype) for r in batch]
+    return torch.stack([torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, width - x.shape[0])) for x in rows])
+
+
 def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     from graft.eagle.train import ttt_losses
 
@@ -210,10 +216,12 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     optimizer = torch.optim.AdamW(head.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(records) / fit.batch_sequences)
     total_steps = per_epoch * fit.epochs
-    progress = [0.0]  # fraction of the run done: of the steps, or of max_minutes when annealing by time
+    by_time = fit.anneal == "time" and fit.max_minutes is not None
+    time_share = [0.0]  # share of max_minutes used, when the cosine anneals over time
 
     def schedule(step: int) -> float:
-        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(progress[0], 1.0)))
+        done = max(step / total_steps, time_share[0])
+        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt_path = out / "checkpoint.pt"
@@ -235,10 +243,9 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     soft = fit.soft_labels and "soft_ids" in records[0]
     if fit.soft_labels and not soft:
         print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")
-    by_time = fit.anneal == "time" and fit.max_minutes is not None
     if state.get("annealed"):  # a time-annealed fit that already reached its end
         total_steps = state["step"]
-    progress[0] = max(state["step"] / total_steps, state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0)
+    time_share[0] = state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0
     started = time.time()
     bar = tqdm(total=total_steps, initial=state["step"], desc="fit (TTT)")
     head.train()
@@ -248,13 +255,11 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         random.Random(cfg.train.seed + epoch).shuffle(order)
         batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
         width = max(r["tokens"].shape[0] for r in batch)
-        tokens = torch.stack([torch.nn.functional.pad(r["tokens"], (0, width - r["tokens"].shape[0])) for r in batch])
-        valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, width - r["valid"].shape[0])) for r in batch])
-        feats = torch.stack([torch.nn.functional.pad(r["features"].float(), (0, 0, 0, width - r["features"].shape[0])) for r in batch])
+        tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
+        feats = _padded(batch, "features", width, torch.float32)
         soft_args = {}
         if soft:
-            soft_args["soft_ids"] = torch.stack([torch.nn.functional.pad(r["soft_ids"].long(), (0, 0, 0, width - r["soft_ids"].shape[0])) for r in batch])
-            soft_args["soft_probs"] = torch.stack([torch.nn.functional.pad(r["soft_probs"].float(), (0, 0, 0, width - r["soft_probs"].shape[0])) for r in batch])
+            soft_args = {"soft_ids": _padded(batch, "soft_ids", width, torch.long), "soft_probs": _padded(batch, "soft_probs", width, torch.float32)}
         losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps, **soft_args)
         loss = sum(w * l for w, l in zip(weights, losses))
         optimizer.zero_grad()
@@ -273,8 +278,8 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc3=f"{accs[min(3, len(accs) - 1)]:.2f}")
         elapsed = state["seconds"] + time.time() - started
-        progress[0] = max(state["step"] / total_steps, elapsed / (60 * fit.max_minutes) if by_time else 0.0)
-        if by_time and progress[0] >= 1.0:  # annealed to zero at the time budget: the run is complete
+        time_share[0] = elapsed / (60 * fit.max_minutes) if by_time else 0.0
+        if time_share[0] >= 1.0:  # annealed to zero at the time budget: the run is complete
             total_steps, state["annealed"] = state["step"], True
         out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:

@@ -37,6 +37,7 @@ from graft.retrieval.suffix import SuffixAutomaton
 from graft.tree import DraftTree
 
 ATTACH = ("root", "leaves", "both")
+RETRIEVAL = ("recycling", "suffix", "both")
 
 
 class Grafted:
@@ -51,7 +52,6 @@ class Grafted:
         self.room -= result.added
         self.added += result.added
         self.merged += result.merged
-RETRIEVAL = ("recycling", "suffix", "both")
 
 
 @dataclass
