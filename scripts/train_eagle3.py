@@ -77,6 +77,34 @@ TEMPLATES = [
     "Compare two different approaches to {t} and say which you would recommend.",
     "Summarise the history of {t} in a few paragraphs.",
     "Write a step-by-step plan for someone who wants to get better at {t} in one month.",
+    # round 4: more writing and role-play shapes
+    "Write a persuasive blog post about {t}.",
+    "You are a well-known expert on {t} opening a public talk. Write the first part of your speech.",
+    "Write a short dialogue between two friends who disagree about {t}.",
+    "Describe a day in the life of someone whose job involves {t}.",
+    "Write a short newsletter for a local club about {t}.",
+    "Answer in the voice of a cheerful pirate: what do you think of {t}?",
+    "Write a review of an imaginary book about {t}.",
+    "Create a three-question quiz about {t} and give the answers.",
+    "Write a short story in which {t} changes someone's life.",
+    "Write a social media post that gets people interested in {t}.",
+]
+
+# Second turns composed for this project: the follow-ups a chat user sends after a first answer
+# (rewrite, shorten, restyle, extend, critique), so that the head also sees turns that lean on context.
+FOLLOWUPS = [
+    "Rewrite your previous answer in a more formal tone.",
+    "Summarise your answer in three bullet points.",
+    "Make your answer half as long, keeping the key points.",
+    "Now explain the same thing to a five-year-old.",
+    "Add a concrete example to your answer.",
+    "Turn your answer into a short poem.",
+    "What are the weaknesses of what you just wrote? Then give an improved version.",
+    "Rewrite your answer as a dialogue between a teacher and a student.",
+    "Give your answer a title and write a one-sentence summary of it.",
+    "Continue from where you stopped, adding two more ideas.",
+    "Rewrite your answer so that it would fit in a short text message.",
+    "Now argue the opposite point of view.",
 ]
 
 
@@ -136,12 +164,29 @@ def stage_generate(cfg, loaded, out: Path) -> None:
         bar.close()
         asked = _jsonl(questions_path)
     jobs += [(f"self-{i}", q["question"]) for i, q in enumerate(asked) if len(q["question"]) > 10]
-    todo = [(jid, text) for jid, text in jobs if jid not in done]
-    bar = tqdm(total=len(todo), desc="target answers")
+    first_turns = [[{"role": "user", "content": text}] for _, text in jobs]
+    _answer_all(cfg, loaded, path, [(jid, m) for (jid, _), m in zip(jobs, first_turns) if jid not in done], "target answers")
+    # second turns: a follow-up to a seeded choice of the non-GSM8K first turns, after the target's own answer
+    answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
+    candidates = [(jid, text) for jid, text in jobs if not jid.startswith("gsm8k") and jid in answered]
+    random.Random(cfg.train.seed).shuffle(candidates)
+    followups = []
+    for i, (jid, text) in enumerate(candidates[: data.num_followups]):
+        if f"followup-{jid}" not in answered:
+            first_answer = chat.decode(answered[jid])
+            turns = [{"role": "user", "content": text}, {"role": "assistant", "content": first_answer}]
+            followups.append((f"followup-{jid}", turns + [{"role": "user", "content": FOLLOWUPS[i % len(FOLLOWUPS)]}]))
+    _answer_all(cfg, loaded, path, followups, "target answers follow-ups")
+
+
+def _answer_all(cfg, loaded, path: Path, todo: list[tuple[str, list[dict]]], desc: str) -> None:
+    """The target answers each (id, messages) greedily; one JSON line per conversation, appended as batches finish."""
+    data = cfg.train.data
+    bar = tqdm(total=len(todo), desc=desc)
     for start in range(0, len(todo), data.generate_batch):
         chunk = todo[start : start + data.generate_batch]
-        prompts = [_chat_ids(chat, text) for _, text in chunk]
-        answers = _generate(model, tokenizer, prompts, data.max_new_tokens, loaded.stop_ids)
+        prompts = [loaded.chat.prompt_ids(messages) for _, messages in chunk]
+        answers = _generate(loaded.target.model, loaded.target.tokenizer, prompts, data.max_new_tokens, loaded.stop_ids)
         with open(path, "a") as f:
             for (jid, _), p, a in zip(chunk, prompts, answers):
                 f.write(json.dumps({"id": jid, "prompt_ids": p, "answer_ids": a}) + "\n")

@@ -154,13 +154,19 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     out = tmp_path / "train"
     args = [
         sys.executable, "scripts/train_eagle3.py", "model=tiny_llama", f"train.out_dir={out}", "train.data.num_gsm8k=4",
-        "train.data.num_self_questions=4", "train.data.max_new_tokens=24", "train.head.draft_vocab=64",
+        "train.data.num_self_questions=4", "train.data.num_templated=6", "train.data.num_followups=3", "train.data.max_new_tokens=24", "train.head.draft_vocab=64",
         "train.fit.epochs=1", "train.fit.batch_sequences=4", "train.fit.ttt_steps=3", f"train.export.dir={out}/head",
         f"paths.data_root={tmp_path}",  # no GSM8K here: the trainer must say so and go on
     ]
     env = dict(__import__("os").environ, WANDB_MODE="disabled")
     proc = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    convs = {c["id"]: c for c in map(json.loads, (out / "conversations.jsonl").read_text().splitlines())}
+    followups = [jid for jid in convs if jid.startswith("followup-")]
+    assert len(followups) == 3 and not any(jid.startswith("followup-gsm8k") for jid in followups)
+    for jid in followups:  # the second turn's prompt carries the first turn and the target's own answer
+        first = convs[jid.removeprefix("followup-")]
+        assert len(convs[jid]["prompt_ids"]) > len(first["prompt_ids"]) + len(first["answer_ids"]) // 2
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics and {"loss_0", "loss_2", "acc_0", "acc_2"} <= set(metrics[-1])
     raw = json.loads((out / "head" / "config.json").read_text())
