@@ -5,6 +5,7 @@
 Stages, each resumable (rerun the same command to continue):
 - generate: the target answers non-evaluation prompts itself (greedy): GSM8K *train* questions,
   questions it writes about a list of topics, and code / prose requests composed for this project;
+  then second turns: a composed follow-up (FOLLOWUPS) after its own answer to some of those first turns;
 - features: one target pass per conversation records the fused features (inputs of the head's layers);
 - fit: training-time test over `ttt_steps` unrolled steps (graft/eagle/train.py), checkpointing;
 - export: the head in the EAGLE layout (config.json + model.safetensors), loadable by method=eagle3.
@@ -164,8 +165,8 @@ def stage_generate(cfg, loaded, out: Path) -> None:
         bar.close()
         asked = _jsonl(questions_path)
     jobs += [(f"self-{i}", q["question"]) for i, q in enumerate(asked) if len(q["question"]) > 10]
-    first_turns = [[{"role": "user", "content": text}] for _, text in jobs]
-    _answer_all(cfg, loaded, path, [(jid, m) for (jid, _), m in zip(jobs, first_turns) if jid not in done], "target answers")
+    first_turns = [(jid, [{"role": "user", "content": text}]) for jid, text in jobs if jid not in done]
+    _answer_all(cfg, loaded, path, first_turns, "target answers")
     # second turns: a follow-up to a seeded choice of the non-GSM8K first turns, after the target's own answer
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     candidates = [(jid, text) for jid, text in jobs if not jid.startswith("gsm8k") and jid in answered]
