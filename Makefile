@@ -1,10 +1,10 @@
-# `make run`: set up and run the embedded default. `make test`: set up and run the test suite.
+# `make run`: set up and run the embedded default. `make test`: set up and run the test suite. `make lint`: ruff.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ run: setup
 
 test: setup
 	WANDB_MODE=disabled WANDB_ERROR_REPORTING=false $(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) outputs multirun

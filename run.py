@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     try:
-        check_overrides(sys.argv[1:])
+        sys.argv[1:] = check_overrides(sys.argv[1:])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,3 +1,2 @@
-"""Comparison methods. Importing this package registers them with `graft.drafter.register`."""
-
-from baselines import pld, recycling, samd, suffix  # noqa: F401
+"""Comparison methods: the autoregressive baseline and the retrievers of the retrieval baselines (Token
+Recycling, suffix automaton, prompt lookup). `graft.registry.discover()` imports every module here."""

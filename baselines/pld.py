@@ -1,14 +1,17 @@
-"""Prompt-lookup decoding (PLD): find the latest earlier occurrence of the context's last n-gram
-(n from `max_ngram` down to `min_ngram`) in prompt + output, and propose the tokens that followed it
-as a chain. The n-gram index is kept incrementally, so a step costs O(new tokens), not O(context).
-"""
+"""Prompt-lookup decoding (PLD) as a retriever: find the latest earlier occurrence of the context's last
+n-gram (n from `max_ngram` down to `min_ngram`) in prompt + output, and propose the tokens that followed
+it as a chain. The n-gram index is kept incrementally, so a step costs O(new tokens), not O(context).
+Method `pld` (configs/method/pld.yaml) is this retriever alone at the root."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graft.drafter import Drafter, PrefillInfo, SequenceState, register
-from graft.tree import DraftTree, NodeSource
+import torch
+
+from graft.compose import Retrieved, Retriever
+from graft.drafter import PrefillInfo, SequenceState
+from graft.registry import register
 
 
 @dataclass
@@ -24,9 +27,26 @@ class PLDParams:
             raise ValueError(f"num_pred_tokens must be >= 1, got {self.num_pred_tokens}")
 
 
-@register("pld", params=PLDParams, description="prompt lookup: continue the latest earlier match of the last n-gram")
-class PromptLookupDrafter(Drafter):
-    params: PLDParams
+def ngram_continuation(last_end: dict, tokens: list[int], min_ngram: int, max_ngram: int, length: int) -> list[int]:
+    """What followed the latest earlier occurrence of the longest matching final n-gram (longest n first)."""
+    last = len(tokens) - 1
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if last + 1 < n:
+            continue
+        end = last_end.get(tuple(tokens[last + 1 - n :]))
+        if end is not None:
+            return tokens[end + 1 : end + 1 + length]
+    return []
+
+
+@register("retriever", "pld", params=PLDParams, description="prompt lookup: continue the latest earlier match of the last n-gram")
+class PromptLookup(Retriever):
+    def __init__(self, params: PLDParams, target, budget: int):
+        self.params, self.device = params, target.device
+
+    @staticmethod
+    def capacity_of(params: PLDParams) -> int:
+        return params.num_pred_tokens
 
     def reset(self, prefill: PrefillInfo) -> None:
         self._last_end: dict[tuple[int, ...], int] = {}  # n-gram -> position of its last token, latest wins
@@ -39,18 +59,11 @@ class PromptLookupDrafter(Drafter):
                     self._last_end[tuple(tokens[pos + 1 - n : pos + 1])] = pos
         self._indexed = max(self._indexed, end)
 
-    def propose(self, state: SequenceState) -> DraftTree:
-        tokens = state.tokens
-        last = len(tokens) - 1
-        self._index_until(tokens, last)  # every position but the root, so the root's n-gram is not its own match
-        for n in range(self.params.max_ngram, self.params.min_ngram - 1, -1):
-            if last + 1 < n:
-                continue
-            end = self._last_end.get(tuple(tokens[last + 1 - n :]))
-            if end is not None:
-                continuation = tokens[end + 1 : end + 1 + self.params.num_pred_tokens]
-                return DraftTree.chain(state.root, continuation, NodeSource.RETRIEVAL, device=self.target.device)
-        return DraftTree.root_only(state.root, device=self.target.device)
-
-    def max_nodes(self) -> int:
-        return 1 + self.params.num_pred_tokens
+    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
+        p = self.params
+        self._index_until(state.tokens, len(state.tokens) - 1)  # every position but the root: not its own match
+        found = ngram_continuation(self._last_end, state.tokens, p.min_ngram, p.max_ngram, min(p.num_pred_tokens, room))
+        if not found:
+            return None
+        tokens = torch.tensor([state.root, *found], dtype=torch.long, device=self.device)
+        return Retrieved(tokens, torch.arange(-1, len(found), device=self.device), chain=True)

@@ -1,5 +1,6 @@
-"""Token Recycling alone (arXiv 2408.08696): the successor table, refreshed from every verification, read
-through one static template rooted at the current token. No draft model."""
+"""Token Recycling (arXiv 2408.08696) as a retriever: the successor table, refreshed from every
+verification, read through a static rank template rooted at a token. Method `recycling` is this
+retriever alone (an 80-node template); Graft grafts it onto the pruned draft."""
 
 from __future__ import annotations
 
@@ -7,45 +8,41 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback, register
-from graft.grafting import graft
+from graft.compose import Retrieved, Retriever
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback
+from graft.registry import register
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler
-from graft.tree import DraftTree
 
 
 @dataclass
 class RecyclingParams:
-    total_tokens: int = 80  # template nodes, root included (the paper's template has 80)
-    k: int = 8
-    max_depth: int = 6
+    table_k: int = 8  # successors per token in the table
+    template_depth: int = 8  # deepest template node below its anchor
     rank_prior: list[float] = field(default_factory=lambda: list(DEFAULT_RANK_PRIOR))
 
     def __post_init__(self):
-        if self.total_tokens < 2 or not 1 <= self.k <= len(self.rank_prior) or self.max_depth < 1:
-            raise ValueError(f"need total_tokens >= 2, 1 <= k <= {len(self.rank_prior)}, max_depth >= 1; got {self.total_tokens}, {self.k}, {self.max_depth}")
+        if not 1 <= self.table_k <= len(self.rank_prior) or self.template_depth < 1:
+            raise ValueError(f"need 1 <= table_k <= len(rank_prior)={len(self.rank_prior)} and template_depth >= 1; got {self.table_k}, {self.template_depth}")
 
 
-@register("recycling", params=RecyclingParams, description="Token Recycling: successor table + static template")
-class RecyclingDrafter(Drafter):
-    params: RecyclingParams
+@register("retriever", "recycling", params=RecyclingParams, description="Token Recycling: successor table + static template")
+class RecyclingRetriever(Retriever):
+    reads_at_any_token = True
 
-    def __init__(self, target, params: RecyclingParams):
-        super().__init__(target, params)
-        self.recycler = Recycler(target.vocab_size, params.k, params.max_depth, params.rank_prior, target.device)
-
-    def max_nodes(self) -> int:
-        return self.params.total_tokens
+    def __init__(self, params: RecyclingParams, target, budget: int):
+        self.recycler = Recycler(target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device)
+        self.read_limit = 2 * budget + 1  # merges free slots, so read further than the room, within reason
 
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         state = prefill.state
         self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits)
 
-    @torch.inference_mode()
-    def propose(self, state: SequenceState) -> DraftTree:
-        n = self.params.total_tokens
-        tokens, parents = self.recycler.subtree(state.root, n)
-        return graft(DraftTree.root_only(state.root, self.target.device), 0, tokens, parents, n - 1).tree
+    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved:
+        return Retrieved(*self.recycler.subtree(anchor_token, min(room + tree_nodes, self.read_limit)))
+
+    def chain_at(self, token, length: int) -> Retrieved:
+        return Retrieved(*self.recycler.subtree(token, length, shape="chain"))
 
     @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:

@@ -1,37 +1,50 @@
-"""Suffix-automaton retrieval alone (the dynamic half of SAM-Decoding): continue the longest suffix of
-prompt + output that occurred earlier with what followed it there."""
+"""Suffix-automaton retrieval (the dynamic half of SAM-Decoding, arXiv 2411.10666) as a retriever:
+continue the longest suffix of prompt + output that occurred earlier with what followed it there.
+Method `suffix` is this retriever alone; `samd` switches between it and the EAGLE-3 tree."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graft.drafter import Drafter, PrefillInfo, SequenceState, register
+import torch
+
+from graft.compose import Retrieved, Retriever
+from graft.drafter import PrefillInfo, SequenceState
+from graft.registry import register
 from graft.retrieval.suffix import SuffixAutomaton
-from graft.tree import DraftTree, NodeSource
 
 
 @dataclass
 class SuffixParams:
-    num_pred_tokens: int = 16
-    min_match: int = 1
+    suffix_tokens: int = 16  # longest retrieved continuation
+    suffix_min_match: int = 1  # shortest match that counts
 
     def __post_init__(self):
-        if self.num_pred_tokens < 1 or self.min_match < 1:
-            raise ValueError(f"need num_pred_tokens >= 1 and min_match >= 1; got {self.num_pred_tokens}, {self.min_match}")
+        if self.suffix_tokens < 1 or self.suffix_min_match < 1:
+            raise ValueError(f"need suffix_tokens >= 1 and suffix_min_match >= 1; got {self.suffix_tokens}, {self.suffix_min_match}")
 
 
-@register("suffix", params=SuffixParams, description="suffix automaton over prompt + output, longest earlier match")
-class SuffixDrafter(Drafter):
-    params: SuffixParams
+@register("retriever", "suffix", params=SuffixParams, description="suffix automaton over prompt + output, longest earlier match")
+class SuffixRetriever(Retriever):
+    def __init__(self, params: SuffixParams, target, budget: int):
+        self.params, self.device = params, target.device
+        self._match: int | None = None
 
-    def max_nodes(self) -> int:
-        return 1 + self.params.num_pred_tokens
+    @staticmethod
+    def capacity_of(params: SuffixParams) -> int:
+        return params.suffix_tokens
 
     def reset(self, prefill: PrefillInfo) -> None:
         self.automaton = SuffixAutomaton()
 
-    def propose(self, state: SequenceState) -> DraftTree:
+    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
         self.automaton.sync(state.tokens)
-        length, continuation = self.automaton.continuation(self.params.num_pred_tokens, self.params.min_match)
-        self.last_info = {"match": length}
-        return DraftTree.chain(state.root, continuation, NodeSource.RETRIEVAL, device=self.target.device)
+        self._match, found = self.automaton.continuation(min(self.params.suffix_tokens, room), self.params.suffix_min_match)
+        if not found:
+            return None
+        tokens = torch.tensor([int(anchor_token), *found], dtype=torch.long, device=self.device)
+        return Retrieved(tokens, torch.arange(-1, len(found), device=self.device), chain=True)
+
+    def note(self) -> dict:
+        match, self._match = self._match, None
+        return {} if match is None else {"match": match}

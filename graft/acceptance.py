@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.tree import DraftTree, TreeAttention
+from graft.tree import DraftTree, Topology
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Acceptance:
         return self.path_index if self.path_index is not None else self.path
 
 
-def accept_greedy(tree: DraftTree, attn: TreeAttention, logits: Tensor) -> Acceptance:
+def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance:
     """Longest root path whose every token equals the target's argmax after its parent, plus the bonus.
 
     logits: [num_nodes, vocab], row i is the target's prediction after node i's path. Everything stays

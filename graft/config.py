@@ -1,25 +1,26 @@
 """Typed schema of the Hydra config, and validation that names the bad key or value and what is allowed.
 
-The YAML files under `configs/` mirror these dataclasses one group per section. Method sections hold
-`name` plus that method's own params dataclass (declared where the method is registered).
+The YAML files under `configs/` mirror these dataclasses one group per section. A method section holds
+`name`, its drafter and the keys of the parts it composes (graft/registry.py routes and checks them);
+a method YAML states only what differs from the dataclass defaults or from the method it derives from.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+import yaml
+
+from graft.registry import MethodConfig, method_config
+from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults, suggest
+
+__all__ = ["ConfigError", "ExperimentConfig", "compose", "validate", "check_overrides", "group_options"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("model", "method", "dataset", "logger", "hardware", "experiment")
-
-
-class ConfigError(ValueError):
-    """A bad key or value in the configuration; the message says what is allowed."""
 
 
 @dataclass
@@ -37,10 +38,10 @@ class RunConfig:
     score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
 
     def __post_init__(self):
-        _require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        _require(self.temperature >= 0, "run.temperature", self.temperature, "a number >= 0 (0 = greedy)")
-        _require(0 < self.top_p <= 1, "run.top_p", self.top_p, "a number in (0, 1]")
-        _require(self.num_prompts is None or self.num_prompts >= 1, "run.num_prompts", self.num_prompts, "null or an integer >= 1")
+        require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        require(self.temperature >= 0, "run.temperature", self.temperature, "a number >= 0 (0 = greedy)")
+        require(0 < self.top_p <= 1, "run.top_p", self.top_p, "a number in (0, 1]")
+        require(self.num_prompts is None or self.num_prompts >= 1, "run.num_prompts", self.num_prompts, "null or an integer >= 1")
 
 
 @dataclass
@@ -107,7 +108,7 @@ class HardwareConfig:
 class ExperimentConfig:
     run: RunConfig
     model: ModelConfig
-    method: dict  # name + the method's params, checked against its params dataclass
+    method: MethodConfig
     dataset: DatasetConfig
     logger: LoggerConfig
     hardware: HardwareConfig
@@ -127,19 +128,6 @@ SECTIONS: dict[str, type] = {
 SCHEMA_GROUPS = {"model": ModelConfig, "dataset": DatasetConfig, "logger": LoggerConfig, "hardware": HardwareConfig}
 
 
-def schema_defaults(cls: type) -> dict:
-    """Every field of a section with its default ('???' when required), so any key can be overridden."""
-    values = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            values[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            values[f.name] = f.default_factory()
-        else:
-            values[f.name] = "???"
-    return values
-
-
 def register_schemas() -> None:
     """Store each group's full key set as `<group>/schema`; group YAML files start from it."""
     from hydra.core.config_store import ConfigStore
@@ -149,103 +137,16 @@ def register_schemas() -> None:
         store.store(group=group, name="schema", node=schema_defaults(cls))
 
 
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
-
-
-def _suggest(name: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(name, allowed, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-_SCALARS = {
-    bool: ((bool,), "true or false"),
-    int: ((int,), "an integer"),
-    float: ((int, float), "a number"),
-    str: ((str,), "a string"),
-}
-
-
-def _check_type(value: Any, hint: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check_type(value, option, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r} has the wrong type; expected {hint}")
-    if origin is Literal:
-        allowed = typing.get_args(hint)
-        if value not in allowed:
-            raise ConfigError(
-                f"{key}={value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}"
-                + _suggest(str(value), [str(a) for a in allowed])
-            )
-        return value
-    if origin is list or hint is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}={value!r} must be a list")
-        return list(value)
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}={value!r} must be a mapping")
-        return dict(value)
-    if hint in _SCALARS:
-        accepted, words = _SCALARS[hint]
-        if not isinstance(value, accepted) or (hint is not bool and isinstance(value, bool)):
-            raise ConfigError(f"{key}={value!r} must be {words}")
-        return float(value) if hint is float else value
-    return value
-
-
-def coerce_dataclass(cls: type, values: dict, section: str):
-    """Build `cls` from a plain mapping; unknown keys, wrong types and disallowed values are ConfigErrors."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in values:
-        if key not in names:
-            raise ConfigError(
-                f"unknown key '{key}' in {section}; allowed keys: {', '.join(names)}" + _suggest(key, names)
-            )
-    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in values]
-    if missing:
-        raise ConfigError(f"{section} is missing required key(s): {', '.join(missing)}")
-    checked = {key: _check_type(value, hints[key], f"{section.split(' ')[0]}.{key}") for key, value in values.items()}
-    try:
-        return cls(**checked)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{section}: {err}") from err
-
-
 def validate(cfg: dict) -> ExperimentConfig:
-    """Check a resolved config (plain dict) against the schema; returns the typed config."""
-    from graft.drafter import METHODS, _import_methods
-
+    """Check a resolved config (plain dict) against the schema; returns the typed config, the method's
+    parts typed and its draft head resolved from the model config."""
     allowed_top = [*SECTIONS, "method"]
     for key in cfg:
         if key not in allowed_top:
-            raise ConfigError(f"unknown top-level key '{key}'; allowed: {', '.join(allowed_top)}" + _suggest(key, allowed_top))
+            raise ConfigError(f"unknown top-level key '{key}'; allowed: {', '.join(allowed_top)}" + suggest(key, allowed_top))
     typed = {name: coerce_dataclass(cls, dict(cfg.get(name) or {}), name) for name, cls in SECTIONS.items()}
-    method = dict(cfg.get("method") or {})
-    _import_methods()
-    name = method.pop("name", None)
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{name}'; available: {', '.join(sorted(METHODS))}" + _suggest(str(name), sorted(METHODS)))
-    coerce_dataclass(METHODS[name].params, method, f"method ({name})")
-    return ExperimentConfig(method={"name": name, **method}, **typed)
+    method = method_config(dict(cfg.get("method") or {}), typed["model"].draft_head)
+    return ExperimentConfig(method=method, **typed)
 
 
 def compose(overrides: list[str]) -> dict:
@@ -256,7 +157,7 @@ def compose(overrides: list[str]) -> dict:
 
     register_schemas()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
+        cfg = hydra_compose(config_name="config", overrides=[method_override(o) for o in overrides])
         with open_dict(cfg):
             cfg.run.out_dir = "unused"
         return OmegaConf.to_container(cfg, resolve=True)
@@ -266,58 +167,83 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def check_overrides(argv: list[str]) -> None:
-    """Fail fast on command-line overrides that name an unknown group option or key.
+def method_override(arg: str) -> str:
+    """`method.<key>=v` as `++method.<key>=v`: a method YAML holds only what differs from the defaults,
+    and Hydra refuses to override a key the composed YAML lacks."""
+    return f"++{arg.lstrip('+')}" if arg.lstrip("+").startswith("method.") else arg
+
+
+PART_KEYS = ("drafter", "source", "split", "retrieval", "attach", "combine")  # method keys that choose parts
+
+
+def check_overrides(argv: list[str]) -> list[str]:
+    """Fail fast on command-line overrides that name an unknown group option or key; returns argv with
+    method keys written as Hydra needs them (method_override).
 
     Hydra would also refuse most of these, but with a stack of composition errors; this names the key
     and lists what is allowed. Sweep syntax (a,b or functions) is checked value by value where possible.
     """
-    from graft.drafter import METHODS, _import_methods
-
-    chosen_method = None
+    methods = [_default_choice("method")]
     for arg in argv:
-        if arg.startswith("method=") and "," not in arg:
-            chosen_method = arg.split("=", 1)[1]
+        if arg.startswith("method=") and "(" not in arg:
+            methods = arg.split("=", 1)[1].split(",")
+    method_args, out = [], []
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
+            out.append(arg)
             continue
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
         if key.startswith("hydra"):
+            out.append(arg)
             continue
         if "." not in key:
             if key not in GROUPS:
                 allowed = [*GROUPS, *(f"{s}.<key>" for s in (*SECTIONS, "method"))]
-                raise ConfigError(f"unknown override '{key}'; allowed: {', '.join(allowed)}" + _suggest(key, list(GROUPS)))
-            if "(" in value:
-                continue
-            options = group_options(key)
-            for option in value.split(","):
-                if option and option != "null" and option not in options:
-                    raise ConfigError(
-                        f"unknown {key} '{option}'; available {key} configs: {', '.join(options)}" + _suggest(option, options)
-                    )
+                raise ConfigError(f"unknown override '{key}'; allowed: {', '.join(allowed)}" + suggest(key, list(GROUPS)))
+            if "(" not in value:
+                options = group_options(key)
+                for option in value.split(","):
+                    if option and option != "null" and option not in options:
+                        raise ConfigError(
+                            f"unknown {key} '{option}'; available {key} configs: {', '.join(options)}" + suggest(option, options)
+                        )
+            out.append(arg)
             continue
         section, _, field_name = key.partition(".")
         field_name = field_name.split(".")[0]
-        if section in SECTIONS:
-            names = [f.name for f in dataclasses.fields(SECTIONS[section])]
-        elif section == "method":
-            _import_methods()
-            method = chosen_method or _default_choice("method")
-            if method not in METHODS:
-                continue
-            names = ["name", *(f.name for f in dataclasses.fields(METHODS[method].params))]
-        else:
+        if section == "method":
+            method_args.append((field_name, value))
+            out.append(method_override(arg))
+            continue
+        if section not in SECTIONS:
             allowed = [*SECTIONS, "method"]
-            raise ConfigError(f"unknown config section '{section}' in '{arg}'; sections: {', '.join(allowed)}" + _suggest(section, allowed))
+            raise ConfigError(f"unknown config section '{section}' in '{arg}'; sections: {', '.join(allowed)}" + suggest(section, allowed))
+        names = [f.name for f in dataclasses.fields(SECTIONS[section])]
         if field_name not in names:
-            raise ConfigError(f"unknown key '{key}'; allowed keys in {section}: {', '.join(names)}" + _suggest(field_name, names))
+            raise ConfigError(f"unknown key '{key}'; allowed keys in {section}: {', '.join(names)}" + suggest(field_name, names))
+        out.append(arg)
+    if method_args:
+        _check_method_keys(methods, method_args)
+    return out
+
+
+def _check_method_keys(methods: list[str], method_args: list[tuple[str, str]]) -> None:
+    """Each `method.<key>` names a key of the method as composed (with any part-choosing overrides)."""
+    choosing = [f"++method.{k}={v}" for k, v in method_args if k in PART_KEYS]
+    if any("," in v for k, v in method_args if k in PART_KEYS):
+        return  # a sweep over parts: each job's validation checks its own keys
+    for method in methods:
+        if method not in group_options("method"):
+            continue
+        raw = compose([f"method={method}", *choosing])["method"]
+        keys = method_config(raw, draft_head="random").keys()
+        for key, _ in method_args:
+            if key not in keys:
+                raise ConfigError(f"unknown key 'method.{key}'; allowed keys in method ({method}): {', '.join(keys)}" + suggest(key, keys))
 
 
 def _default_choice(group: str) -> str | None:
-    import yaml
-
     root = yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())
     for entry in root.get("defaults", []):
         if isinstance(entry, dict) and group in entry:

@@ -1,5 +1,7 @@
 """The one decode loop every method runs: prefill, then repeat draft -> verify -> accept -> commit.
 
+Phases of a step: draft (the drafter proposes a tree), verify (one target forward over it), accept and
+commit (the accepted path stays in the cache), extend (the drafter learns from the verification).
 Per step the host waits for the device once, to read the accepted path; everything else stays
 queued. On CUDA the draft / verify / other split of a step is therefore approximate (kernels run
 asynchronously), while the step's and the prompt's wall times are exact.
@@ -21,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from graft.acceptance import accept_greedy, accept_sampling, sample_token
+from graft.backends import TargetBackend
 from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback
-from graft.target import TargetModel
-from graft.tree import NodeSource, tree_attention
+from graft.tree import NodeSource, topology
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Generation:
     other_s: list[float] = field(default_factory=list)  # mask, acceptance, cache commit, bookkeeping
     top2_gaps: list[float] = field(default_factory=list)  # target's top-2 logit gap for each new token
     top_logits: list[float] = field(default_factory=list)  # the target's top logit for each new token
-    step_info: list[dict] = field(default_factory=list)  # drafter's own per-step record, if it keeps one
+    step_info: list[dict] = field(default_factory=list)  # the drafter's note on each step, where it keeps one
     # per step: [draft nodes, retrieved nodes, accepted draft nodes, accepted retrieved nodes] (root excluded)
     step_sources: list[list[int]] = field(default_factory=list)
 
@@ -84,8 +86,7 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int) -> bo
 
 def _source_counts(tree, acceptance) -> torch.Tensor:
     """[4]: draft and retrieved nodes in the tree, then among the accepted nodes (stays on the device)."""
-    src = tree.sources.long() if tree.sources is not None else torch.full_like(tree.tokens, int(NodeSource.DRAFT))
-    src[0] = int(NodeSource.ROOT)
+    src = tree.node_sources()  # [num_nodes]
     in_tree = torch.bincount(src, minlength=3)
     accepted = torch.bincount(src[acceptance.index], minlength=3)
     return torch.stack([in_tree[NodeSource.DRAFT], in_tree[NodeSource.RETRIEVAL], accepted[NodeSource.DRAFT], accepted[NodeSource.RETRIEVAL]])
@@ -93,7 +94,7 @@ def _source_counts(tree, acceptance) -> torch.Tensor:
 
 @torch.inference_mode()
 def generate(
-    target: TargetModel,
+    target: TargetBackend,
     drafter: Drafter,
     prompt_ids: list[int],
     max_new_tokens: int,
@@ -105,8 +106,9 @@ def generate(
     """Generate up to `max_new_tokens` tokens after `prompt_ids` with `drafter` proposing trees."""
     clock = time.perf_counter
     start = clock()
+    taps = drafter.needs.taps  # the drafter's features, computed on its own forwards only
     target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
-    prefill = target.prefill(prompt_ids)
+    prefill = target.prefill(prompt_ids, taps)
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
     gen = Generation(prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
     if record_gaps:
@@ -122,19 +124,19 @@ def generate(
 
     while not done:
         t0 = clock()
-        tree = drafter.propose(state)
+        proposal = drafter.propose(state)  # draft
+        tree = proposal.tree
         t1 = clock()
         committed_len = target.cache_len
         if committed_len + tree.num_nodes > context_limit:
             gen.stop_reason = "context"
             break
-        attn = tree_attention(tree.parents, committed_len)
-        mask = attn.attention_mask(target.dtype)
+        topo = topology(tree.parents, committed_len)
         t2 = clock()
-        forward = target.verify(tree, attn, mask)
+        forward = target.verify(tree, topo, taps)  # verify
         t3 = clock()
         if sampling.greedy:
-            acceptance = accept_greedy(tree, attn, forward.logits)
+            acceptance = accept_greedy(tree, topo, forward.logits)
         else:
             acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
         target.commit(committed_len, acceptance.path, acceptance.path_index)
@@ -153,12 +155,12 @@ def generate(
         if len(gen.new_tokens) >= max_new_tokens:
             done = True
         t4 = clock()
-        drafter.update(StepFeedback(tree=tree, attn=attn, forward=forward, acceptance=acceptance, state=state))
+        if not done:  # extend: the drafter learns from the verification for the next step
+            drafter.update(StepFeedback(proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=state))
         t5 = clock()
 
-        if drafter.last_info is not None:
-            gen.step_info.append(drafter.last_info)
-            drafter.last_info = None
+        if proposal.note:
+            gen.step_info.append(proposal.note)
         sources.append(_source_counts(tree, acceptance))
         gen.accept_lengths.append(len(committed))
         gen.nodes.append(tree.num_nodes)

@@ -1,26 +1,36 @@
-"""The drafter protocol every method implements, and the registry that maps method names to drafters.
+"""The drafter protocol: what the decode loop calls, what a drafter reads, what it needs from the target.
 
-A method is one file with a `Drafter` subclass and a params dataclass, registered with `@register`, plus
-one config under `configs/method/`. The decode loop calls, per sequence:
+Per sequence the loop calls:
 
-    reset(prompt)                    once, after prefill
-    propose(state) -> DraftTree      before each verification step (the "draft" phase)
-    update(step)                     after acceptance, with the verification logits and hidden states
+    reset(prefill)                  once, after the target's prefill
+    propose(state) -> Proposal      before each verification (the draft phase)
+    update(step)                    after acceptance, when another step follows (the extend phase)
 
-A drafter may leave a small dict in `last_info` during a step; the loop stores it in the step's record.
+A drafter declares `needs`: the target's hidden states it reads (taps), and whether it uses the target's
+embeddings and LM head (through `target.embed` / `target.lm_head`, never the model's modules). The loop
+asks the target for the taps on this drafter's forwards only, so the baseline never computes them.
+Methods are composed from parts (graft/compose.py); a drafter written from scratch subclasses Drafter
+and registers itself with `graft.registry.register("drafter", name, params)`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
-
-from torch import Tensor
 
 from graft.acceptance import Acceptance
-from graft.target import ForwardOutput, HiddenTap, TargetModel
-from graft.tree import DraftTree, TreeAttention
+from graft.backends import ForwardOutput, HiddenTap, TargetBackend
+from graft.tree import DraftTree, Topology
+
+
+@dataclass(frozen=True)
+class TargetNeeds:
+    taps: tuple[HiddenTap, ...] = ()  # hidden states read from the prefill and every verification
+    embeddings: bool = False  # target.embed
+    lm_head: bool = False  # target.lm_head
+
+    def __or__(self, other: "TargetNeeds") -> "TargetNeeds":
+        taps = self.taps + tuple(t for t in other.taps if t not in self.taps)
+        return TargetNeeds(taps, self.embeddings or other.embeddings, self.lm_head or other.lm_head)
 
 
 @dataclass
@@ -38,91 +48,49 @@ class SequenceState:
 @dataclass
 class PrefillInfo:
     state: SequenceState
-    forward: ForwardOutput  # logits of the last prompt position, hidden states of every prompt position
+    forward: ForwardOutput  # logits of the last prompt position; the drafter's taps at every prompt position
+
+
+@dataclass
+class Proposal:
+    """The draft phase's output: the tree to verify and the drafter's own note on the step (its stage,
+    drafted and retrieved node counts, ...), which the loop stores in the step's record."""
+
+    tree: DraftTree
+    note: dict = field(default_factory=dict)
 
 
 @dataclass
 class StepFeedback:
-    tree: DraftTree
-    attn: TreeAttention
-    forward: ForwardOutput  # [num_nodes, vocab] logits and [num_nodes, taps*hidden] hidden states
+    proposal: Proposal  # update() may add to proposal.note; the loop records it after update
+    topology: Topology
+    forward: ForwardOutput  # [num_nodes, vocab] logits; the drafter's taps [num_nodes, taps * hidden]
     acceptance: Acceptance
     state: SequenceState  # already extended with the committed tokens
 
+    @property
+    def tree(self) -> DraftTree:
+        return self.proposal.tree
+
 
 class Drafter:
-    """Base class: proposes nothing, which makes it the autoregressive baseline."""
+    """The protocol. Subclasses implement propose(); reset() and update() default to nothing."""
 
-    name: ClassVar[str] = "ar"
-    hidden_taps: tuple[HiddenTap, ...] = ()
-    last_info: dict | None = None  # the drafter's own record of the step (e.g. the pruner's stage); the loop collects it
+    needs: TargetNeeds = TargetNeeds()
 
-    def __init__(self, target: TargetModel, params: Any = None):
+    def __init__(self, target: TargetBackend, method=None):
         self.target = target
-        self.params = params
+        self.method = method  # the validated graft.registry.MethodConfig it was built from (None in tests)
+
+    def max_nodes(self) -> int:
+        """Most nodes a proposed tree can have, root included (sizes the target's cache)."""
+        return 1
 
     def reset(self, prefill: PrefillInfo) -> None:
         pass
 
-    def propose(self, state: SequenceState) -> DraftTree:
-        return DraftTree.root_only(state.root, device=self.target.device)
+    def propose(self, state: SequenceState) -> Proposal:
+        raise NotImplementedError  # the protocol's one required method
 
     def update(self, step: StepFeedback) -> None:
         pass
-
-    def max_nodes(self) -> int:
-        """Upper bound on nodes per tree, used to size the cache."""
-        return 1
-
-
-@dataclass
-class NoParams:
-    pass
-
-
-@dataclass
-class MethodSpec:
-    name: str
-    drafter: Callable[[TargetModel, Any], Drafter]
-    params: type = NoParams
-    description: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-METHODS: dict[str, MethodSpec] = {}
-
-
-def register(name: str, params: type = NoParams, description: str = ""):
-    """Class decorator: make a Drafter available as `method=<name>`."""
-
-    def wrap(cls):
-        cls.name = name
-        METHODS[name] = MethodSpec(name=name, drafter=cls, params=params, description=description)
-        return cls
-
-    return wrap
-
-
-register("ar", description="autoregressive baseline: the same loop with a drafter that proposes nothing")(Drafter)
-
-
-def build_drafter(name: str, target: TargetModel, params: dict) -> Drafter:
-    from graft.config import ConfigError, coerce_dataclass
-
-    _import_methods()
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{name}'; available: {', '.join(sorted(METHODS))}")
-    spec = METHODS[name]
-    typed = coerce_dataclass(spec.params, params, f"method ({name})")
-    return spec.drafter(target, typed)
-
-
-def method_params(name: str) -> list[str]:
-    _import_methods()
-    return [f.name for f in dataclasses.fields(METHODS[name].params)] if name in METHODS else []
-
-
-def _import_methods() -> None:
-    """Methods live in graft/methods and baselines/; importing them registers them."""
-    import baselines  # noqa: F401
-    import graft.methods  # noqa: F401

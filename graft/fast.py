@@ -4,8 +4,9 @@ On a CPU a decode step is bound by reading the weights once; what decides its sp
 kernel the small-row products hit. `F.linear(x, W)` with W stored [out, in] takes a slow path for 1-2
 rows, while `x @ W_t` with W_t stored [in, out] contiguous streams the weight once (measured in
 scripts/bench_forward.py). `transposed` swaps every nn.Linear (the LM head included) for that layout;
-`bf16` additionally halves the bytes read (the baseline runs in bf16 too, so losslessness is against
-the bf16 target); `compile` adds torch.compile (inductor) on top where it pays.
+`packed` keeps oneDNN-packed weights for several rows; `bf16` additionally halves the bytes read (the
+baseline runs in bf16 too, so losslessness is against the bf16 target). The products run inside the
+lean backend (graft/backends/lean.py).
 """
 
 from __future__ import annotations
@@ -14,33 +15,11 @@ import ctypes
 import ctypes.util
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graft.nn import grouped_sdpa
+
 ATTENTION_NAME = "graft_sdpa"
-
-
-def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, mask_tiled=False, **kwargs):
-    """SDPA for grouped-query attention without copying keys/values per query head.
-
-    With a tree mask, transformers' own SDPA path repeats every key/value head `groups` times (a copy of
-    the whole cache per layer per step). Here the query heads that share a key/value head are folded into
-    the query-length axis instead: query [b, kv_heads * groups, n, d] -> [b, kv_heads, groups * n, d],
-    and the [n, S] mask is tiled `groups` times along the query axis (callers that run many layers tile
-    it once and pass mask_tiled=True), so the cache is read in place.
-    """
-    b, heads, n, d = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    if attention_mask is None:
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=bool(n > 1 and (is_causal is None or is_causal)), scale=scaling, enable_gqa=groups > 1
-        )
-        return out.transpose(1, 2).contiguous(), None
-    folded = query.reshape(b, kv_heads, groups * n, d)
-    mask = attention_mask if mask_tiled or groups == 1 else attention_mask.repeat(1, 1, groups, 1)
-    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(b, heads, n, d).transpose(1, 2).contiguous(), None
 
 
 def register_attention() -> None:
@@ -113,30 +92,12 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def replace_linears(model: nn.Module, make) -> int:
-    """Replace every nn.Linear in `model` by make(linear); returns how many were replaced.
-
-    A tied LM head gets its own copy (the embedding keeps the row layout it needs for lookup).
-    """
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, make(child))
-                count += 1
-    return count
-
-
 def apply_fast_path(model: nn.Module, mode: str):
-    """Prepare `model` for `mode`; returns (model, lean forward or None).
+    """Prepare `model` for the lean backend in `mode`; returns (model, make_linear).
 
-    'none': transformers' own forward. 'transposed': lean forward, products as x @ W_t. 'packed': lean
-    forward, oneDNN-packed products (x @ W_t for one row). 'bf16': 'packed' in bfloat16.
+    'transposed': products as x @ W_t. 'packed': oneDNN-packed products (x @ W_t for one row).
+    'bf16': 'packed' in bfloat16.
     """
-    if mode == "none":
-        return model, None
-    from graft.lean import LeanForward
-
     on_cpu = next(model.parameters()).device.type == "cpu"
     if on_cpu:
         keep_freed_memory()
@@ -146,5 +107,4 @@ def apply_fast_path(model: nn.Module, mode: str):
         model = model.to(torch.bfloat16)
     register_attention()
     model.config._attn_implementation = ATTENTION_NAME
-    make = TransposedLinear if mode == "transposed" else PackedLinear
-    return model, LeanForward(model, make)
+    return model, TransposedLinear if mode == "transposed" else PackedLinear

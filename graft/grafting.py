@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.tree import DraftTree, NodeSource, tree_attention
+from graft.tree import DraftTree, NodeSource, topology
 
 
 @dataclass
@@ -28,7 +28,7 @@ class GraftResult:
 
 def path_tokens(tokens: Tensor, parents: Tensor, width: int) -> tuple[Tensor, Tensor]:
     """[n, width] token at each depth along each node's root path (-2 past its depth), and depths [n]."""
-    attn = tree_attention(parents, 0)
+    attn = topology(parents, 0)
     n = tokens.shape[0]
     paths = torch.full((n, width), -2, dtype=torch.long, device=tokens.device)
     row, node = torch.nonzero(attn.ancestors, as_tuple=True)
@@ -44,7 +44,7 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
     n, m = draft.num_nodes, tokens.shape[0]
     if m <= 1 or room <= 0:
         return GraftResult(draft, 0, 0)
-    r_attn = tree_attention(parents, 0)
+    r_attn = topology(parents, 0)
     d_paths, d_depth = path_tokens(draft.tokens, draft.parents, n)  # [n, n]
     anchor_depth = int(d_depth[anchor])
     width = max(n, anchor_depth + int(r_attn.depth.max()) + 1)  # every path fits, so equal rows mean equal paths
@@ -78,3 +78,25 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
         sources=torch.cat([sources, torch.full((added,), int(NodeSource.RETRIEVAL), dtype=torch.int8, device=device)]),
     )
     return GraftResult(tree, added, int((merged[1:] & ~unknown[1:]).sum()))
+
+
+class Grafted:
+    """A tree as retrieved subtrees are grafted onto it one after another, within `room` new nodes."""
+
+    def __init__(self, tree: DraftTree, room: int):
+        self.tree, self.room, self.added, self.merged = tree, room, 0, 0
+
+    def attach(self, anchor: int, tokens: Tensor, parents: Tensor, room: int | None = None, chain: bool = False) -> None:
+        """Graft the subtree (tokens [m], parents [m], node 0 = the anchor's token) under node `anchor`.
+        `chain`: a chain of known tokens, which on a bare root needs no merging."""
+        room = self.room if room is None else min(room, self.room)
+        if chain and self.tree.num_nodes == 1 and room > 0 and tokens.shape[0] > 1:
+            kept = tokens[1 : room + 1]
+            parents = torch.arange(-1, kept.shape[0], device=tokens.device)
+            result = GraftResult(DraftTree.build(torch.cat([self.tree.tokens, kept]), parents, NodeSource.RETRIEVAL), kept.shape[0], 0)
+        else:
+            result = graft(self.tree, anchor, tokens, parents, room)
+        self.tree = result.tree
+        self.room -= result.added
+        self.added += result.added
+        self.merged += result.merged

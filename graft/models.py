@@ -10,8 +10,12 @@ from pathlib import Path
 
 import torch
 
+from graft.backends import TargetBackend
+from graft.backends.hf import HFBackend
+from graft.backends.lean import LeanBackend
 from graft.config import ConfigError, HardwareConfig, ModelConfig
-from graft.target import TargetModel
+from graft.embedded import ensure_smollm2
+from graft.fast import apply_fast_path
 
 
 class ModelLoadError(RuntimeError):
@@ -75,7 +79,7 @@ class ChatFormatter:
 
 @dataclass
 class LoadedModel:
-    target: TargetModel
+    target: TargetBackend
     chat: ChatFormatter
     stop_ids: set[int]
     source: str  # where the weights came from
@@ -157,8 +161,6 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     elif cfg.source == "embedded":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from graft.embedded import ensure_smollm2
-
         path = ensure_smollm2(progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation).to(device)
@@ -166,15 +168,14 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     else:
         model, tokenizer = _pretrained(cfg, dtype, device)
         source = cfg.path
-    lean = None
-    if hardware.fast_path != "none":
-        from graft.fast import apply_fast_path
-
+    if hardware.fast_path == "none":
+        target: TargetBackend = HFBackend(model, tokenizer, name=cfg.name)
+    else:
         try:
-            model, lean = apply_fast_path(model, hardware.fast_path)
+            model, make_linear = apply_fast_path(model, hardware.fast_path)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-    target = TargetModel(model, tokenizer, name=cfg.name, lean=lean)
+        target = LeanBackend(model, tokenizer, make_linear, name=cfg.name)
     if cfg.max_context:
         target.max_context = cfg.max_context
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)

@@ -15,11 +15,13 @@ from graft.config import ExperimentConfig
 from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, float_tie, generate
-from graft.drafter import Drafter, build_drafter
+from baselines.autoregressive import Autoregressive
+from graft.drafter import Drafter
 from graft.loggers import make_logger
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
 from graft.records import RunDir, hardware_info, token_hash
+from graft.registry import build_drafter
 
 
 class PromptTooLong(Exception):
@@ -125,7 +127,7 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     hardware = hardware_info(str(model.target.device))
     meta = {
         "model": cfg.model.name,
-        "method": cfg.method["name"],
+        "method": cfg.method.name,
         "dataset": cfg.dataset.name,
         "hardware": hardware,
         "model_source": model.source,
@@ -133,12 +135,8 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
         "temperature": run_cfg.temperature,
     }
     rundir = RunDir(run_cfg.out_dir, resolved, meta={"hardware": hardware})
-    method_params = {k: v for k, v in cfg.method.items() if k != "name"}
-    if "head" in method_params and method_params["head"] is None:
-        method_params["head"] = cfg.model.draft_head  # the model config names its published head
-    drafter = build_drafter(cfg.method["name"], model.target, method_params)
-    baseline = None if cfg.method["name"] == "ar" else Drafter(model.target)
-    model.target.set_hidden_taps(drafter.hidden_taps)
+    drafter = build_drafter(cfg.method, model.target)
+    baseline = None if isinstance(drafter, Autoregressive) else Autoregressive(model.target)
 
     records = rundir.finished()
     finished_ids = {r["id"] for r in records}
@@ -151,7 +149,7 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
         for d in filter(None, (baseline, drafter)):
             generate(model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, torch.Generator().manual_seed(0))
 
-    bar = tqdm(todo, desc=f"{cfg.method['name']} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
+    bar = tqdm(todo, desc=f"{cfg.method.name} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
     summary = summarize(records, meta)
     for index, prompt in bar:
         record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}

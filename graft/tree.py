@@ -1,4 +1,4 @@
-"""Draft trees and the one function that turns parent indices into attention inputs.
+"""Draft trees, their topology (what the target needs to verify them), and rank trees (static shapes).
 
 A draft tree is stored flat, in topological order: node 0 is the *root*, the last committed token (its
 key/value is not in the target's cache yet), and every other node's parent has a smaller index. Verifying
@@ -8,6 +8,7 @@ its own ancestors (itself included) and to nothing else.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from enum import IntEnum
@@ -38,24 +39,28 @@ class DraftTree:
         return self.tokens.shape[0]
 
     @staticmethod
+    def build(tokens: Tensor, parents: Tensor, source: NodeSource, scores: Tensor | None = None) -> "DraftTree":
+        """A tree whose nodes all come from `source`, node 0 marked as the root."""
+        sources = torch.full(tokens.shape, int(source), dtype=torch.int8, device=tokens.device)
+        sources[0] = NodeSource.ROOT
+        return DraftTree(tokens=tokens, parents=parents, scores=scores, sources=sources)
+
+    @staticmethod
     def root_only(token: int, device: torch.device | str = "cpu") -> "DraftTree":
-        return DraftTree(
-            tokens=torch.tensor([token], dtype=torch.long, device=device),
-            parents=torch.tensor([-1], dtype=torch.long, device=device),
-            sources=torch.tensor([NodeSource.ROOT], dtype=torch.int8, device=device),
-        )
+        return DraftTree.build(torch.tensor([token], device=device), torch.tensor([-1], device=device), NodeSource.ROOT)
 
     @staticmethod
     def chain(root: int, continuation: list[int], source: NodeSource, device="cpu") -> "DraftTree":
         """A linear tree: root -> continuation[0] -> continuation[1] -> ..."""
         n = 1 + len(continuation)
-        sources = torch.full((n,), int(source), dtype=torch.int8, device=device)
-        sources[0] = NodeSource.ROOT
-        return DraftTree(
-            tokens=torch.tensor([root, *continuation], dtype=torch.long, device=device),
-            parents=torch.arange(-1, n - 1, dtype=torch.long, device=device),
-            sources=sources,
-        )
+        tokens = torch.tensor([root, *continuation], dtype=torch.long, device=device)
+        return DraftTree.build(tokens, torch.arange(-1, n - 1, dtype=torch.long, device=device), source)
+
+    def node_sources(self) -> Tensor:
+        """[num_nodes] int64 sources (DRAFT where the drafter recorded none), the root marked ROOT."""
+        src = self.sources.long() if self.sources is not None else torch.full_like(self.tokens, int(NodeSource.DRAFT))
+        src[0] = int(NodeSource.ROOT)
+        return src
 
     def validate(self) -> None:
         """Raise ValueError when the tree is not a topologically ordered tree rooted at node 0."""
@@ -75,9 +80,15 @@ class DraftTree:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {tuple(self.tokens.shape)}")
 
 
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool [n, S] (True = may attend) -> additive [1, 1, n, S] in `dtype` (0 or the dtype's minimum)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 @dataclass
-class TreeAttention:
-    """Everything the target needs to verify a tree on top of `cache_len` committed positions."""
+class Topology:
+    """The tree's shape placed after `cache_len` committed positions: ancestors, depths, positions."""
 
     ancestors: Tensor  # [num_nodes, num_nodes] bool; ancestors[i, j]: j is i or an ancestor of i
     depth: Tensor  # [num_nodes] int64; root has depth 0
@@ -90,9 +101,9 @@ class TreeAttention:
     def attention_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """[1, 1, num_nodes, cache_len + num_nodes] additive mask: 0 where attention is allowed."""
         n = self.num_nodes
-        mask = torch.zeros(1, 1, n, self.cache_len + n, dtype=dtype, device=self.depth.device)
-        mask[0, 0, :, self.cache_len :].masked_fill_(~self.ancestors, torch.finfo(dtype).min)
-        return mask
+        allowed = torch.ones(n, self.cache_len + n, dtype=torch.bool, device=self.depth.device)
+        allowed[:, self.cache_len :] = self.ancestors
+        return additive_mask(allowed, dtype)
 
     def position_ids(self) -> Tensor:
         """[1, num_nodes] absolute positions: a node sits at cache_len + its depth."""
@@ -110,7 +121,7 @@ class TreeAttention:
         return paths
 
 
-def tree_attention(parents: Tensor, cache_len: int) -> TreeAttention:
+def topology(parents: Tensor, cache_len: int) -> Topology:
     """Ancestor matrix and depths of a topologically ordered tree, without a Python loop over nodes.
 
     The ancestor relation is the transitive closure of "is my parent", computed by repeated squaring
@@ -126,4 +137,80 @@ def tree_attention(parents: Tensor, cache_len: int) -> TreeAttention:
             closure = ((closure @ closure) > 0).to(torch.float32)
         reach = closure > 0
     depth = reach.sum(1) - 1
-    return TreeAttention(ancestors=reach, depth=depth, cache_len=cache_len)
+    return Topology(ancestors=reach, depth=depth, cache_len=cache_len)
+
+
+@dataclass(frozen=True)
+class RankTree:
+    """A static tree of ranks: node i takes the rank-`ranks[i]` choice after its parent's token. Used for
+    EAGLE-1's static draft tree (ranks of the head's top-k) and Token Recycling's templates (ranks of the
+    successor table). Node 0 is the anchor; nodes are in topological order."""
+
+    parents: Tensor  # [n] int64, parents[0] = -1
+    ranks: Tensor  # [n] int64, ranks[0] unused (0)
+    depth: Tensor  # [n] int64
+
+    @property
+    def size(self) -> int:
+        return self.parents.shape[0]
+
+    @cached_property
+    def levels(self) -> tuple[Tensor, ...]:
+        """Per depth 1, 2, ...: the nodes at that depth (one gather or head call per depth)."""
+        return tuple(torch.nonzero(self.depth == d).squeeze(1) for d in range(1, int(self.depth.max()) + 1))
+
+    @cached_property
+    def ancestors(self) -> Tensor:
+        return topology(self.parents, 0).ancestors  # [n, n]
+
+    def prefix(self, n: int) -> "RankTree":
+        return RankTree(self.parents[:n], self.ranks[:n], self.depth[:n])
+
+    @staticmethod
+    def make(parents: list[int], ranks: list[int], device="cpu") -> "RankTree":
+        depth = [0] * len(parents)
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        return RankTree(as_tensor(parents), as_tensor(ranks), as_tensor(depth))
+
+    @staticmethod
+    def from_paths(paths: list[list[int]], device="cpu") -> "RankTree":
+        """From rank paths below the anchor (EAGLE's `choices` format: [[0], [1], [0, 0], ...]), sorted by (depth, path)."""
+        ordered = sorted((tuple(p) for p in paths), key=lambda p: (len(p), p))
+        index = {(): 0}
+        parents, ranks = [-1], [0]
+        for path in ordered:
+            index[path] = len(parents)
+            parents.append(index[path[:-1]])
+            ranks.append(path[-1])
+        return RankTree.make(parents, ranks, device)
+
+    @staticmethod
+    def chain(length: int, device="cpu") -> "RankTree":
+        """The rank-0 chain: `length` nodes after the anchor."""
+        return RankTree.make(list(range(-1, length)), [0] * (length + 1), device)
+
+    @staticmethod
+    def best_first(size: int, rank_prior, max_depth: int, device="cpu") -> "RankTree":
+        """`size` nodes (anchor included), best first: a node's value is the product of its ranks' priors
+        along the path; children are offered in rank order, so parents always come first and any prefix
+        is the best tree of that size."""
+        prior = list(rank_prior)
+        parents, ranks, depth = [-1], [0], [0]
+        heap = [(-prior[0], 0, 0, 0)]  # (-value, order, parent, rank)
+        counter = 1
+        while heap and len(parents) < size:
+            neg, _, parent, rank = heapq.heappop(heap)
+            node = len(parents)
+            parents.append(parent)
+            ranks.append(rank)
+            depth.append(depth[parent] + 1)
+            value = -neg
+            if rank + 1 < len(prior):  # the next sibling
+                heapq.heappush(heap, (-(value / prior[rank] * prior[rank + 1]), counter, parent, rank + 1))
+                counter += 1
+            if depth[node] < max_depth:  # the first child
+                heapq.heappush(heap, (-(value * prior[0]), counter, node, 0))
+                counter += 1
+        return RankTree.make(parents, ranks, device)

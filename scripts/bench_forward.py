@@ -58,17 +58,16 @@ class VerifyTimer:
         self.committed = target.cache_len
 
     def once(self, k: int) -> float:
-        from graft.tree import DraftTree, NodeSource, tree_attention
+        from graft.tree import DraftTree, NodeSource, topology
 
         target, context = self.target, self.context
         if k > 1:
             tree = DraftTree.chain(context[-1], context[1:k], NodeSource.TEST, device=target.device)
         else:
             tree = DraftTree.root_only(context[-1], target.device)
-        attn = tree_attention(tree.parents, self.committed)
-        mask = attn.attention_mask(target.dtype)
+        topo = topology(tree.parents, self.committed)
         start = time.perf_counter()
-        target.verify(tree, attn, mask)
+        target.verify(tree, topo)  # the backend builds the mask: it is part of a verification's cost
         if target.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start

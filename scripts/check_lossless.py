@@ -37,9 +37,10 @@ def main() -> None:
 
     from graft.config import compose, validate
     from graft.data import load_prompts
+    from baselines.autoregressive import Autoregressive
     from graft.decode import SamplingConfig
-    from graft.drafter import Drafter, build_drafter
     from graft.models import load_model
+    from graft.registry import build_drafter
     from graft.runner import PromptTooLong, compare, run_conversation
 
     methods = args.methods.split(",")
@@ -47,12 +48,9 @@ def main() -> None:
     model = load_model(base_cfg.model, base_cfg.hardware, progress=False)
     drafters = {}
     for name in methods:
-        cfg = validate(compose([f"method={name}", "logger=none", *args.set]))
-        params = {k: v for k, v in cfg.method.items() if k != "name"}
-        if "head" in params and params["head"] is None:
-            params["head"] = cfg.model.draft_head
-        drafters[name] = build_drafter(cfg.method["name"], model.target, params)  # a config (eagle3_static) may name another method
-    baseline = Drafter(model.target)
+        cfg = validate(compose([f"method={name}", "logger=none", *args.base, *args.set]))
+        drafters[name] = build_drafter(cfg.method, model.target)
+    baseline = Autoregressive(model.target)
     greedy = SamplingConfig()
     results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}, "checked": {}}
     earlier = _earlier_results(Path(args.out), results, methods)
@@ -69,10 +67,8 @@ def main() -> None:
             if prompt.id in checked:
                 continue
             try:
-                model.target.set_hidden_taps(())
                 base = run_conversation(model, baseline, prompt, args.max_new_tokens, greedy, 0, record_gaps=True)
                 for name, drafter in drafters.items():
-                    model.target.set_hidden_taps(drafter.hidden_taps)
                     out = run_conversation(model, drafter, prompt, args.max_new_tokens, greedy, 0, record_gaps=False)
                     verdict = compare(out, base, model.target.dtype, base_cfg.run.float_tie_ulps)
                     row = table[name]

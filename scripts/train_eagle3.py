@@ -32,7 +32,9 @@ from tqdm.auto import tqdm  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graft.config import ModelConfig, HardwareConfig, coerce_dataclass, register_schemas  # noqa: E402
+from graft.backends import HiddenTap  # noqa: E402
+from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
+from graft.schema import coerce_dataclass  # noqa: E402
 
 TOPICS = [
     "cooking", "gardening", "personal finance", "history of science", "astronomy", "learning a language",
@@ -197,13 +199,11 @@ def _answer_all(cfg, loaded, path: Path, todo: list[tuple[str, list[dict]]], des
 
 @torch.inference_mode()
 def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
-    from graft.target import HiddenTap
-
     convs = _jsonl(out / "conversations.jsonl")
     shard_dir = out / "features"
     shard_dir.mkdir(exist_ok=True)
     target = loaded.target
-    target.set_hidden_taps(tuple(HiddenTap(i, "input") for i in layer_ids))
+    taps = tuple(HiddenTap(i, "input") for i in layer_ids)
     per_shard = 64
     top_k = cfg.train.data.soft_top_k
     counts = torch.zeros(target.vocab_size, dtype=torch.long)
@@ -220,7 +220,7 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
         for c in chunk:
             ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
             target.reset(len(ids) + 8)
-            encoded = target.prefill(ids, all_logits=top_k > 0)
+            encoded = target.prefill(ids, taps, all_logits=top_k > 0)
             valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
             record = {"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": encoded.hidden.half()}
             if top_k > 0:  # the target's own next-token distribution, top-k of it: soft labels for the fit
@@ -258,7 +258,7 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     counts = torch.load(out / "token_counts.pt")
     torch.manual_seed(cfg.train.seed)
     head = _new_head(cfg, loaded, layer_ids, counts)
-    embed = loaded.target.model.get_input_embeddings()
+    embed = loaded.target.embed
     optimizer = torch.optim.AdamW(head.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(records) / fit.batch_sequences)
     total_steps = per_epoch * fit.epochs

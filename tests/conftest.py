@@ -42,3 +42,28 @@ def load_tiny(name: str):
 @pytest.fixture
 def tiny():
     return load_tiny
+
+
+@functools.lru_cache(maxsize=None)
+def method_yaml(method: str) -> tuple:
+    """configs/method/<method>.yaml as composed (its defaults chain resolved), as sorted items."""
+    return tuple(sorted(compose([f"method={method}"])["method"].items(), key=lambda kv: kv[0]))
+
+
+def make_drafter(method: str, target, **overrides):
+    """The drafter `python run.py method=<method> method.<key>=<value> ...` builds, on `target` (a tiny
+    model's `draft_head: random` stands in for a published head)."""
+    from graft.registry import build_drafter, method_config
+
+    raw = {**dict(method_yaml(method)), **overrides}
+    return build_drafter(method_config(raw, draft_head="random"), target)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA; without it they are skipped with the reason."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

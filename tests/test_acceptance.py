@@ -4,7 +4,7 @@ import torch
 from scipy.stats import chisquare
 
 from graft.acceptance import accept_greedy, accept_sampling, target_distribution
-from graft.tree import DraftTree, tree_attention
+from graft.tree import DraftTree, topology
 
 PARENTS = [-1, 0, 0, 1, 1, 2]
 
@@ -18,7 +18,7 @@ def _logits_with_argmax(argmaxes, vocab=10):
 
 def test_greedy_takes_the_longest_correct_path_and_the_bonus():
     tree = DraftTree(tokens=torch.tensor([1, 5, 7, 6, 9, 8]), parents=torch.tensor(PARENTS))
-    attn = tree_attention(tree.parents, 0)
+    attn = topology(tree.parents, 0)
     # target: after root 7 (node 2 right, node 1 wrong); after node 2 -> 8 (node 5 right); after node 5 -> 3
     logits = _logits_with_argmax([7, 0, 8, 0, 0, 3])
     acc = accept_greedy(tree, attn, logits)
@@ -29,7 +29,7 @@ def test_greedy_takes_the_longest_correct_path_and_the_bonus():
 
 def test_greedy_rejects_a_correct_token_under_a_wrong_parent():
     tree = DraftTree(tokens=torch.tensor([1, 5, 7, 6, 9, 8]), parents=torch.tensor(PARENTS))
-    attn = tree_attention(tree.parents, 0)
+    attn = topology(tree.parents, 0)
     # node 3 (token 6) matches the argmax after node 1, but node 1 itself is wrong
     logits = _logits_with_argmax([4, 6, 0, 0, 0, 0])
     acc = accept_greedy(tree, attn, logits)
@@ -38,7 +38,7 @@ def test_greedy_rejects_a_correct_token_under_a_wrong_parent():
 
 def test_greedy_root_only_is_plain_argmax():
     tree = DraftTree.root_only(3)
-    acc = accept_greedy(tree, tree_attention(tree.parents, 4), _logits_with_argmax([9]))
+    acc = accept_greedy(tree, topology(tree.parents, 4), _logits_with_argmax([9]))
     assert acc.path == [0] and acc.tokens == [9]
 
 

@@ -7,8 +7,8 @@ import torch
 
 from graft.eagle.checkpoint import HeadLoadError, load_head, random_head, save_head
 from graft.eagle.head import DraftHead
-from graft.methods.eagle3 import extend, grow_tree
-from graft.tree import tree_attention
+from graft.methods.eagle3 import expand, extend, select
+from graft.tree import topology
 
 
 def _same_weights(a: DraftHead, b: DraftHead):
@@ -20,7 +20,7 @@ def _same_weights(a: DraftHead, b: DraftHead):
 
 @pytest.mark.parametrize("layout,kind,draft_vocab", [("eagle", "eagle3", None), ("specforge", "eagle3", None), ("eagle", "eagle3", 100), ("eagle", "eagle1", None)])
 def test_published_layouts_round_trip(tiny, tmp_path, layout, kind, draft_vocab):
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     head = random_head(model, kind, seed=3, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab)
     save_head(head, tmp_path / "h", layout)
     raw = json.loads((tmp_path / "h" / "config.json").read_text())
@@ -31,7 +31,7 @@ def test_published_layouts_round_trip(tiny, tmp_path, layout, kind, draft_vocab)
 
 
 def test_bin_weights_and_dropped_vocab_maps_load(tiny, tmp_path):
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     head = random_head(model, "eagle3", seed=1, layer_ids=[1, 2, 3])
     save_head(head, tmp_path / "h")
     state = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}  # equal vocabularies: maps omitted
@@ -44,7 +44,7 @@ def test_bin_weights_and_dropped_vocab_maps_load(tiny, tmp_path):
 def test_missing_unexpected_and_misshapen_weights_are_refused(tiny, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     save_head(random_head(model, "eagle3", layer_ids=[1, 2, 3]), tmp_path / "h")
     weights = tmp_path / "h" / "model.safetensors"
     state = load_file(str(weights))
@@ -63,7 +63,7 @@ def test_missing_unexpected_and_misshapen_weights_are_refused(tiny, tmp_path):
 
 
 def test_a_head_for_another_target_is_refused_with_both_sizes(tiny, tmp_path):
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     save_head(random_head(model, "eagle3", layer_ids=[1, 2, 3]), tmp_path / "h")
     raw = json.loads((tmp_path / "h" / "config.json").read_text())
     raw["target_hidden_size"] = 4096
@@ -120,28 +120,28 @@ def _reference_tree(head, embed, prefix_tokens, prefix_hidden, root, total_token
 @pytest.mark.parametrize("kind,draft_vocab", [("eagle3", None), ("eagle3", 120), ("eagle1", None)])
 @pytest.mark.parametrize("total_tokens,depth,k", [(12, 3, 3), (20, 4, 4), (4, 3, 1)])
 def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tokens, depth, k):
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     torch.manual_seed(0)
     # float64 throughout: random heads fall into loops whose candidates' scores differ by ~1e-6, and
     # the reference must break those near-ties the same way the tree does
     head = random_head(model, kind, seed=7, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab).double()
     head._target_lm_head = [torch.nn.Linear(64, 272, bias=False).double()]
-    head._target_lm_head[0].weight.data = model.get_output_embeddings().weight.double()
-    embed = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.double())
+    head._target_lm_head[0].weight.data = model.model.get_output_embeddings().weight.double()
+    embed = torch.nn.Embedding.from_pretrained(model.model.get_input_embeddings().weight.double())
     width = 3 * 64 if kind == "eagle3" else 64
     prefix_tokens = [5, 99, 13, 200, 42]
     prefix_hidden = torch.randn(len(prefix_tokens), width, dtype=torch.float64)
     with torch.inference_mode():
         cache = head.new_cache(64)
         out = extend(head, cache, embed(torch.tensor(prefix_tokens)), prefix_hidden)
-        tree = grow_tree(head, embed, cache, out[-1], 7, total_tokens, depth, k)
+        tree = select(expand(head, embed, cache, out[-1], depth, k), 7, total_tokens - 1)
         assert cache.length == len(prefix_tokens)  # tree levels were scratch
         ref_tokens, ref_parents = _reference_tree(head, embed, prefix_tokens, prefix_hidden, 7, total_tokens, depth, k)
     assert tree.tokens.tolist() == ref_tokens
     assert tree.parents.tolist() == ref_parents
     tree.validate()
     assert tree.num_nodes == min(total_tokens, 1 + k + depth * k * k)
-    assert int(tree_attention(tree.parents, 0).depth.max()) <= depth + 1
+    assert int(topology(tree.parents, 0).depth.max()) <= depth + 1
 
 
 def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
@@ -173,7 +173,7 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     assert raw["draft_vocab_size"] == 64 and raw["architectures"] == ["LlamaForCausalLM"]
     from conftest import load_tiny
 
-    head = load_head(str(out / "head"), load_tiny("tiny_llama").target.model)
+    head = load_head(str(out / "head"), load_tiny("tiny_llama").target)
     assert int(head.t2d.sum()) == 64
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)  # resumed, nothing redone
@@ -183,24 +183,23 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
 def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
     """EAGLE-1's static tree: node shape from the choices; each child is its parent's rank-r head token,
     checked against the head run on the ancestor path alone (a chain, no tree mask)."""
-    from graft.drafter import PrefillInfo, SequenceState, build_drafter
+    from conftest import make_drafter
+    from graft.drafter import PrefillInfo, SequenceState
     from graft.methods.eagle3 import MC_SIM_7B_63
-    from graft.tree import tree_attention
 
     model = tiny("tiny_llama")
-    drafter = build_drafter("eagle3", model.target, {"head": "random", "static_tree": True})
-    model.target.set_hidden_taps(drafter.hidden_taps)
+    drafter = make_drafter("eagle3_static", model.target)
     ids = [5, 9, 14, 3, 7, 11]
     model.target.reset(64)
-    prefill = model.target.prefill(ids)
+    prefill = model.target.prefill(ids, drafter.needs.taps)
     state = SequenceState(tokens=ids + [int(prefill.logits[-1].argmax())], prompt_len=len(ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
-    tree = drafter.propose(state)
-    model.target.set_hidden_taps(())
-    assert tree.num_nodes == 1 + len(MC_SIM_7B_63)
-    depth = tree_attention(tree.parents, 0).depth.tolist()
+    tree = drafter.propose(state).tree
+    assert tree.num_nodes == 1 + len(MC_SIM_7B_63) == drafter.max_nodes()
+    depth = topology(tree.parents, 0).depth.tolist()
     assert sorted(depth[1:]) == sorted(len(c) for c in MC_SIM_7B_63)
-    head, cache, embed = drafter.head, drafter.cache, drafter._embed
+    source = drafter.source
+    head, cache, embed, plan = source.runner.head, source.runner.cache, model.target.embed, source.plan
     committed = cache.length
     # reference: for every node, rerun the head on its own path as a chain and compare the chosen rank
     for node in range(1, tree.num_nodes):
@@ -210,13 +209,13 @@ def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
             path.append(walk)
             walk = int(tree.parents[walk])
         path.reverse()  # depth 1 .. node
-        out = drafter._last_output
+        out = source.runner.last
         cache.length = committed
         for depth_i, p in enumerate(path[:-1]):
             out = head.step(embed(tree.tokens[p : p + 1]), out[None], torch.tensor([committed + depth_i]), None, cache)[0]
         logp, d2t = head.log_probs(out[None])
-        rank = int(drafter._static.ranks[node])
-        pick = int(torch.topk(logp[0], drafter._static.width).indices[rank])
+        rank = int(plan.shape.ranks[node])
+        pick = int(torch.topk(logp[0], plan.width).indices[rank])
         pick = pick + int(d2t[pick]) if d2t is not None else pick
         assert pick == int(tree.tokens[node]), f"node {node}"
     cache.length = committed
@@ -227,9 +226,9 @@ def test_soft_labels_reduce_to_the_hard_loss_and_skip_ids_outside_the_draft_voca
     vocabulary is dropped and the rest renormalised, so it cannot change the loss."""
     from graft.eagle.train import ttt_losses
 
-    model = tiny("tiny_llama").target.model
+    model = tiny("tiny_llama").target
     head = random_head(model, "eagle3", draft_vocab=120, seed=0)
-    embed = model.get_input_embeddings()
+    embed = model.embed
     torch.manual_seed(0)
     draft_ids = torch.arange(120) + head.d2t
     outside = int(torch.nonzero(~head.t2d)[0])

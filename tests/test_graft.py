@@ -9,9 +9,9 @@ import torch
 
 from graft.grafting import graft
 from graft.methods.pruned import scaled_split, stage_at
-from graft.retrieval.recycling import SuccessorTable, build_template, make_template, read_template
+from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, SuccessorTable, read_template
 from graft.retrieval.suffix import SuffixAutomaton
-from graft.tree import DraftTree, NodeSource, tree_attention
+from graft.tree import DraftTree, NodeSource, RankTree, topology
 
 T = torch.tensor
 
@@ -42,13 +42,13 @@ def test_template_readout_from_a_given_table():
     table = SuccessorTable(vocab_size=6, k=2)
     table.rows.copy_(T([[1, 2], [3, 4], [5, -1], [0, 1], [-1, -1], [2, 0]]))
     #         anchor  r0 of 0  r1 of 0  r0 of 1  r1 of 1  r0 of 2  r0 of 3
-    template = make_template([-1, 0, 0, 1, 1, 2, 3], [0, 0, 1, 0, 1, 0, 0])
+    template = RankTree.make([-1, 0, 0, 1, 1, 2, 3], [0, 0, 1, 0, 1, 0, 0])
     assert read_template(table, template, 0).tolist() == [0, 1, 2, 3, 4, 5, 0]
     assert read_template(table, template, 2).tolist() == [2, 5, -1, 2, 0, -1, 5]  # unknown propagates
 
 
 def test_templates_are_best_first_and_unbalanced():
-    template = build_template(60, k=8, max_depth=8)
+    template = RankTree.best_first(60, DEFAULT_RANK_PRIOR, max_depth=8)
     parents, ranks = template.parents.tolist(), template.ranks.tolist()
     assert len(parents) == 60 and parents[0] == -1
     assert all(0 <= parents[i] < i for i in range(1, 60))
@@ -66,7 +66,7 @@ def test_templates_are_best_first_and_unbalanced():
     root_kids = [i for i in range(1, 60) if parents[i] == 0]
     assert [ranks[i] for i in root_kids] == list(range(len(root_kids)))
     assert children(root_kids[0]) >= children(root_kids[1]) >= children(root_kids[-1])
-    assert build_template(20).parents.tolist() == parents[:20]  # a smaller budget is a prefix
+    assert RankTree.best_first(20, DEFAULT_RANK_PRIOR, max_depth=8).parents.tolist() == parents[:20]  # a smaller budget is a prefix
 
 
 def _tree(tokens, parents, sources=None):
@@ -84,7 +84,7 @@ def test_graft_merges_duplicates_and_spends_the_freed_slots():
     assert out.tree.parents.tolist() == [-1, 0, 0, 1, 0, 1, 3]
     assert out.tree.sources.tolist() == [0, 1, 1, 1, 2, 2, 2]
     assert (out.added, out.merged) == (3, 3)
-    mask = tree_attention(out.tree.parents, cache_len=0).ancestors.int().tolist()
+    mask = topology(out.tree.parents, cache_len=0).ancestors.int().tolist()
     assert mask == [
         [1, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0],
@@ -169,16 +169,14 @@ def test_suffix_automaton_agrees_with_brute_force():
 def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
     from graft.data import BUILTIN
     from graft.decode import generate
-    from graft.drafter import build_drafter
+    from conftest import make_drafter
 
     model = tiny("tiny_llama")
     ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])
     runs = {}
     for name in ("pruned", "graft"):
-        drafter = build_drafter(name, model.target, {"head": "random", "total_tokens": budget})
-        model.target.set_hidden_taps(drafter.hidden_taps)
+        drafter = make_drafter(name, model.target, total_tokens=budget)
         runs[name] = generate(model.target, drafter, ids, 48, model.stop_ids)
-    model.target.set_hidden_taps(())
     pruned, grafted = runs["pruned"], runs["graft"]
     assert grafted.new_tokens == pruned.new_tokens
     assert max(grafted.nodes) <= budget

@@ -5,9 +5,12 @@ import random
 import pytest
 import torch
 
+from baselines.autoregressive import Autoregressive
+from conftest import make_drafter
+from graft.config import group_options
 from graft.data import BUILTIN
 from graft.decode import SamplingConfig, float_tie, generate
-from graft.drafter import METHODS, Drafter, SequenceState, build_drafter
+from graft.drafter import Drafter, Proposal, SequenceState
 from graft.tree import DraftTree, NodeSource
 
 TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_llama:packed", "tiny_qwen3_moe:bf16"]
@@ -27,7 +30,7 @@ class RandomTreeDrafter(Drafter):
     def max_nodes(self) -> int:
         return self._max
 
-    def propose(self, state: SequenceState) -> DraftTree:
+    def propose(self, state: SequenceState) -> Proposal:
         rng, vocab = self.rng, self.target.vocab_size
         done = len(state.tokens) - self.prompt_len
         truth = self.reference[done : done + rng.randint(0, 8)]
@@ -46,7 +49,7 @@ class RandomTreeDrafter(Drafter):
         sources = torch.full((len(tokens),), int(NodeSource.TEST), dtype=torch.int8)
         tree = DraftTree(torch.tensor(tokens), torch.tensor(parents), sources=sources)
         tree.validate()
-        return tree
+        return Proposal(tree)
 
 
 def assert_lossless(model, out, base, what):
@@ -63,46 +66,37 @@ def _prompt_ids(model, k):
     return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
 
 
-# every registered method, plus variants; a method not listed here runs with its defaults
+# every method under configs/method/ runs with its defaults; these add variants (overrides of its keys)
 VARIANTS = {
-    "eagle3": [
-        {"head": "random"},
-        {"head": "random", "random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4},
-        {"head": "random", "total_tokens": 8, "depth": 7, "top_k": 1},
-        {"head": "random", "static_tree": True},
-    ],
+    "eagle3": [{}, {"random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4}, {"total_tokens": 8, "depth": 7, "top_k": 1}],
     # thresholds pick the stage: a random head is unsure, so 0.35 fires at the root; 0 never fires (dense)
-    "pruned": [
-        {"head": "random"},
-        {"head": "random", "thresholds": [0.0, 0.0, 1.0]},
-        {"head": "random", "thresholds": [0.0, 0.0, 0.0], "total_tokens": 16},
-    ],
+    "pruned": [{}, {"thresholds": [0.0, 0.0, 1.0]}, {"thresholds": [0.0, 0.0, 0.0], "total_tokens": 16}],
     "graft": [
-        {"head": "random"},
-        {"head": "random", "thresholds": [0.0, 1.0, 1.0], "total_tokens": 16},
-        {"head": "random", "attach": "both", "retrieval": "both"},
-        {"head": "random", "attach": "leaves", "thresholds": [0.0, 0.0, 1.0], "total_tokens": 32},
-        {"head": "random", "retrieval": "suffix", "total_tokens": 8},
+        {},
+        {"thresholds": [0.0, 1.0, 1.0], "total_tokens": 16},
+        {"attach": "both", "retrieval": "both"},
+        {"attach": "leaves", "thresholds": [0.0, 0.0, 1.0], "total_tokens": 32},
+        {"retrieval": ["suffix"], "total_tokens": 8},
     ],
-    "graft_root": [{"head": "random", "total_tokens": 32}],
-    "graft_noprune": [{"head": "random", "thresholds": [0.0, 1.0, 1.0]}],
-    "graft_tail": [{"head": "random"}, {"head": "random", "tail_threshold": 0.0, "total_tokens": 16}],
-    "samd": [{"head": "random"}, {"head": "random", "min_match": 1, "total_tokens": 16}],
+    "graft_root": [{"total_tokens": 32}],
+    "graft_noprune": [{"thresholds": [0.0, 1.0, 1.0]}],
+    "graft_tail": [{}, {"tail_threshold": 0.0, "total_tokens": 16}],
+    "samd": [{}, {"suffix_min_match": 1, "total_tokens": 16}],
 }
 
 
 # the fast forward paths change only the target's arithmetic: one tree drafter of each kind covers them
 FAST_PATH_METHODS = {
     "pld": [{}],
-    "eagle3": [{"head": "random"}],
-    "graft": [{"head": "random", "attach": "both", "retrieval": "both", "thresholds": [0.0, 1.0, 1.0]}],
+    "eagle3": [{}],
+    "graft": [{"attach": "both", "retrieval": "both", "thresholds": [0.0, 1.0, 1.0]}],
 }
 
 
 def _drafters(target, variants: dict | None = None):
-    for method in METHODS if variants is None else variants:
+    for method in group_options("method") if variants is None else variants:
         for params in (variants or VARIANTS).get(method, [{}]):
-            yield f"{method} {params}", build_drafter(method, target, dict(params))
+            yield f"{method} {params}", make_drafter(method, target, **params)
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -111,25 +105,21 @@ def test_every_registered_method_is_lossless(tiny, name):
     drafters = list(_drafters(model.target, FAST_PATH_METHODS if ":" in name else None))
     for k in range(3):
         ids = _prompt_ids(model, k)
-        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
+        base = generate(model.target, Autoregressive(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
         assert base.tau == 1.0
         for what, drafter in drafters:
-            model.target.set_hidden_taps(drafter.hidden_taps)
             out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
             assert_lossless(model, out, base, f"{what} on prompt {k}")
-    model.target.set_hidden_taps(())
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_every_method_samples_through_the_loop(tiny, name):
     model = tiny(name)
     for what, drafter in _drafters(model.target):
-        model.target.set_hidden_taps(drafter.hidden_taps)
         gen = torch.Generator().manual_seed(1)
         out = generate(model.target, drafter, _prompt_ids(model, 2), 32, model.stop_ids, SamplingConfig(0.9, 0.95), gen)
         assert 1 <= len(out.new_tokens) <= 32, what
         assert sum(out.accept_lengths) == out.step_tokens, what
-    model.target.set_hidden_taps(())
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -138,7 +128,7 @@ def test_random_trees_are_lossless_and_accept(tiny, name):
     accepted_beyond_bonus = 0
     for k in range(3):
         ids = _prompt_ids(model, k)
-        base = generate(model.target, Drafter(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
+        base = generate(model.target, Autoregressive(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
         for seed in range(3):
             drafter = RandomTreeDrafter(model.target, base.new_tokens, len(ids), seed=seed + 10 * k)
             out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
@@ -151,7 +141,7 @@ def test_random_trees_are_lossless_and_accept(tiny, name):
 def test_pld_accepts_on_repetitive_text(tiny):
     model = tiny("tiny_llama")
     ids = _prompt_ids(model, 0)
-    out = generate(model.target, build_drafter("pld", model.target, {}), ids, 96, model.stop_ids)
+    out = generate(model.target, make_drafter("pld", model.target), ids, 96, model.stop_ids)
     assert out.tau > 1.0
 
 
@@ -159,6 +149,6 @@ def test_sampling_runs_through_the_same_loop(tiny):
     model = tiny("tiny_qwen3")
     ids = _prompt_ids(model, 1)
     gen = torch.Generator().manual_seed(0)
-    out = generate(model.target, build_drafter("pld", model.target, {}), ids, 32, model.stop_ids, SamplingConfig(0.8, 0.95), gen)
+    out = generate(model.target, make_drafter("pld", model.target), ids, 32, model.stop_ids, SamplingConfig(0.8, 0.95), gen)
     assert 1 <= len(out.new_tokens) <= 32
     assert sum(out.accept_lengths) == out.step_tokens

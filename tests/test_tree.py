@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from graft.tree import DraftTree, NodeSource, tree_attention
+from graft.tree import DraftTree, NodeSource, topology
 
 # root 0 -> {1, 2}; 1 -> {3, 4}; 2 -> {5}
 PARENTS = [-1, 0, 0, 1, 1, 2]
 
 
 def test_ancestors_depths_positions_of_a_hand_made_tree():
-    attn = tree_attention(torch.tensor(PARENTS), cache_len=10)
+    attn = topology(torch.tensor(PARENTS), cache_len=10)
     expected = torch.tensor(
         [
             [1, 0, 0, 0, 0, 0],
@@ -26,7 +26,7 @@ def test_ancestors_depths_positions_of_a_hand_made_tree():
 
 
 def test_mask_is_additive_and_sees_the_whole_cache():
-    attn = tree_attention(torch.tensor(PARENTS), cache_len=3)
+    attn = topology(torch.tensor(PARENTS), cache_len=3)
     mask = attn.attention_mask(torch.float32)
     assert mask.shape == (1, 1, 6, 9)
     assert torch.all(mask[0, 0, :, :3] == 0)
@@ -36,7 +36,7 @@ def test_mask_is_additive_and_sees_the_whole_cache():
 
 
 def test_paths_root_to_leaf():
-    attn = tree_attention(torch.tensor(PARENTS), cache_len=0)
+    attn = topology(torch.tensor(PARENTS), cache_len=0)
     assert attn.paths.tolist() == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
 
 
@@ -44,10 +44,10 @@ def test_chain_and_root_only():
     chain = DraftTree.chain(7, [1, 2, 3], NodeSource.RETRIEVAL)
     assert chain.parents.tolist() == [-1, 0, 1, 2]
     assert chain.sources.tolist() == [0, 2, 2, 2]
-    attn = tree_attention(chain.parents, cache_len=5)
+    attn = topology(chain.parents, cache_len=5)
     assert attn.paths.tolist() == [[0, 1, 2, 3]]
     assert attn.depth.tolist() == [0, 1, 2, 3]
-    root = tree_attention(DraftTree.root_only(4).parents, cache_len=2)
+    root = topology(DraftTree.root_only(4).parents, cache_len=2)
     assert attn.ancestors.dtype == torch.bool and root.paths.tolist() == [[0]]
     assert root.attention_mask().shape == (1, 1, 1, 3)
 
@@ -58,7 +58,7 @@ def test_deep_unbalanced_tree_needs_many_squarings():
     for d in range(1, 41):
         parents.append(len(parents) - 1 if d == 1 else len(parents) - 2)  # chain node
         parents.append(len(parents) - 1)  # leaf under it
-    attn = tree_attention(torch.tensor(parents), cache_len=0)
+    attn = topology(torch.tensor(parents), cache_len=0)
     assert int(attn.depth.max()) == 41
     assert attn.paths.shape[0] == 40  # one leaf under each chain node
     for row in attn.paths.tolist():

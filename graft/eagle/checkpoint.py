@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from graft.eagle.head import DraftHead, HeadConfig
+from graft.models import looks_local
 
 IGNORED_SUFFIXES = ("embed_tokens.weight", "rotary_emb.inv_freq")  # the target's embeddings; derived buffers
 
@@ -35,8 +36,6 @@ def _local_dir(source: str) -> Path:
         return path
     if not path.is_absolute() and (REPO / path).is_dir():  # heads shipped in the repository
         return REPO / path
-    from graft.models import looks_local
-
     if looks_local(source):
         raise HeadLoadError(f"draft head {source}: no such directory")
     try:
@@ -126,17 +125,16 @@ def load_into(head: DraftHead, state: dict[str, torch.Tensor]) -> None:
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
-def load_head(source: str, target_model, dtype=None) -> DraftHead:
+def load_head(source: str, target, dtype=None) -> DraftHead:
+    """The head at `source` (Hub id or local directory) for `target` (a graft.backends.TargetBackend)."""
     directory = _local_dir(source)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise HeadLoadError(f"{directory} has no config.json")
-    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
-    cfg = head_config(json.loads(config_path.read_text()), config)
-    head = DraftHead(cfg, target_lm_head=target_model.get_output_embeddings())
+    cfg = head_config(json.loads(config_path.read_text()), target.config)
+    head = DraftHead(cfg, target_lm_head=target.lm_head)
     load_into(head, read_state_dict(directory))
-    param = next(target_model.parameters())
-    return head.to(device=param.device, dtype=dtype or param.dtype).eval()
+    return head.to(device=target.device, dtype=dtype or target.dtype).eval()
 
 
 def save_head(head: DraftHead, directory: str | Path, layout: str = "eagle") -> Path:
@@ -193,12 +191,11 @@ def head_config_for(config, kind: str = "eagle3", draft_vocab: int | None = None
     )
 
 
-def random_head(target_model, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None) -> DraftHead:
-    """A seeded random-weight head shaped for `target_model` (tests and smoke runs)."""
-    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
-    cfg = head_config_for(config, kind, draft_vocab, layer_ids)
+def random_head(target, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None) -> DraftHead:
+    """A seeded random-weight head shaped for `target` (a TargetBackend; tests and smoke runs)."""
+    cfg = head_config_for(target.config, kind, draft_vocab, layer_ids)
     torch.manual_seed(seed)
-    head = DraftHead(cfg, target_lm_head=target_model.get_output_embeddings())
+    head = DraftHead(cfg, target_lm_head=target.lm_head)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.2) if p.ndim > 1 else p.fill_(1.0)
@@ -210,5 +207,4 @@ def random_head(target_model, kind: str = "eagle3", seed: int = 0, layer_ids: li
             head.d2t.copy_(ids)  # target = i + d2t[i] = 2i
             head.t2d.zero_()
             head.t2d[2 * ids] = True
-    param = next(target_model.parameters())
-    return head.to(device=param.device, dtype=param.dtype).eval()
+    return head.to(device=target.device, dtype=target.dtype).eval()

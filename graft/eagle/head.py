@@ -1,6 +1,6 @@
 """EAGLE draft heads: EAGLE-3 (fused multi-layer features, own reduced-vocabulary LM head) and
 EAGLE-1/2 (last-layer features, the target's LM head). Both are one decoder layer that runs on a
-small KV cache of its own (`DraftCache`), so only newly accepted tokens are re-encoded each step.
+small KV cache of its own (a `graft.kv.KVBuffer`), so only newly accepted tokens are re-encoded each step.
 
 Module and parameter names follow the published checkpoints, so their state dicts load as they are:
 EAGLE-3: fc, midlayer.{self_attn,mlp,hidden_norm,input_layernorm,post_attention_layernorm}, norm,
@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from graft.kv import KVBuffer
+from graft.nn import RMSNorm, apply_rotary
 
 
 @dataclass
@@ -36,35 +39,6 @@ class HeadConfig:
         return self.hidden_size // self.num_heads
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-class DraftCache:
-    """Keys/values of the head's single layer, preallocated, with a fill length."""
-
-    def __init__(self, kv_heads: int, head_dim: int, capacity: int, dtype, device):
-        self.keys = torch.empty(1, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.values = torch.empty_like(self.keys)
-        self.length = 0
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = self.length + k.shape[2]
-        if end > self.keys.shape[2]:
-            grow = lambda t: torch.cat([t, t.new_empty(*t.shape[:2], max(end, 2 * t.shape[2]) - t.shape[2], t.shape[3])], 2)  # noqa: E731
-            self.keys, self.values = grow(self.keys), grow(self.values)
-        self.keys[:, :, self.length : end] = k
-        self.values[:, :, self.length : end] = v
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: HeadConfig, in_features: int):
         super().__init__()
@@ -80,12 +54,9 @@ class Attention(nn.Module):
     def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return apply_rotary(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
 
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: DraftCache | None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
         n, d = x.shape[1], self.cfg.head_dim
         q = self.q_proj(x).view(1, n, self.cfg.num_heads, d).transpose(1, 2)
         k = self.k_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
@@ -145,7 +116,7 @@ class Eagle1Layer(nn.Module):
 class DraftHead(nn.Module):
     """step(): encode (token embedding, feature) pairs at `positions`; logits(): next-token scores."""
 
-    def __init__(self, cfg: HeadConfig, target_lm_head: nn.Module | None = None):
+    def __init__(self, cfg: HeadConfig, target_lm_head=None):
         super().__init__()
         self.cfg = cfg
         if cfg.kind == "eagle3":
@@ -162,11 +133,10 @@ class DraftHead(nn.Module):
         else:
             raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
 
-    def new_cache(self, capacity: int) -> DraftCache:
-        p = self.fc.weight
-        return DraftCache(self.cfg.num_kv_heads, self.cfg.head_dim, capacity, p.dtype, p.device)
+    def new_cache(self, capacity: int) -> KVBuffer:
+        return KVBuffer(capacity)
 
-    def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: DraftCache) -> Tensor:
+    def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer) -> Tensor:
         """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""
         embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
         if self.cfg.kind == "eagle3":

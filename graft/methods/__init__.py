@@ -1,3 +1,2 @@
-"""The paper's side of the comparison: model drafters and tree builders. Importing registers them."""
-
-from graft.methods import eagle3, graft, pruned  # noqa: F401
+"""The paper's side of the comparison: draft sources, budget splits and grafting policies.
+`graft.registry.discover()` imports every module here."""

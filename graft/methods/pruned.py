@@ -1,14 +1,15 @@
-"""EAGLE-3 with confidence checkpoints (the pruned tree): drafting stops early when the draft is unsure.
+"""Budget splits that prune the draft where it is unsure (method.split), for any draft source.
 
-At checkpoint i (after `checkpoints[i]` expansion levels; 0 = when the root's children are scored) the
-draft's confidence is c = exp(max cumulative log-probability over the frontier). The first checkpoint
-where c < thresholds[i] stops the expansion and keeps the best `draft_nodes[i]` nodes (root included) of
-what was scored so far; if none fires, the dense tree of `total_tokens` is kept. `draft_nodes` is given
-for a budget of `reference_budget` nodes and scales with `total_tokens`. Here the freed budget stays
-unused: fewer nodes are verified. Graft (graft/methods/graft.py) spends it on retrieved tokens.
-
-Defaults (checkpoints after 0, 1 and 5 levels; splits 8 / 24 / 40 of 60; thresholds 0.35 / 0.25 / 0.15)
-are the paper's 60-node example as quoted by readers of arXiv 2605.20104 (see ../shared/notes/reference.md).
+- stage (the pruned tree; Graft): at checkpoint i (after `checkpoints[i]` expansion levels; 0 = when the
+  root's children are scored) the draft's confidence is c = exp(max cumulative log-probability over the
+  frontier). The first checkpoint where c < thresholds[i] stops the expansion (with `prune: false` it only
+  records the stage: Graft w/o prune) and keeps the best `draft_tokens[i]` nodes (root included) of
+  `reference_budget`, scaled to total_tokens; when none fires the draft keeps the whole budget. The
+  defaults (checkpoints after 0, 1 and 5 levels; draft tokens 8 / 24 / 40 of 60; thresholds 0.35 / 0.25 /
+  0.15) are the paper's 60-node example as quoted by readers of arXiv 2605.20104 (../shared/notes/reference.md).
+- fixed (Graft(ROOT) ablation): no checkpoints; always `fixed_draft_tokens` of `reference_budget`.
+- confident (Graft(TAIL)): drafting stops once the frontier's confidence falls below `tail_threshold`;
+  the draft keeps every node at least that confident.
 """
 
 from __future__ import annotations
@@ -16,39 +17,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
-from graft.drafter import SequenceState, register
-from graft.methods.eagle3 import Candidates, Eagle3Drafter, Eagle3Params, expand, select
-from graft.tree import DraftTree
+from graft.compose import Split
+from graft.registry import register
 
 DENSE = "dense"
 
 
-@dataclass
-class PruneParams(Eagle3Params):
-    checkpoints: list[int] = field(default_factory=lambda: [0, 1, 5])  # expansion levels done at each check
-    thresholds: list[float] = field(default_factory=lambda: [0.35, 0.25, 0.15])
-    draft_nodes: list[int] = field(default_factory=lambda: [8, 24, 40])  # root included, for reference_budget
-    reference_budget: int = 60
-
-    def __post_init__(self):
-        super().__post_init__()
-        n = len(self.checkpoints)
-        if not (len(self.thresholds) == len(self.draft_nodes) == n):
-            raise ValueError(f"checkpoints {self.checkpoints}, thresholds {self.thresholds} and draft_nodes {self.draft_nodes} must have the same length")
-        if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(c < 0 for c in self.checkpoints):
-            raise ValueError(f"checkpoints must be distinct, ascending and >= 0; got {self.checkpoints}")
-        if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
-            raise ValueError(f"thresholds are probabilities in [0, 1]; got {self.thresholds}")
-        if any(not 1 <= d <= self.reference_budget for d in self.draft_nodes):
-            raise ValueError(f"draft_nodes must lie in [1, reference_budget={self.reference_budget}]; got {self.draft_nodes}")
-
-
-def scaled_split(draft_nodes: int, total_tokens: int, reference_budget: int) -> int:
-    """Draft nodes (root included) for `total_tokens` from a split given for `reference_budget`: at least root + 1."""
-    return max(2, min(total_tokens, round(draft_nodes * total_tokens / reference_budget)))
+def scaled_split(draft_tokens: int, total_tokens: int, reference_budget: int) -> int:
+    """Draft tokens (root included) for `total_tokens` from a split given for `reference_budget`: at least root + 1."""
+    return max(2, min(total_tokens, round(draft_tokens * total_tokens / reference_budget)))
 
 
 def stage_at(level: int, frontier_scores: Tensor | list[float], checkpoints: list[int], thresholds: list[float]) -> int | None:
@@ -61,40 +40,92 @@ def stage_at(level: int, frontier_scores: Tensor | list[float], checkpoints: lis
     return i if math.exp(best) < thresholds[i] else None
 
 
-def stage_name(params: PruneParams, stage: int | None) -> str:
-    return DENSE if stage is None else f"check@{params.checkpoints[stage]}"
+@dataclass
+class StageParams:
+    checkpoints: list[int] = field(default_factory=lambda: [0, 1, 5])  # expansion levels done at each check
+    thresholds: list[float] = field(default_factory=lambda: [0.35, 0.25, 0.15])
+    draft_tokens: list[int] = field(default_factory=lambda: [8, 24, 40])  # root included, of reference_budget
+    reference_budget: int = 60
+    prune: bool = True  # stop drafting at the checkpoint that fires (False: record the stage, draft to full depth)
+
+    def __post_init__(self):
+        n = len(self.checkpoints)
+        if not (len(self.thresholds) == len(self.draft_tokens) == n):
+            raise ValueError(f"checkpoints {self.checkpoints}, thresholds {self.thresholds} and draft_tokens {self.draft_tokens} must have the same length")
+        if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(c < 0 for c in self.checkpoints):
+            raise ValueError(f"checkpoints must be distinct, ascending and >= 0; got {self.checkpoints}")
+        if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
+            raise ValueError(f"thresholds are probabilities in [0, 1]; got {self.thresholds}")
+        if any(not 1 <= d <= self.reference_budget for d in self.draft_tokens):
+            raise ValueError(f"draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.draft_tokens}")
 
 
-@register("pruned", params=PruneParams, description="EAGLE-3 tree cut at confidence checkpoints; freed budget unused")
-class PrunedDrafter(Eagle3Drafter):
-    params: PruneParams
+@register("split", "stage", params=StageParams, description="confidence checkpoints pick how much of the budget the draft keeps")
+class StageSplit(Split):
+    def __init__(self, params: StageParams):
+        self.params = params
+        self.fired: int | None = None
 
-    def _draft_budget(self, stage: int | None) -> int:
+    def start(self) -> None:
+        self.fired = None
+
+    def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
+        if self.fired is not None:
+            return False
+        self.fired = stage_at(level, frontier_scores, self.params.checkpoints, self.params.thresholds)
+        return self.fired is not None and self.params.prune
+
+    def keep(self, scores: Tensor, total_tokens: int) -> int:
         p = self.params
-        return p.total_tokens if stage is None else scaled_split(p.draft_nodes[stage], p.total_tokens, p.reference_budget)
+        return total_tokens if self.fired is None else scaled_split(p.draft_tokens[self.fired], total_tokens, p.reference_budget)
 
-    def _expand(self, stop: bool = True) -> tuple[Candidates, int | None]:
-        """Expand with the checkpoints; `stop=False` records the first stage that fires but drafts to full depth."""
-        p = self.params
-        fired: list[int] = []
+    def label(self) -> str:
+        return DENSE if self.fired is None else f"check@{self.params.checkpoints[self.fired]}"
 
-        def checkpoint(level: int, scores: Tensor) -> bool:
-            if fired:
-                return False
-            stage = stage_at(level, scores, p.checkpoints, p.thresholds)
-            if stage is not None:
-                fired.append(stage)
-            return stage is not None and stop
 
-        found = expand(self.head, self._embed, self.cache, self._catch_up(), p.depth, p.top_k, checkpoint)
-        return found, (fired[0] if fired else None)
+@dataclass
+class FixedParams:
+    fixed_draft_tokens: int = 40  # draft tokens (root included) of reference_budget, every step
+    reference_budget: int = 60
 
-    def _pruned_tree(self, state: SequenceState, stop: bool = True) -> tuple[DraftTree, int | None]:
-        found, stage = self._expand(stop)
-        return select(found, state.root, self._draft_budget(stage) - 1), stage
+    def __post_init__(self):
+        if not 1 <= self.fixed_draft_tokens <= self.reference_budget:
+            raise ValueError(f"fixed_draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.fixed_draft_tokens}")
 
-    @torch.inference_mode()
-    def propose(self, state: SequenceState) -> DraftTree:
-        tree, stage = self._pruned_tree(state)
-        self.last_info = {"stage": stage_name(self.params, stage)}
-        return tree
+
+@register("split", "fixed", params=FixedParams, description="a fixed draft / retrieval split, no checkpoints")
+class FixedSplit(Split):
+    def __init__(self, params: FixedParams):
+        self.params = params
+
+    def keep(self, scores: Tensor, total_tokens: int) -> int:
+        return scaled_split(self.params.fixed_draft_tokens, total_tokens, self.params.reference_budget)
+
+    def label(self) -> str:
+        return "fixed"
+
+
+@dataclass
+class ConfidentParams:
+    tail_threshold: float = 0.25  # keep draft nodes whose cumulative probability is at least this
+
+    def __post_init__(self):
+        if not 0.0 <= self.tail_threshold <= 1.0:
+            raise ValueError(f"tail_threshold is a probability in [0, 1]; got {self.tail_threshold}")
+
+
+@register("split", "confident", params=ConfidentParams, description="keep the draft while it is at least tail_threshold confident")
+class ConfidentSplit(Split):
+    def __init__(self, params: ConfidentParams):
+        self.floor = math.log(max(params.tail_threshold, 1e-30))
+        self.kept = 0
+
+    def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
+        return float(frontier_scores.max()) < self.floor
+
+    def keep(self, scores: Tensor, total_tokens: int) -> int:
+        self.kept = min(int((scores >= self.floor).sum()), total_tokens - 1, scores.shape[0])
+        return self.kept + 1
+
+    def label(self) -> str:
+        return f"tail{self.kept}"

@@ -5,19 +5,18 @@ through a static rank template rooted at a given token.
   verified (-1 where nothing is known yet). After each verification every verified node writes its row from
   its own logits, accepted or rejected. A token at several nodes: the node on the accepted path wins (its
   context is the one that was committed), otherwise the node verified last (highest index).
-- A template is a static tree of (parent, rank) pairs: node i's token is M[token of parent i][rank i]. It is
-  built best-first from a prior on how often each rank is right, so the rank-0 chain runs deepest and lower
-  ranks get fewer descendants; any prefix of it is a template for a smaller budget (ancestor-closed).
+- A template is a static rank tree (graft.tree.RankTree): node i's token is M[token of parent i][rank i]. It
+  is built best-first from a prior on how often each rank is right, so the rank-0 chain runs deepest and
+  lower ranks get fewer descendants; any prefix of it is a template for a smaller budget (ancestor-closed).
 - Reading a template costs one gather per template depth, whatever the table holds.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
+
+from graft.tree import RankTree
 
 # How often the target's rank-r successor is the next token, as a prior for shaping templates. Rough
 # shape of rank-acceptance curves reported for Token Recycling and Medusa-style trees; only the order of
@@ -61,58 +60,7 @@ def _last_per_key(keys: Tensor, values: Tensor, priority: Tensor) -> tuple[Tenso
     return sorted_keys[last], values[order[last]]
 
 
-@dataclass(frozen=True)
-class Template:
-    """A static retrieval tree: node 0 is the anchor (an existing token); parents[i] < i; ranks[0] unused."""
-
-    parents: Tensor  # [n] int64
-    ranks: Tensor  # [n] int64
-    levels: tuple[Tensor, ...]  # node indices at depth 1, 2, ... (for one gather per depth)
-
-    @property
-    def size(self) -> int:
-        return self.parents.shape[0]
-
-    def prefix(self, n: int) -> "Template":
-        return make_template(self.parents[:n].tolist(), self.ranks[:n].tolist(), self.parents.device)
-
-
-def make_template(parents: list[int], ranks: list[int], device="cpu") -> Template:
-    depth = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-    levels = tuple(
-        torch.tensor([i for i, d in enumerate(depth) if d == level], dtype=torch.long, device=device)
-        for level in range(1, max(depth, default=0) + 1)
-    )
-    return Template(torch.tensor(parents, dtype=torch.long, device=device), torch.tensor(ranks, dtype=torch.long, device=device), levels)
-
-
-def build_template(size: int, k: int = 8, max_depth: int = 8, rank_prior=DEFAULT_RANK_PRIOR, device="cpu") -> Template:
-    """Best-first static template of `size` nodes (anchor included): a node's value is the product of its
-    ranks' priors along the path; children are offered in rank order, so parents always come first."""
-    prior = list(rank_prior)[:k]
-    parents, ranks, depth = [-1], [0], [0]
-    heap = [(-prior[0], 0, 0, 0)]  # (-value, order, parent, rank)
-    counter = 1
-    while heap and len(parents) < size:
-        neg, _, parent, rank = heapq.heappop(heap)
-        node = len(parents)
-        parents.append(parent)
-        ranks.append(rank)
-        depth.append(depth[parent] + 1)
-        value = -neg
-        if rank + 1 < len(prior):  # the next sibling
-            sibling = value / prior[rank] * prior[rank + 1]
-            heapq.heappush(heap, (-sibling, counter, parent, rank + 1))
-            counter += 1
-        if depth[node] < max_depth:  # the first child
-            heapq.heappush(heap, (-(value * prior[0]), counter, node, 0))
-            counter += 1
-    return make_template(parents, ranks, device)
-
-
-def read_template(table: SuccessorTable, template: Template, anchor_token: int | Tensor) -> Tensor:
+def read_template(table: SuccessorTable, template: RankTree, anchor_token: int | Tensor) -> Tensor:
     """Tokens of the template rooted at `anchor_token` -> [n]; -1 where the table has no entry (or the parent has none)."""
     tokens = torch.full((template.size,), -1, dtype=torch.long, device=table.rows.device)
     tokens[0] = anchor_token
@@ -123,26 +71,21 @@ def read_template(table: SuccessorTable, template: Template, anchor_token: int |
     return tokens
 
 
-def chain_template(length: int, device="cpu") -> Template:
-    """The rank-0 chain: anchor -> its best successor -> that one's best successor ... (`length` nodes after the anchor)."""
-    return make_template(list(range(-1, length)), [0] * (length + 1), device)
-
-
 class Recycler:
     """The table plus templates of every size it is asked for (built once, then reused)."""
 
     def __init__(self, vocab_size: int, k: int = 8, max_depth: int = 8, rank_prior=DEFAULT_RANK_PRIOR, device="cpu"):
         self.table = SuccessorTable(vocab_size, k, device)
         self.max_depth, self.rank_prior, self.device = max_depth, tuple(rank_prior), device
-        self._templates: dict[tuple[str, int], Template] = {}
+        self._templates: dict[tuple[str, int], RankTree] = {}
 
-    def template(self, size: int, shape: str = "tree") -> Template:
+    def template(self, size: int, shape: str = "tree") -> RankTree:
         key = (shape, size)
         if key not in self._templates:
             if shape == "chain":
-                self._templates[key] = chain_template(size - 1, self.device)
+                self._templates[key] = RankTree.chain(size - 1, self.device)
             else:
-                self._templates[key] = build_template(size, self.table.k, self.max_depth, self.rank_prior, self.device)
+                self._templates[key] = RankTree.best_first(size, self.rank_prior[: self.table.k], self.max_depth, self.device)
         return self._templates[key]
 
     def reset(self, prompt: list[int], last_logits: Tensor | None = None) -> None:

@@ -1,4 +1,4 @@
-"""A lean forward over the weights of a Hugging Face Llama / Qwen2 / Qwen3 (and Qwen3-MoE) model.
+"""The lean backend: a forward over the weights of a Hugging Face Llama / Qwen2 / Qwen3 (and Qwen3-MoE) model.
 
 On a small model on a CPU a decode step spends as long in Python and small-op dispatch as in the
 weight-bound products (measured in scripts/bench_forward.py), so the fast paths run this gpt-fast
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graft.fast import grouped_sdpa
+from graft.backends import ForwardOutput, TargetBackend, concat_taps
+from graft.nn import apply_rotary, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
@@ -79,14 +80,7 @@ class LeanForward:
             )
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
-        # as transformers' RMSNorm: normalise in fp32, cast back, then scale
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-    @staticmethod
-    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return rms_norm(x, weight, self.eps)
 
     @torch.inference_mode()
     def __call__(self, input_ids, position_ids, mask, cache, taps, logits_to_keep: int = 0):
@@ -111,8 +105,8 @@ class LeanForward:
             k = k.view(1, n, self.kv_heads, self.head_dim)
             if layer.q_norm is not None:
                 q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
-            q = self._rotate(q.transpose(1, 2), cos, sin)  # [1, heads, n, head_dim]
-            k = self._rotate(k.transpose(1, 2), cos, sin)
+            q = apply_rotary(q.transpose(1, 2), cos, sin)  # [1, heads, n, head_dim]
+            k = apply_rotary(k.transpose(1, 2), cos, sin)
             v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             k, v = cache.update(k, v, index)
             out, _ = grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)
@@ -132,3 +126,17 @@ class LeanForward:
         else:
             logits = self.lm_head(self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, self.final_norm))
         return logits, captured
+
+
+class LeanBackend(TargetBackend):
+    """The target through LeanForward: same weights, same cache, taps recorded by the forward itself."""
+
+    def __init__(self, model, tokenizer, make_linear: Callable[[nn.Linear], nn.Module], name: str = "target"):
+        super().__init__(model, tokenizer, name)
+        self.lean = LeanForward(model, make_linear)
+
+    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
+        wanted = {(tap.layer, tap.where) for tap in taps}
+        logits, captured = self.lean(ids, positions, mask, self.cache, wanted, logits_to_keep)
+        hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps)
+        return ForwardOutput(logits=logits[0].float(), hidden=hidden)

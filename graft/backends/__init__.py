@@ -1,0 +1,167 @@
+"""The target backend interface: prefill, verify(tree), commit, embed, LM head.
+
+A backend owns the target's weights and its key/value cache (indexed by position, as in gpt-fast):
+verifying a tree writes its nodes after the committed prefix, and committing the accepted path moves
+those rows down to close the gaps, so no step reallocates the cache. Hidden states are captured only
+for the taps a call asks for, so the autoregressive baseline never pays for a drafter's features.
+
+Backends: `HFBackend` (transformers' own forward, any device) and `LeanBackend` (a lean forward over
+the same weights, the fast CPU path). `load_backend` picks one from the hardware config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from graft.kv import KVBuffer
+from graft.tree import DraftTree, Topology
+
+
+@dataclass(frozen=True)
+class HiddenTap:
+    """A hidden state a drafter asks for: the input or the output of decoder layer `layer`, or the
+    final normalised hidden state ("final", the LM head's input; `layer` is ignored)."""
+
+    layer: int
+    where: Literal["input", "output", "final"] = "input"
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor  # [num_positions, vocab] float32
+    hidden: Tensor | None  # [num_positions, num_taps * hidden_size], taps concatenated in request order; None without taps
+
+
+class PositionalKVLayer(KVBuffer, CacheLayerMixin):
+    """One layer's KVBuffer seen through transformers' cache-layer interface."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, capacity: int):
+        CacheLayerMixin.__init__(self)
+        KVBuffer.__init__(self, capacity)
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self._allocate(key_states, value_states)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self.append(key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def crop(self, max_length: int) -> None:
+        """transformers' contract: keep the first `max_length` positions; a negative value drops that many."""
+        self.length = max(0, self.length + max_length if max_length < 0 else min(max_length, self.length))
+
+
+class PositionalKVCache(Cache):
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[PositionalKVLayer(capacity) for _ in range(num_layers)])
+
+    def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
+        for layer in self.layers:
+            layer.keep(committed, rows, count)
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+class TargetBackend:
+    """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
+
+    def __init__(self, model, tokenizer, name: str = "target"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = text_config(model.config)
+        self.num_layers: int = self.config.num_hidden_layers
+        self.hidden_size: int = self.config.hidden_size
+        self.vocab_size: int = self.config.vocab_size
+        self.max_context: int = int(getattr(self.config, "max_position_embeddings", 4096))
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache: PositionalKVCache | None = None
+        self._embed = model.get_input_embeddings()
+        self._lm_head = model.get_output_embeddings()
+
+    # --- what drafters may use --------------------------------------------------------------
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings [..., hidden] of the target (drafters share them)."""
+        return self._embed(ids)
+
+    def lm_head(self, hidden: Tensor) -> Tensor:
+        """The target's LM head over final hidden states -> logits (EAGLE-1 heads share it)."""
+        return self._lm_head(hidden)
+
+    def check_taps(self, taps: tuple[HiddenTap, ...]) -> None:
+        for tap in taps:
+            if tap.where != "final" and not 0 <= tap.layer < self.num_layers:
+                raise ValueError(f"hidden tap on layer {tap.layer}, but the target has layers 0..{self.num_layers - 1}")
+
+    # --- the sequence -----------------------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.cache is None else self.cache.layers[0].length
+
+    def reset(self, capacity: int) -> None:
+        """Start a new sequence with room for `capacity` positions (the cache grows if exceeded)."""
+        self.cache = PositionalKVCache(self.num_layers, capacity)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False) -> ForwardOutput:
+        """Encode the prompt into the cache; logits for the last position (every position with
+        `all_logits`), the `taps` hidden states for all positions."""
+        assert self.cache is not None, "call reset() first"
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(len(prompt_ids), device=self.device).unsqueeze(0)
+        return self._forward(ids, positions, None, taps, logits_to_keep=0 if all_logits else 1)
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree, topo: Topology, taps: tuple[HiddenTap, ...] = ()) -> ForwardOutput:
+        """One forward over every tree node, each seeing the cache and its ancestors; the nodes stay in the
+        cache until `commit`."""
+        return self._forward(tree.tokens.unsqueeze(0), topo.position_ids(), topo.attention_mask(self.dtype), taps)
+
+    @torch.inference_mode()
+    def commit(self, committed_len: int, path: list[int], path_index: Tensor | None = None) -> None:
+        """Keep the cache up to `committed_len` plus the verified nodes on `path` (root first).
+
+        `path_index` is the same path already on the device, which saves a host-to-device copy."""
+        if path == list(range(len(path))):
+            rows = None
+        else:
+            rows = path_index if path_index is not None else torch.tensor(path, dtype=torch.long, device=self.device)
+        self.cache.keep(committed_len, rows, len(path))
+
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0) -> ForwardOutput:
+        """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal)."""
+        raise NotImplementedError  # each backend's own forward
+
+
+def concat_taps(captured: dict, taps: tuple[HiddenTap, ...]) -> Tensor | None:
+    """[n, taps * hidden] in request order, or None when nothing was asked for."""
+    if not taps:
+        return None
+    return torch.cat([captured[tap][0] for tap in taps], dim=-1)

@@ -1,0 +1,66 @@
+"""The transformers backend: an unmodified Hugging Face causal LM, hidden states captured with hooks."""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import Tensor
+
+from graft.backends import ForwardOutput, HiddenTap, TargetBackend, concat_taps
+
+
+def decoder_of(model):
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+class HFBackend(TargetBackend):
+    def __init__(self, model, tokenizer, name: str = "target"):
+        super().__init__(model, tokenizer, name)
+        self._hooked: set[HiddenTap] = set()
+        self._wanted: frozenset[HiddenTap] = frozenset()  # the taps of the forward in flight
+        self._captured: dict[HiddenTap, Tensor] = {}
+        # transformers renamed past_key_values to cache; older 5.x releases silently ignore `cache=`
+        self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _hook(self, taps: tuple[HiddenTap, ...]) -> None:
+        """Hooks stay registered once made; they store only what the forward in flight asked for."""
+        decoder = decoder_of(self.model)
+        for tap in taps:
+            if tap in self._hooked:
+                continue
+            self.check_taps((tap,))
+            if tap.where == "final":
+                decoder.norm.register_forward_hook(self._post_hook(tap))
+            elif tap.where == "input":
+                decoder.layers[tap.layer].register_forward_pre_hook(self._pre_hook(tap), with_kwargs=True)
+            else:
+                decoder.layers[tap.layer].register_forward_hook(self._post_hook(tap))
+            self._hooked.add(tap)
+
+    def _pre_hook(self, tap: HiddenTap):
+        def hook(module, args, kwargs):
+            if tap in self._wanted:
+                self._captured[tap] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post_hook(self, tap: HiddenTap):
+        def hook(module, args, output):
+            if tap in self._wanted:
+                self._captured[tap] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
+        self._hook(taps)
+        self._wanted = frozenset(taps)
+        try:
+            out = self.model(
+                input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, logits_to_keep=logits_to_keep,
+                **{self._cache_keyword: self.cache},
+            )
+            hidden = concat_taps(self._captured, taps)
+        finally:
+            self._wanted = frozenset()
+            self._captured.clear()
+        return ForwardOutput(logits=out.logits[0].float(), hidden=hidden)

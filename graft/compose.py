@@ -1,0 +1,250 @@
+"""Drafts composed from parts: a draft source, a budget split, retrievers and an attach policy.
+
+One step of a composed drafter, in the words of the Graft paper:
+
+1. draft (prune) - the source drafts a tree; the split watches its confidence as it is drafted, may stop
+                   it early, and says how many of the `total_tokens` nodes the draft keeps;
+2. retrieve      - each retriever proposes a subtree from what the sequence and earlier verifications
+                   taught it (no model);
+3. graft         - the attach policy hangs the retrieved subtrees on the draft (root, leaves, tail) within
+                   the budget the draft left; duplicates merge and free their slots;
+4. verify        - the decode loop verifies the united tree; update() then lets every part learn from the
+                   verification (the head encodes the accepted tokens, the tables refresh).
+
+`combine: switch` is SAM-Decoding's rule instead: use the retrieved subtree alone when a retriever finds
+one, otherwise the draft. EAGLE-3 is source eagle + split dense; the pruned tree adds split stage; Graft
+adds retrieval [recycling] at the root; Token Recycling, PLD and suffix retrieval have no source.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from graft.backends import TargetBackend
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
+from graft.grafting import Grafted
+from graft.registry import MethodConfig, build_part, part, register
+from graft.schema import ConfigError
+from graft.tree import DraftTree
+
+
+@dataclass
+class Draft:
+    """A source's tree for one step (its nodes marked DRAFT) and the split's label for the step."""
+
+    tree: DraftTree
+    stage: str | None = None
+
+
+@dataclass
+class Retrieved:
+    """A retrieved subtree: node 0 is the anchor's token, -1 marks a token the retriever does not know."""
+
+    tokens: Tensor  # [m] int64
+    parents: Tensor  # [m] int64, parents[0] = -1
+    chain: bool = False  # a chain of known tokens (prompt lookup, suffix): grafts onto a bare root without merging
+
+
+class DraftSource:
+    """Drafts a tree from a model. `splits` names the budget splits it can honour."""
+
+    needs = TargetNeeds()
+    splits: tuple[str, ...] = ("dense",)
+
+    def capacity(self) -> int | None:
+        """The most draft nodes it ever proposes (None: as many as the budget allows)."""
+        return None
+
+    def reset(self, prefill: PrefillInfo) -> None:
+        pass
+
+    def draft(self, state: SequenceState, split: "Split", total_tokens: int) -> Draft:
+        raise NotImplementedError  # each source's own drafting
+
+    def update(self, step: StepFeedback) -> None:
+        pass
+
+
+class Split:
+    """How many draft nodes a step keeps, decided from the draft's confidence while it is drafted.
+
+    Per step: start(); the source calls stop_after(level, frontier scores) after each expansion level and
+    stops when it returns True; keep(candidate scores, total_tokens) -> draft tokens to keep, root
+    included; label() names the step's stage for the records (None: nothing to record)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
+        return False
+
+    def keep(self, scores: Tensor, total_tokens: int) -> int:
+        return total_tokens
+
+    def label(self) -> str | None:
+        return None
+
+
+register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: Split())
+
+
+class Retriever:
+    """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any token (the
+    attach policies that continue the draft's leaves need one)."""
+
+    reads_at_any_token = False
+
+    def reset(self, prefill: PrefillInfo) -> None:
+        pass
+
+    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
+        """A subtree below `anchor_token` worth up to `room` new nodes in a tree of `tree_nodes` nodes."""
+        raise NotImplementedError  # each retriever's own lookup
+
+    def chain_at(self, token, length: int) -> Retrieved | None:
+        return None
+
+    def update(self, step: StepFeedback) -> None:
+        pass
+
+    def note(self) -> dict:
+        """What the retriever wants recorded about its last retrieval (e.g. the suffix match length)."""
+        return {}
+
+
+class AttachPolicy:
+    """Where retrieved subtrees join the draft: attach(grafted, retrievers, state) fills grafted.room."""
+
+    needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
+
+    def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+        raise NotImplementedError  # each policy's own placement
+
+
+RETRIEVAL_ALIASES = {"both": ["suffix", "recycling"]}  # the original two-retriever form of method.retrieval
+
+
+@dataclass
+class ComposeParams:
+    total_tokens: int | None = None  # verified nodes per step, root included; None: what the parts can fill
+    source: str | None = None  # a draft source; None: retrieval only
+    split: str = "dense"
+    retrieval: list[str] | str = ()  # retrievers, in the order their subtrees are grafted ("both" = suffix, recycling)
+    attach: str = "root"
+    combine: Literal["graft", "switch"] = "graft"
+
+    def __post_init__(self):
+        if isinstance(self.retrieval, str):
+            self.retrieval = RETRIEVAL_ALIASES.get(self.retrieval, [self.retrieval] if self.retrieval != "none" else [])
+        self.retrieval = list(self.retrieval)
+        if self.total_tokens is not None and self.total_tokens < 1:
+            raise ConfigError(f"method.total_tokens={self.total_tokens} is not allowed; expected an integer >= 1 (null: what the parts can fill)")
+
+
+@register("drafter", "composed", params=ComposeParams, description="source + split + retrievers + attach policy")
+class ComposedDrafter(Drafter):
+    @staticmethod
+    def components(p: ComposeParams) -> list[tuple[str, str, str]]:
+        """(kind, part name, method key) of every part these params compose."""
+        parts = [("source", p.source, "source"), ("split", p.split, "split")] if p.source else []
+        if p.retrieval:
+            parts.append(("attach", p.attach, "attach"))
+        return parts + [("retriever", name, "retrieval") for name in p.retrieval]
+
+    @staticmethod
+    def check(method: MethodConfig) -> None:
+        """Combinations the parts cannot honour, and the budget when total_tokens is null."""
+        p: ComposeParams = method.params
+        if p.source is None and p.split != "dense":
+            raise ConfigError(f"method.split={p.split!r} needs a draft source (method.source)")
+        if p.source is not None:
+            splits = part("source", p.source).factory.splits
+            if p.split not in splits:
+                raise ConfigError(f"method.source={p.source!r} can follow the splits {', '.join(splits)}, not method.split={p.split!r}")
+        if p.retrieval and part("attach", p.attach).factory.needs_reader:
+            readers = [r for r in p.retrieval if part("retriever", r).factory.reads_at_any_token]
+            if not readers:
+                raise ConfigError(
+                    f"method.attach={p.attach!r} continues draft leaves with chains read below any token; "
+                    f"method.retrieval={p.retrieval} has no such retriever (add recycling)"
+                )
+        if p.combine == "switch" and not (p.source and p.retrieval):
+            raise ConfigError("method.combine='switch' chooses between a draft source and retrieval; it needs both")
+        if p.total_tokens is None:
+            sizes = [
+                getattr(part(kind, name).factory, "capacity_of", lambda params: None)(method.of(kind, name))
+                for kind, name, _ in ComposedDrafter.components(p)
+                if kind in ("source", "retriever")
+            ]
+            if not sizes or None in sizes:
+                raise ConfigError(f"method {method.name}: set method.total_tokens (the verified nodes per step, root included)")
+            p.total_tokens = 1 + (max(sizes) if p.combine == "switch" else sum(sizes))
+
+    def __init__(self, target: TargetBackend, method: MethodConfig):
+        super().__init__(target, method)
+        p: ComposeParams = method.params
+        self.params = p
+        self.source: DraftSource | None = build_part(method, "source", p.source, target) if p.source else None
+        self.split: Split | None = build_part(method, "split", p.split) if p.source else None
+        self.retrievers: list[Retriever] = [build_part(method, "retriever", name, target, p.total_tokens) for name in p.retrieval]
+        self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
+        self.needs = self.source.needs if self.source else TargetNeeds()
+        target.check_taps(self.needs.taps)
+        if self.source and self.source.capacity() is not None and self.source.capacity() + 1 > p.total_tokens:
+            raise ConfigError(f"method {method.name}: the source drafts {self.source.capacity()} nodes, more than method.total_tokens={p.total_tokens} - 1")
+
+    def max_nodes(self) -> int:
+        return self.params.total_tokens
+
+    def reset(self, prefill: PrefillInfo) -> None:
+        if self.source:
+            self.source.reset(prefill)
+        for retriever in self.retrievers:
+            retriever.reset(prefill)
+
+    def propose(self, state: SequenceState) -> Proposal:
+        total = self.params.total_tokens
+        if self.params.combine == "switch":
+            return self._switch(state)
+        draft = self.source.draft(state, self.split, total) if self.source else Draft(DraftTree.root_only(state.root, self.target.device))
+        note = {"stage": draft.stage} if draft.stage is not None else {}
+        if not self.retrievers:
+            return Proposal(draft.tree, note)
+        started = time.perf_counter()
+        grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
+        self.attach_policy.attach(grafted, self.retrievers, state)
+        note.update(self._retrieval_note(draft.tree, grafted, started))
+        return Proposal(grafted.tree, note)
+
+    def _switch(self, state: SequenceState) -> Proposal:
+        """SAM-Decoding: the retrieved subtree alone when there is one, else the draft."""
+        started = time.perf_counter()
+        bare = DraftTree.root_only(state.root, self.target.device)
+        grafted = Grafted(bare, self.params.total_tokens - 1)
+        self.attach_policy.attach(grafted, self.retrievers, state)
+        note = self._retrieval_note(bare, grafted, started)
+        if grafted.added:
+            return Proposal(grafted.tree, {"stage": "retrieval", **note})
+        draft = self.source.draft(state, self.split, self.params.total_tokens)
+        return Proposal(draft.tree, {"stage": "draft", **note, "draft_nodes": draft.tree.num_nodes - 1})
+
+    def _retrieval_note(self, draft: DraftTree, grafted: Grafted, started: float) -> dict:
+        note = {"draft_nodes": draft.num_nodes - 1, "retrieved_nodes": grafted.added, "merged_nodes": grafted.merged}
+        for retriever in self.retrievers:
+            note.update(retriever.note())
+        note["graft_ms"] = 1e3 * (time.perf_counter() - started)
+        return note
+
+    def update(self, step: StepFeedback) -> None:
+        if self.source:
+            self.source.update(step)
+        if self.retrievers:
+            started = time.perf_counter()
+            for retriever in self.retrievers:
+                retriever.update(step)
+            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * (time.perf_counter() - started)
