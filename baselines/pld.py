@@ -39,7 +39,12 @@ def ngram_continuation(last_end: dict, tokens: list[int], min_ngram: int, max_ng
     return []
 
 
-@register("retriever", "pld", params=PLDParams, description="prompt lookup: continue the latest earlier match of the last n-gram")
+@register(
+    "retriever",
+    "pld",
+    params=PLDParams,
+    description="prompt lookup: continue the latest earlier match of the last n-gram",
+)
 class PromptLookup(Retriever):
     def __init__(self, params: PLDParams, target, budget: int):
         self.params, self.device = params, target.device

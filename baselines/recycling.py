@@ -22,15 +22,21 @@ class RecyclingParams:
 
     def __post_init__(self):
         if not 1 <= self.table_k <= len(self.rank_prior) or self.template_depth < 1:
-            raise ValueError(f"need 1 <= table_k <= len(rank_prior)={len(self.rank_prior)} and template_depth >= 1; got {self.table_k}, {self.template_depth}")
+            raise ValueError(
+                f"need 1 <= table_k <= len(rank_prior)={len(self.rank_prior)} and template_depth >= 1; got {self.table_k}, {self.template_depth}"
+            )
 
 
-@register("retriever", "recycling", params=RecyclingParams, description="Token Recycling: successor table + static template")
+@register(
+    "retriever", "recycling", params=RecyclingParams, description="Token Recycling: successor table + static template"
+)
 class RecyclingRetriever(Retriever):
     reads_at_any_token = True
 
     def __init__(self, params: RecyclingParams, target, budget: int):
-        self.recycler = Recycler(target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device)
+        self.recycler = Recycler(
+            target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device
+        )
         self.read_limit = 2 * budget + 1  # merges free slots, so read further than the room, within reason
 
     @torch.inference_mode()

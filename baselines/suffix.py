@@ -21,10 +21,17 @@ class SuffixParams:
 
     def __post_init__(self):
         if self.suffix_tokens < 1 or self.suffix_min_match < 1:
-            raise ValueError(f"need suffix_tokens >= 1 and suffix_min_match >= 1; got {self.suffix_tokens}, {self.suffix_min_match}")
+            raise ValueError(
+                f"need suffix_tokens >= 1 and suffix_min_match >= 1; got {self.suffix_tokens}, {self.suffix_min_match}"
+            )
 
 
-@register("retriever", "suffix", params=SuffixParams, description="suffix automaton over prompt + output, longest earlier match")
+@register(
+    "retriever",
+    "suffix",
+    params=SuffixParams,
+    description="suffix automaton over prompt + output, longest earlier match",
+)
 class SuffixRetriever(Retriever):
     def __init__(self, params: SuffixParams, target, budget: int):
         self.params, self.device = params, target.device
@@ -39,7 +46,9 @@ class SuffixRetriever(Retriever):
 
     def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
         self.automaton.sync(state.tokens)
-        self._match, found = self.automaton.continuation(min(self.params.suffix_tokens, room), self.params.suffix_min_match)
+        self._match, found = self.automaton.continuation(
+            min(self.params.suffix_tokens, room), self.params.suffix_min_match
+        )
         if not found:
             return None
         tokens = torch.tensor([int(anchor_token), *found], dtype=torch.long, device=self.device)

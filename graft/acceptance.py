@@ -48,7 +48,9 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance
     on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
     deepest = torch.argmax(torch.where(on_correct_path, attn.depth, -1))  # []
     slot = torch.where(attn.ancestors[deepest], attn.depth, n)  # [num_nodes]; off-path nodes -> spare slot n
-    path = torch.zeros(n + 1, dtype=torch.long, device=logits.device).scatter_(0, slot, torch.arange(n, device=logits.device))
+    path = torch.zeros(n + 1, dtype=torch.long, device=logits.device).scatter_(
+        0, slot, torch.arange(n, device=logits.device)
+    )
     packed = torch.cat([attn.depth[deepest].view(1), path[:n], tree.tokens[path[:n]], target[deepest].view(1)])
     host = packed.tolist()
     length = host[0] + 1

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from graft.backends import TargetBackend
@@ -143,7 +142,9 @@ class ComposeParams:
             self.retrieval = RETRIEVAL_ALIASES.get(self.retrieval, [self.retrieval] if self.retrieval != "none" else [])
         self.retrieval = list(self.retrieval)
         if self.total_tokens is not None and self.total_tokens < 1:
-            raise ConfigError(f"method.total_tokens={self.total_tokens} is not allowed; expected an integer >= 1 (null: what the parts can fill)")
+            raise ConfigError(
+                f"method.total_tokens={self.total_tokens} is not allowed; expected an integer >= 1 (null: what the parts can fill)"
+            )
 
 
 @register("drafter", "composed", params=ComposeParams, description="source + split + retrievers + attach policy")
@@ -165,7 +166,9 @@ class ComposedDrafter(Drafter):
         if p.source is not None:
             splits = part("source", p.source).factory.splits
             if p.split not in splits:
-                raise ConfigError(f"method.source={p.source!r} can follow the splits {', '.join(splits)}, not method.split={p.split!r}")
+                raise ConfigError(
+                    f"method.source={p.source!r} can follow the splits {', '.join(splits)}, not method.split={p.split!r}"
+                )
         if p.retrieval and part("attach", p.attach).factory.needs_reader:
             readers = [r for r in p.retrieval if part("retriever", r).factory.reads_at_any_token]
             if not readers:
@@ -182,7 +185,9 @@ class ComposedDrafter(Drafter):
                 if kind in ("source", "retriever")
             ]
             if not sizes or None in sizes:
-                raise ConfigError(f"method {method.name}: set method.total_tokens (the verified nodes per step, root included)")
+                raise ConfigError(
+                    f"method {method.name}: set method.total_tokens (the verified nodes per step, root included)"
+                )
             p.total_tokens = 1 + (max(sizes) if p.combine == "switch" else sum(sizes))
 
     def __init__(self, target: TargetBackend, method: MethodConfig):
@@ -191,12 +196,16 @@ class ComposedDrafter(Drafter):
         self.params = p
         self.source: DraftSource | None = build_part(method, "source", p.source, target) if p.source else None
         self.split: Split | None = build_part(method, "split", p.split) if p.source else None
-        self.retrievers: list[Retriever] = [build_part(method, "retriever", name, target, p.total_tokens) for name in p.retrieval]
+        self.retrievers: list[Retriever] = [
+            build_part(method, "retriever", name, target, p.total_tokens) for name in p.retrieval
+        ]
         self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
         self.needs = self.source.needs if self.source else TargetNeeds()
         target.check_taps(self.needs.taps)
         if self.source and self.source.capacity() is not None and self.source.capacity() + 1 > p.total_tokens:
-            raise ConfigError(f"method {method.name}: the source drafts {self.source.capacity()} nodes, more than method.total_tokens={p.total_tokens} - 1")
+            raise ConfigError(
+                f"method {method.name}: the source drafts {self.source.capacity()} nodes, more than method.total_tokens={p.total_tokens} - 1"
+            )
 
     def max_nodes(self) -> int:
         return self.params.total_tokens
@@ -211,7 +220,11 @@ class ComposedDrafter(Drafter):
         total = self.params.total_tokens
         if self.params.combine == "switch":
             return self._switch(state)
-        draft = self.source.draft(state, self.split, total) if self.source else Draft(DraftTree.root_only(state.root, self.target.device))
+        draft = (
+            self.source.draft(state, self.split, total)
+            if self.source
+            else Draft(DraftTree.root_only(state.root, self.target.device))
+        )
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers:
             return Proposal(draft.tree, note)
@@ -247,4 +260,6 @@ class ComposedDrafter(Drafter):
             started = time.perf_counter()
             for retriever in self.retrievers:
                 retriever.update(step)
-            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * (time.perf_counter() - started)
+            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * (
+                time.perf_counter() - started
+            )

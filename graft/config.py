@@ -33,7 +33,9 @@ class RunConfig:
     out_dir: str = "outputs/run"
     warmup: bool = True  # one untimed generation per decoder before the timed prompts
     warmup_tokens: int = 16
-    float_tie_ulps: int = 16  # a divergence is a float tie when the baseline's top-2 gap <= this many ulps of its top logit
+    float_tie_ulps: int = (
+        16  # a divergence is a float tie when the baseline's top-2 gap <= this many ulps of its top logit
+    )
     progress: bool = True
     score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
 
@@ -41,7 +43,12 @@ class RunConfig:
         require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
         require(self.temperature >= 0, "run.temperature", self.temperature, "a number >= 0 (0 = greedy)")
         require(0 < self.top_p <= 1, "run.top_p", self.top_p, "a number in (0, 1]")
-        require(self.num_prompts is None or self.num_prompts >= 1, "run.num_prompts", self.num_prompts, "null or an integer >= 1")
+        require(
+            self.num_prompts is None or self.num_prompts >= 1,
+            "run.num_prompts",
+            self.num_prompts,
+            "null or an integer >= 1",
+        )
 
 
 @dataclass
@@ -66,7 +73,9 @@ class ModelConfig:
 @dataclass
 class DatasetConfig:
     name: str
-    source: Literal["builtin", "question_jsonl", "eagle", "mt_bench", "humaneval", "gsm8k", "longbench", "pg19", "long_synthetic"] = "builtin"
+    source: Literal[
+        "builtin", "question_jsonl", "eagle", "mt_bench", "humaneval", "gsm8k", "longbench", "pg19", "long_synthetic"
+    ] = "builtin"
     path: str | None = None  # a local file or folder; overrides paths.data_root and the Hub
     local_name: str | None = None  # where the file sits under paths.data_root (the ../shared/data layout)
     hub_id: str | None = None
@@ -143,7 +152,9 @@ def validate(cfg: dict) -> ExperimentConfig:
     allowed_top = [*SECTIONS, "method"]
     for key in cfg:
         if key not in allowed_top:
-            raise ConfigError(f"unknown top-level key '{key}'; allowed: {', '.join(allowed_top)}" + suggest(key, allowed_top))
+            raise ConfigError(
+                f"unknown top-level key '{key}'; allowed: {', '.join(allowed_top)}" + suggest(key, allowed_top)
+            )
     typed = {name: coerce_dataclass(cls, dict(cfg.get(name) or {}), name) for name, cls in SECTIONS.items()}
     method = method_config(dict(cfg.get("method") or {}), typed["model"].draft_head)
     return ExperimentConfig(method=method, **typed)
@@ -200,13 +211,16 @@ def check_overrides(argv: list[str]) -> list[str]:
         if "." not in key:
             if key not in GROUPS:
                 allowed = [*GROUPS, *(f"{s}.<key>" for s in (*SECTIONS, "method"))]
-                raise ConfigError(f"unknown override '{key}'; allowed: {', '.join(allowed)}" + suggest(key, list(GROUPS)))
+                raise ConfigError(
+                    f"unknown override '{key}'; allowed: {', '.join(allowed)}" + suggest(key, list(GROUPS))
+                )
             if "(" not in value:
                 options = group_options(key)
                 for option in value.split(","):
                     if option and option != "null" and option not in options:
                         raise ConfigError(
-                            f"unknown {key} '{option}'; available {key} configs: {', '.join(options)}" + suggest(option, options)
+                            f"unknown {key} '{option}'; available {key} configs: {', '.join(options)}"
+                            + suggest(option, options)
                         )
             out.append(arg)
             continue
@@ -218,10 +232,15 @@ def check_overrides(argv: list[str]) -> list[str]:
             continue
         if section not in SECTIONS:
             allowed = [*SECTIONS, "method"]
-            raise ConfigError(f"unknown config section '{section}' in '{arg}'; sections: {', '.join(allowed)}" + suggest(section, allowed))
+            raise ConfigError(
+                f"unknown config section '{section}' in '{arg}'; sections: {', '.join(allowed)}"
+                + suggest(section, allowed)
+            )
         names = [f.name for f in dataclasses.fields(SECTIONS[section])]
         if field_name not in names:
-            raise ConfigError(f"unknown key '{key}'; allowed keys in {section}: {', '.join(names)}" + suggest(field_name, names))
+            raise ConfigError(
+                f"unknown key '{key}'; allowed keys in {section}: {', '.join(names)}" + suggest(field_name, names)
+            )
         out.append(arg)
     if method_args:
         _check_method_keys(methods, method_args)
@@ -240,7 +259,10 @@ def _check_method_keys(methods: list[str], method_args: list[tuple[str, str]]) -
         keys = method_config(raw, draft_head="random").keys()
         for key, _ in method_args:
             if key not in keys:
-                raise ConfigError(f"unknown key 'method.{key}'; allowed keys in method ({method}): {', '.join(keys)}" + suggest(key, keys))
+                raise ConfigError(
+                    f"unknown key 'method.{key}'; allowed keys in method ({method}): {', '.join(keys)}"
+                    + suggest(key, keys)
+                )
 
 
 def _default_choice(group: str) -> str | None:

@@ -89,7 +89,14 @@ def _source_counts(tree, acceptance) -> torch.Tensor:
     src = tree.node_sources()  # [num_nodes]
     in_tree = torch.bincount(src, minlength=3)
     accepted = torch.bincount(src[acceptance.index], minlength=3)
-    return torch.stack([in_tree[NodeSource.DRAFT], in_tree[NodeSource.RETRIEVAL], accepted[NodeSource.DRAFT], accepted[NodeSource.RETRIEVAL]])
+    return torch.stack(
+        [
+            in_tree[NodeSource.DRAFT],
+            in_tree[NodeSource.RETRIEVAL],
+            accepted[NodeSource.DRAFT],
+            accepted[NodeSource.RETRIEVAL],
+        ]
+    )
 
 
 @torch.inference_mode()
@@ -110,7 +117,9 @@ def generate(
     target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
     prefill = target.prefill(prompt_ids, taps)
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
-    gen = Generation(prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
+    gen = Generation(
+        prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0
+    )
     if record_gaps:
         top2 = [_top2(prefill.logits[-1:], 1)]
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
@@ -156,7 +165,9 @@ def generate(
             done = True
         t4 = clock()
         if not done:  # extend: the drafter learns from the verification for the next step
-            drafter.update(StepFeedback(proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=state))
+            drafter.update(
+                StepFeedback(proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=state)
+            )
         t5 = clock()
 
         if proposal.note:

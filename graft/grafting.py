@@ -69,7 +69,11 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
     place[0] = anchor
     kept = torch.nonzero(keep).squeeze(1)  # [added], in subtree order
     added = kept.shape[0]
-    sources = draft.sources if draft.sources is not None else torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
+    sources = (
+        draft.sources
+        if draft.sources is not None
+        else torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
+    )
     scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
     tree = DraftTree(
         tokens=torch.cat([draft.tokens, tokens[kept]]),
@@ -86,14 +90,18 @@ class Grafted:
     def __init__(self, tree: DraftTree, room: int):
         self.tree, self.room, self.added, self.merged = tree, room, 0, 0
 
-    def attach(self, anchor: int, tokens: Tensor, parents: Tensor, room: int | None = None, chain: bool = False) -> None:
+    def attach(
+        self, anchor: int, tokens: Tensor, parents: Tensor, room: int | None = None, chain: bool = False
+    ) -> None:
         """Graft the subtree (tokens [m], parents [m], node 0 = the anchor's token) under node `anchor`.
         `chain`: a chain of known tokens, which on a bare root needs no merging."""
         room = self.room if room is None else min(room, self.room)
         if chain and self.tree.num_nodes == 1 and room > 0 and tokens.shape[0] > 1:
             kept = tokens[1 : room + 1]
             parents = torch.arange(-1, kept.shape[0], device=tokens.device)
-            result = GraftResult(DraftTree.build(torch.cat([self.tree.tokens, kept]), parents, NodeSource.RETRIEVAL), kept.shape[0], 0)
+            result = GraftResult(
+                DraftTree.build(torch.cat([self.tree.tokens, kept]), parents, NodeSource.RETRIEVAL), kept.shape[0], 0
+            )
         else:
             result = graft(self.tree, anchor, tokens, parents, room)
         self.tree = result.tree

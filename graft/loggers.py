@@ -28,7 +28,13 @@ class WandbLogger(NullLogger):
         self._wandb = wandb
         name = f"{resolved['model']['name']}/{resolved['method']['name']}/{resolved['dataset']['name']}"
         self.run = wandb.init(
-            project=cfg.project, mode=cfg.mode, dir=cfg.dir or out_dir, config=resolved, name=name, tags=cfg.tags, reinit="finish_previous"
+            project=cfg.project,
+            mode=cfg.mode,
+            dir=cfg.dir or out_dir,
+            config=resolved,
+            name=name,
+            tags=cfg.tags,
+            reinit="finish_previous",
         )
         self.step = 0
 

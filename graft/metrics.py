@@ -100,7 +100,9 @@ def summarize(records: list[dict], meta: dict) -> dict:
         "n_divergent": len(divergent),
         "n_divergent_float_tie": sum(1 for c in divergent if c["first_divergence"]["float_tie"]),
         "avg_nodes_per_step": _ratio(total(method, "nodes"), total(method, "steps")),
-        "retrieval_share": _ratio(total(method, "accepted_retrieved"), total(method, "accepted_draft") + total(method, "accepted_retrieved")),
+        "retrieval_share": _ratio(
+            total(method, "accepted_retrieved"), total(method, "accepted_draft") + total(method, "accepted_retrieved")
+        ),
         "retrieved_nodes_per_step": _ratio(total(method, "retrieved_nodes"), total(method, "steps")),
         "new_tokens": total(method, "new_tokens"),
         "steps": total(method, "steps"),
@@ -136,5 +138,10 @@ def summarize(records: list[dict], meta: dict) -> dict:
     if scored:
         metric = scored[0]["method"]["metric"]
         side = lambda role: statistics.fmean(float((s.get(role) or s["method"])["correct"]) for s in scored)  # noqa: E731
-        summary["score"] = {"metric": metric, "n_scored": len(scored), "method": side("method"), "baseline": side("baseline")}
+        summary["score"] = {
+            "metric": metric,
+            "n_scored": len(scored),
+            "method": side("method"),
+            "baseline": side("baseline"),
+        }
     return summary

@@ -60,9 +60,7 @@ class ChatFormatter:
             return self.tokenizer.render_chat(messages)
         template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if not template:
-            raise ConfigError(
-                "the tokenizer has no chat template; name one in the model config (model.chat_template)"
-            )
+            raise ConfigError("the tokenizer has no chat template; name one in the model config (model.chat_template)")
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, chat_template=template
         )
@@ -129,11 +127,15 @@ def _pretrained(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not cfg.path:
-        raise ConfigError(f"model '{cfg.name}' has source 'pretrained' but no model.path (a Hub id or a local directory)")
+        raise ConfigError(
+            f"model '{cfg.name}' has source 'pretrained' but no model.path (a Hub id or a local directory)"
+        )
     path = os.path.expanduser(cfg.path)
     local = Path(path).exists()
     if not local and looks_local(cfg.path):
-        raise ModelLoadError(f"model.path={cfg.path}: no such directory. Point model.path at a local checkpoint or use a Hub id.")
+        raise ModelLoadError(
+            f"model.path={cfg.path}: no such directory. Point model.path at a local checkpoint or use a Hub id."
+        )
     kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation)
     if cfg.device_map:
         kwargs["device_map"] = cfg.device_map
@@ -157,13 +159,19 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     device = resolve_device(hardware)
     dtype = _dtype(cfg.dtype, device)
     if cfg.source == "random":
-        model, tokenizer, source = _random_model(cfg, dtype).to(device), ByteTokenizer(), f"random weights, seed {cfg.seed}"
+        model, tokenizer, source = (
+            _random_model(cfg, dtype).to(device),
+            ByteTokenizer(),
+            f"random weights, seed {cfg.seed}",
+        )
     elif cfg.source == "embedded":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = ensure_smollm2(progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation).to(
+            device
+        )
         source = str(path)
     else:
         model, tokenizer = _pretrained(cfg, dtype, device)
@@ -185,7 +193,10 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
 
 def _stop_ids(model, tokenizer, extra: list[str]) -> set[int]:
     ids: set[int] = set()
-    for source in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    for source in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, (list, tuple)):

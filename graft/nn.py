@@ -30,7 +30,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, mask_tiled=False, **kwargs):
+def grouped_sdpa(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, mask_tiled=False, **kwargs
+):
     """SDPA for grouped-query attention without copying keys/values per query head.
 
     With a tree mask, transformers' own SDPA path repeats every key/value head `groups` times (a copy of
@@ -45,7 +47,12 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     groups = heads // kv_heads
     if attention_mask is None:
         out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=bool(n > 1 and (is_causal is None or is_causal)), scale=scaling, enable_gqa=groups > 1
+            query,
+            key,
+            value,
+            is_causal=bool(n > 1 and (is_causal is None or is_causal)),
+            scale=scaling,
+            enable_gqa=groups > 1,
         )
         return out.transpose(1, 2).contiguous(), None
     folded = query.reshape(b, kv_heads, groups * n, d)

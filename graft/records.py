@@ -17,7 +17,11 @@ from pathlib import Path
 
 # Keys that do not change any prompt's result: they may differ between a run and its resumption.
 RESUMABLE_KEYS = {
-    ("run", "out_dir"), ("run", "num_prompts"), ("run", "progress"), ("dataset", "num_prompts"), ("paths", "data_root"),
+    ("run", "out_dir"),
+    ("run", "num_prompts"),
+    ("run", "progress"),
+    ("dataset", "num_prompts"),
+    ("paths", "data_root"),
 }
 
 
@@ -125,7 +129,9 @@ class RunDir:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 if number == len(lines):
-                    warnings.warn(f"{self.samples_path}:{number} is incomplete (interrupted run); that prompt will rerun")
+                    warnings.warn(
+                        f"{self.samples_path}:{number} is incomplete (interrupted run); that prompt will rerun"
+                    )
                     self._truncate_to(lines[: number - 1])
                 else:
                     raise RunDirConflict(f"{self.samples_path}:{number} is not valid JSON; fix or move the file")

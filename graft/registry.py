@@ -72,7 +72,9 @@ def part(kind: str, name: str, key: str | None = None) -> Part:
     if name not in PARTS[kind]:
         options = sorted(PARTS[kind])
         where = f"method.{key or kind}={name!r}" if key else f"{kind} {name!r}"
-        raise ConfigError(f"{where} is not a known {kind}; available: {', '.join(options)}" + suggest(str(name), options))
+        raise ConfigError(
+            f"{where} is not a known {kind}; available: {', '.join(options)}" + suggest(str(name), options)
+        )
     return PARTS[kind][name]
 
 
@@ -121,7 +123,10 @@ def method_config(raw: dict, draft_head: str | None = None) -> MethodConfig:
     allowed = ["name", "drafter", *own_keys, *(k for _, p in chosen for k in field_names(p.params))]
     for key in raw:
         if key not in allowed:
-            raise ConfigError(f"unknown key 'method.{key}' for method {name}; allowed keys: {', '.join(dict.fromkeys(allowed))}" + suggest(key, allowed))
+            raise ConfigError(
+                f"unknown key 'method.{key}' for method {name}; allowed keys: {', '.join(dict.fromkeys(allowed))}"
+                + suggest(key, allowed)
+            )
     parts = {}
     for kind, p in chosen:
         values = {k: v for k, v in raw.items() if k in field_names(p.params)}

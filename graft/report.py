@@ -30,7 +30,9 @@ ROWS = [
 
 
 def print_summary(summary: dict, out_dir: str) -> None:
-    table = Table(title=f"{summary['method']} on {summary['model']} / {summary['dataset']}  ({summary['hardware'].get('cpu') if summary['hardware'].get('device') == 'cpu' else summary['hardware'].get('gpu', summary['hardware'].get('device'))})")
+    table = Table(
+        title=f"{summary['method']} on {summary['model']} / {summary['dataset']}  ({summary['hardware'].get('cpu') if summary['hardware'].get('device') == 'cpu' else summary['hardware'].get('gpu', summary['hardware'].get('device'))})"
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("definition")
@@ -41,7 +43,9 @@ def print_summary(summary: dict, out_dir: str) -> None:
         table.add_row(key, text, definitions.get(key, ""))
     if summary.get("score"):
         sc = summary["score"]
-        table.add_row(sc["metric"], f"{sc['method']:.3f} (baseline {sc['baseline']:.3f})", f"over {sc['n_scored']} scored prompts")
+        table.add_row(
+            sc["metric"], f"{sc['method']:.3f} (baseline {sc['baseline']:.3f})", f"over {sc['n_scored']} scored prompts"
+        )
     if summary.get("n_skipped"):
         table.add_row("n_skipped", str(summary["n_skipped"]), "prompts longer than the context allows")
     console = Console()

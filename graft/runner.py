@@ -35,7 +35,13 @@ class Conversation:
 
 
 def run_conversation(
-    model: LoadedModel, drafter: Drafter, prompt: Prompt, max_new_tokens: int, sampling: SamplingConfig, seed: int, record_gaps: bool
+    model: LoadedModel,
+    drafter: Drafter,
+    prompt: Prompt,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int,
+    record_gaps: bool,
 ) -> Conversation:
     """All turns of one prompt; each later turn sees the model's own earlier answers."""
     messages: list[dict] = []
@@ -147,19 +153,31 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
         warm = todo[0][1]
         ids = model.chat.prompt_ids([{"role": "user", "content": warm.turns[0]}])[-model.target.max_context // 2 :]
         for d in filter(None, (baseline, drafter)):
-            generate(model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, torch.Generator().manual_seed(0))
+            generate(
+                model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, torch.Generator().manual_seed(0)
+            )
 
     bar = tqdm(todo, desc=f"{cfg.method.name} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
     summary = summarize(records, meta)
     for index, prompt in bar:
         record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
         try:
-            order = [("baseline", baseline), ("method", drafter)] if index % 2 == 0 else [("method", drafter), ("baseline", baseline)]
+            order = (
+                [("baseline", baseline), ("method", drafter)]
+                if index % 2 == 0
+                else [("method", drafter), ("baseline", baseline)]
+            )
             results = {}
             for role, d in order:
                 if d is not None:
                     results[role] = run_conversation(
-                        model, d, prompt, run_cfg.max_new_tokens, sampling, run_cfg.seed, record_gaps=(role == "baseline")
+                        model,
+                        d,
+                        prompt,
+                        run_cfg.max_new_tokens,
+                        sampling,
+                        run_cfg.seed,
+                        record_gaps=(role == "baseline"),
                     )
         except PromptTooLong as err:
             record.update(status="skipped", reason=str(err))

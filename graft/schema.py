@@ -95,7 +95,11 @@ def coerce_dataclass(cls: type, values: dict, section: str):
             raise ConfigError(
                 f"unknown key '{key}' in {section}; allowed keys: {', '.join(names)}" + suggest(key, names)
             )
-    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [name for name in required if name not in values]
     if missing:
         raise ConfigError(f"{section} is missing required key(s): {', '.join(missing)}")

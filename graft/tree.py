@@ -66,7 +66,9 @@ class DraftTree:
         """Raise ValueError when the tree is not a topologically ordered tree rooted at node 0."""
         n = self.num_nodes
         if self.tokens.ndim != 1 or self.parents.shape != self.tokens.shape:
-            raise ValueError(f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} must be equal 1-D")
+            raise ValueError(
+                f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} must be equal 1-D"
+            )
         if n == 0 or int(self.parents[0]) != -1:
             raise ValueError("node 0 must be the root, with parent -1")
         if n > 1:

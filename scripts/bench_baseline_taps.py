@@ -64,12 +64,16 @@ def main() -> None:
                 rate[name] = len(out.new_tokens) / (time.perf_counter() - start)
                 rates[name].append(rate[name])
             ratios.append(rate["without_taps"] / rate["with_taps"])
-    print(f"model {cfg.model.name}, taps {[(t.layer, t.where) for t in taps]}, {len(ids)} prompts x {args.repeats} repeats, "
-          f"{args.max_new_tokens} new tokens, hardware {cfg.hardware.name} ({cfg.hardware.fast_path})")
+    print(
+        f"model {cfg.model.name}, taps {[(t.layer, t.where) for t in taps]}, {len(ids)} prompts x {args.repeats} repeats, "
+        f"{args.max_new_tokens} new tokens, hardware {cfg.hardware.name} ({cfg.hardware.fast_path})"
+    )
     for name, values in rates.items():
         print(f"  {name:13s} tokens/s median {statistics.median(values):.2f}")
-    print(f"  without / with taps: median per-prompt ratio {statistics.median(ratios):.4f} "
-          f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
+    print(
+        f"  without / with taps: median per-prompt ratio {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f})"
+    )
 
 
 if __name__ == "__main__":

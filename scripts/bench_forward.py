@@ -146,14 +146,18 @@ def main() -> None:
     print(f"model {cfg.model.name}, {torch.get_num_threads()} threads, context {args.context} tokens")
     print(f"streaming read bandwidth {bandwidth:.1f} GB/s")
     for name, r in results.items():
-        print(f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step")
+        print(
+            f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step"
+        )
     header = "tokens " + "".join(f"{name:>12}" for name in results)
     print(header + "   (verify ms, median)")
     for k in TOKEN_COUNTS:
         print(f"{k:>6} " + "".join(f"{results[name]['verify_ms'][k]:>12.1f}" for name in results))
     for name, r in results.items():
-        print(f"{name}: decode {r['decode_ms']:.1f} ms = {r['decode_ms'] / r['bandwidth_limit_ms']:.2f}x its bandwidth limit; "
-              f"verify(16) = {r['verify_ms'][16] / r['decode_ms']:.2f}x decode")
+        print(
+            f"{name}: decode {r['decode_ms']:.1f} ms = {r['decode_ms'] / r['bandwidth_limit_ms']:.2f}x its bandwidth limit; "
+            f"verify(16) = {r['verify_ms'][16] / r['decode_ms']:.2f}x decode"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))

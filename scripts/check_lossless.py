@@ -30,8 +30,12 @@ def main() -> None:
     parser.add_argument("--datasets", default="builtin")
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--set", action="append", default=[], help="extra override for every method, e.g. method.total_tokens=16")
-    parser.add_argument("--base", action="append", default=[], help="override for the model and hardware, e.g. hardware.num_threads=1")
+    parser.add_argument(
+        "--set", action="append", default=[], help="extra override for every method, e.g. method.total_tokens=16"
+    )
+    parser.add_argument(
+        "--base", action="append", default=[], help="override for the model and hardware, e.g. hardware.num_threads=1"
+    )
     parser.add_argument("--out", default="results/lossless_check.json")
     args = parser.parse_args()
 
@@ -52,7 +56,13 @@ def main() -> None:
         drafters[name] = build_drafter(cfg.method, model.target)
     baseline = Autoregressive(model.target)
     greedy = SamplingConfig()
-    results = {"model": base_cfg.model.name, "max_new_tokens": args.max_new_tokens, "overrides": args.set, "datasets": {}, "checked": {}}
+    results = {
+        "model": base_cfg.model.name,
+        "max_new_tokens": args.max_new_tokens,
+        "overrides": args.set,
+        "datasets": {},
+        "checked": {},
+    }
     earlier = _earlier_results(Path(args.out), results, methods)
     for dataset in args.datasets.split(","):
         cfg = validate(compose([f"dataset={dataset}", "logger=none"]))
@@ -89,7 +99,9 @@ def main() -> None:
         print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
         for name, row in table.items():
             bad = len(row["divergent"]) - row["float_tie"]
-            print(f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}")
+            print(
+                f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}"
+            )
         _save(results, args.out)
     lossless = all(len(r["divergent"]) == r["float_tie"] for t in results["datasets"].values() for r in t.values())
     print(f"lossless: {lossless}")
@@ -108,7 +120,9 @@ def _earlier_results(path: Path, fresh: dict, methods: list[str]) -> dict:
         return {"datasets": {}, "checked": {}}
     old = json.loads(path.read_text())
     same = all(old.get(k) == fresh[k] for k in ("model", "max_new_tokens", "overrides"))
-    usable = {d: t for d, t in old.get("datasets", {}).items() if same and list(t) == methods and d in old.get("checked", {})}
+    usable = {
+        d: t for d, t in old.get("datasets", {}).items() if same and list(t) == methods and d in old.get("checked", {})
+    }
     return {"datasets": usable, "checked": {d: old["checked"][d] for d in usable}}
 
 

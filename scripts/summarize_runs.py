@@ -1,6 +1,6 @@
 """Collect the summary.json of several runs into one Markdown table.
 
-    python scripts/summarize_runs.py outputs/**/summary.json [--out results/table.md]
+python scripts/summarize_runs.py outputs/**/summary.json [--out results/table.md]
 """
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ def table(summaries: list[dict]) -> str:
     for s in summaries:
         cells = ["-" if s.get(k) is None else fmt.format(s[k]) for k, fmt in COLUMNS]
         rows.append("| " + " | ".join(cells) + " |")
-    hardware = sorted({f"{s['hardware'].get('gpu') or s['hardware'].get('cpu')} ({s['hardware'].get('torch_threads')} threads)" for s in summaries})
+    hardware = sorted(
+        {
+            f"{s['hardware'].get('gpu') or s['hardware'].get('cpu')} ({s['hardware'].get('torch_threads')} threads)"
+            for s in summaries
+        }
+    )
     return "\n".join([head, rule, *rows, "", "Hardware: " + "; ".join(hardware)])
 
 

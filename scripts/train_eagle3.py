@@ -37,12 +37,46 @@ from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: 
 from graft.schema import coerce_dataclass  # noqa: E402
 
 TOPICS = [
-    "cooking", "gardening", "personal finance", "history of science", "astronomy", "learning a language",
-    "running", "photography", "climate", "sleep", "job interviews", "writing fiction", "electric cars",
-    "birds", "chess", "budget travel", "ancient Rome", "volcanoes", "the human heart", "recycling",
-    "music theory", "coffee", "time management", "dogs", "oceans", "bicycles", "public speaking",
-    "painting", "the internet", "renting a flat", "first aid", "board games", "mountains", "tea",
-    "saving energy at home", "friendship", "mathematics puzzles", "trains", "weather forecasts", "bread",
+    "cooking",
+    "gardening",
+    "personal finance",
+    "history of science",
+    "astronomy",
+    "learning a language",
+    "running",
+    "photography",
+    "climate",
+    "sleep",
+    "job interviews",
+    "writing fiction",
+    "electric cars",
+    "birds",
+    "chess",
+    "budget travel",
+    "ancient Rome",
+    "volcanoes",
+    "the human heart",
+    "recycling",
+    "music theory",
+    "coffee",
+    "time management",
+    "dogs",
+    "oceans",
+    "bicycles",
+    "public speaking",
+    "painting",
+    "the internet",
+    "renting a flat",
+    "first aid",
+    "board games",
+    "mountains",
+    "tea",
+    "saving energy at home",
+    "friendship",
+    "mathematics puzzles",
+    "trains",
+    "weather forecasts",
+    "bread",
 ]
 COMPOSED = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -126,7 +160,9 @@ def _generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, s
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+    )
     answers = []
     for row in out[:, width:].tolist():
         cut = next((i + 1 for i, tok in enumerate(row) if tok in stop_ids), len(row))
@@ -158,7 +194,13 @@ def stage_generate(cfg, loaded, out: Path) -> None:
         bar = tqdm(total=len(todo), desc="target writes questions")
         for start in range(0, len(todo), data.generate_batch):
             chunk = todo[start : start + data.generate_batch]
-            prompts = [_chat_ids(chat, f"Write one question that {s} might ask an AI assistant about {t}. Reply with the question only.") for t, s in chunk]
+            prompts = [
+                _chat_ids(
+                    chat,
+                    f"Write one question that {s} might ask an AI assistant about {t}. Reply with the question only.",
+                )
+                for t, s in chunk
+            ]
             for (t, s), answer in zip(chunk, _generate(model, tokenizer, prompts, 48, loaded.stop_ids)):
                 text = chat.decode(answer).strip().split("\n")[0]
                 with open(questions_path, "a") as f:
@@ -222,7 +264,11 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
             target.reset(len(ids) + 8)
             encoded = target.prefill(ids, taps, all_logits=top_k > 0)
             valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
-            record = {"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": encoded.hidden.half()}
+            record = {
+                "tokens": torch.tensor(ids),
+                "valid": torch.tensor(valid[: len(ids)]),
+                "features": encoded.hidden.half(),
+            }
             if top_k > 0:  # the target's own next-token distribution, top-k of it: soft labels for the fit
                 probs, soft_ids = torch.softmax(encoded.logits, dim=-1).topk(top_k, dim=-1)
                 record.update(soft_ids=soft_ids.int(), soft_probs=probs.half())
@@ -305,9 +351,12 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         feats = _padded(batch, "features", width, torch.float32)
         soft_args = {}
         if soft:
-            soft_args = {"soft_ids": _padded(batch, "soft_ids", width, torch.long), "soft_probs": _padded(batch, "soft_probs", width, torch.float32)}
+            soft_args = {
+                "soft_ids": _padded(batch, "soft_ids", width, torch.long),
+                "soft_probs": _padded(batch, "soft_probs", width, torch.float32),
+            }
         losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps, **soft_args)
-        loss = sum(w * l for w, l in zip(weights, losses))
+        loss = sum(w * step_loss for w, step_loss in zip(weights, losses))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), fit.grad_clip)
@@ -315,7 +364,7 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         scheduler.step()
         state["step"] += 1
         record = {"step": state["step"], "epoch": epoch, "loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0]}
-        record.update({f"loss_{j}": float(l) for j, l in enumerate(losses)})
+        record.update({f"loss_{j}": float(step_loss) for j, step_loss in enumerate(losses)})
         record.update({f"acc_{j}": a for j, a in enumerate(accs)})
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -330,9 +379,19 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
         out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
             state_to_save = dict(state, seconds=elapsed)
-            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state_to_save}, ckpt_path)
+            torch.save(
+                {
+                    "head": head.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "state": state_to_save,
+                },
+                ckpt_path,
+            )
         if out_of_time:
-            print(f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue")
+            print(
+                f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue"
+            )
             break
     bar.close()
     if logger:
@@ -347,7 +406,12 @@ def _wandb(cfg, out: Path):
     try:
         import wandb
 
-        return wandb.init(project="graft-train", mode=os.environ.get("WANDB_MODE", "offline"), dir=str(out), config=OmegaConf.to_container(cfg, resolve=True))
+        return wandb.init(
+            project="graft-train",
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            dir=str(out),
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
     except Exception as err:  # logging must not stop training
         print(f"W&B logger unavailable ({err}); metrics go to metrics.jsonl only")
         return None
@@ -375,7 +439,9 @@ def main(cfg: DictConfig) -> None:
     loaded = load_model(model_cfg, hardware_cfg)
     layer_ids = list(cfg.train.head.layer_ids or default_layer_ids(loaded.target.num_layers))
     if stage in ("generate", "all"):
-        plain = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none", num_threads=hardware_cfg.num_threads))
+        plain = load_model(
+            model_cfg, HardwareConfig(name="cpu_plain", fast_path="none", num_threads=hardware_cfg.num_threads)
+        )
         stage_generate(cfg, plain, out)
         del plain
     if stage in ("features", "all"):

@@ -81,7 +81,9 @@ def _expected_two_tokens(temperature, top_p):
 
 def _chi2_pvalue(temperature, top_p, renormalize, draws=6000):
     gen = torch.Generator().manual_seed(1234)
-    counts = np.bincount([_draw_two_tokens(gen, temperature, top_p, renormalize) for _ in range(draws)], minlength=VOCAB * VOCAB)
+    counts = np.bincount(
+        [_draw_two_tokens(gen, temperature, top_p, renormalize) for _ in range(draws)], minlength=VOCAB * VOCAB
+    )
     expected = _expected_two_tokens(temperature, top_p) * draws
     keep = expected > 0
     assert counts[~keep].sum() == 0, "sampled a token outside the target's support"

@@ -9,8 +9,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {
-    "model", "method", "dataset", "n_prompts", "tau", "speedup_wall", "speedup_decode", "tokens_per_s",
-    "baseline_tokens_per_s", "lossless", "avg_nodes_per_step", "hardware",
+    "model",
+    "method",
+    "dataset",
+    "n_prompts",
+    "tau",
+    "speedup_wall",
+    "speedup_decode",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "lossless",
+    "avg_nodes_per_step",
+    "hardware",
 }
 
 
@@ -19,7 +29,9 @@ def run_cli(*args, check=True):
         [sys.executable, "run.py", *args, "run.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=900
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"run.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"run.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -55,7 +67,13 @@ def test_unknown_names_are_refused_with_the_options():
 
 
 def test_missing_local_model_path(tmp_path):
-    proc = run_cli("model=pretrained", f"model.path={tmp_path}/no/such/model", f"run.out_dir={tmp_path}/o", "logger=none", check=False)
+    proc = run_cli(
+        "model=pretrained",
+        f"model.path={tmp_path}/no/such/model",
+        f"run.out_dir={tmp_path}/o",
+        "logger=none",
+        check=False,
+    )
     assert proc.returncode == 2
     assert "no such directory" in proc.stderr and f"{tmp_path}/no/such/model" in proc.stderr
 
@@ -94,9 +112,23 @@ def test_resume_and_refusal_of_another_config(tmp_path):
 def test_bench_forward_writes_a_cost_profile(tmp_path):
     out = tmp_path / "profile.json"
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_forward.py", "model=tiny_llama", "--paths", "none,packed", "--repeats", "1",
-         "--warmup", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "scripts/bench_forward.py",
+            "model=tiny_llama",
+            "--paths",
+            "none,packed",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = json.loads(out.read_text())

@@ -27,7 +27,9 @@ def test_models_and_methods_compose_in_every_pairing():
 
 
 def test_any_schema_key_can_be_overridden_without_plus():
-    cfg = validate(compose(["dataset.path=/x.jsonl", "model.system_prompt=hi", "hardware.num_threads=1", "logger.dir=/tmp"]))
+    cfg = validate(
+        compose(["dataset.path=/x.jsonl", "model.system_prompt=hi", "hardware.num_threads=1", "logger.dir=/tmp"])
+    )
     assert (cfg.dataset.path, cfg.model.system_prompt, cfg.hardware.num_threads) == ("/x.jsonl", "hi", 1)
 
 

@@ -48,11 +48,19 @@ def test_question_jsonl_formats(tmp_path):
 
 
 def test_gsm8k_and_humaneval_formats(tmp_path):
-    gsm = write_jsonl(tmp_path / "test.jsonl", [{"question": "1+1?", "answer": "1+1=2\n#### 2"}, {"question": "10*100?", "answer": "#### 1,000"}])
+    gsm = write_jsonl(
+        tmp_path / "test.jsonl",
+        [{"question": "1+1?", "answer": "1+1=2\n#### 2"}, {"question": "10*100?", "answer": "#### 1,000"}],
+    )
     prompts = load_prompts(dataset_cfg("gsm8k", f"dataset.path={gsm}"))
     assert [p.meta["gsm8k_answer"] for p in prompts] == ["2", "1000"] and prompts[0].turns == ["1+1?"]
-    problem = {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
-               "canonical_solution": "    return a + b\n", "test": "def check(f):\n    assert f(1, 2) == 3\n"}
+    problem = {
+        "task_id": "HumanEval/0",
+        "prompt": 'def add(a, b):\n    """Add."""\n',
+        "entry_point": "add",
+        "canonical_solution": "    return a + b\n",
+        "test": "def check(f):\n    assert f(1, 2) == 3\n",
+    }
     he = write_jsonl(tmp_path / "HumanEval.jsonl.gz", [problem], gz=True)
     prompts = load_prompts(dataset_cfg("humaneval", f"dataset.path={he}"))
     assert prompts[0].id == "HumanEval-0" and prompts[0].turns[0].startswith("Complete the code I provided.\n\ndef add")
@@ -68,12 +76,21 @@ def test_humaneval_works_offline_with_no_path(monkeypatch):
 def test_longbench_folder_and_length_filter(tmp_path):
     folder = tmp_path / "lb"
     folder.mkdir()
-    write_jsonl(folder / "qmsum.jsonl", [
-        {"input": "What was decided?", "context": "word " * 50, "answers": ["x"], "length": 50, "_id": "a"},
-        {"input": "Who spoke?", "context": "word " * 2000, "answers": ["y"], "length": 2000, "_id": "b"},
-    ])
+    write_jsonl(
+        folder / "qmsum.jsonl",
+        [
+            {"input": "What was decided?", "context": "word " * 50, "answers": ["x"], "length": 50, "_id": "a"},
+            {"input": "Who spoke?", "context": "word " * 2000, "answers": ["y"], "length": 2000, "_id": "b"},
+        ],
+    )
     chat = load_tiny("tiny_llama").chat
-    cfg = dataset_cfg("longbench", f"dataset.path={folder}", "dataset.subsets=[qmsum]", "dataset.min_prompt_tokens=1000", "dataset.max_prompt_tokens=20000")
+    cfg = dataset_cfg(
+        "longbench",
+        f"dataset.path={folder}",
+        "dataset.subsets=[qmsum]",
+        "dataset.min_prompt_tokens=1000",
+        "dataset.max_prompt_tokens=20000",
+    )
     prompts = load_prompts(cfg, chat=chat)
     assert [p.id for p in prompts] == ["qmsum-b"] and "Who spoke?" in prompts[0].turns[0]
 
@@ -84,7 +101,12 @@ def test_long_synthetic_hits_the_requested_length(tmp_path, length):
     source = tmp_path / "essays.json"
     source.write_text(json.dumps({"text": text}))
     chat = load_tiny("tiny_llama").chat
-    cfg = dataset_cfg("long_synthetic", f"dataset.path={source}", f"dataset.lengths=[{length}]", "dataset.tasks=[continue,summarise,qa]")
+    cfg = dataset_cfg(
+        "long_synthetic",
+        f"dataset.path={source}",
+        f"dataset.lengths=[{length}]",
+        "dataset.tasks=[continue,summarise,qa]",
+    )
     prompts = load_prompts(cfg, chat=chat)
     assert len(prompts) == 3
     for p in prompts:
@@ -143,7 +165,7 @@ def test_gsm8k_scoring():
 
 PROBLEM = {
     "task_id": "HumanEval/x",
-    "prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
+    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
     "entry_point": "add",
     "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
 }
@@ -153,7 +175,9 @@ def test_humaneval_scoring_on_known_answers():
     assert humaneval_passes("    return a + b\n", PROBLEM)  # a bare completion
     assert humaneval_passes("Here you go:\n```python\ndef add(a, b):\n    return b + a\n```\n", PROBLEM)  # a full block
     assert not humaneval_passes("    return a - b\n", PROBLEM)
-    assert not humaneval_passes("```python\ndef add(a, b):\n    while True:\n        pass\n```", PROBLEM | {}, timeout_s=2)
+    assert not humaneval_passes(
+        "```python\ndef add(a, b):\n    while True:\n        pass\n```", PROBLEM | {}, timeout_s=2
+    )
     net = "```python\nimport socket\ndef add(a, b):\n    socket.create_connection(('example.com', 80))\n    return a + b\n```"
     assert not humaneval_passes(net, PROBLEM)
 
@@ -161,8 +185,15 @@ def test_humaneval_scoring_on_known_answers():
 # --- the real files, where this machine has them ---------------------------------------------------
 
 REAL = [
-    ("mt_bench", 80, 2), ("eagle_mt_bench", 80, 2), ("eagle_humaneval", 80, 1), ("eagle_gsm8k", 80, 1),
-    ("eagle_alpaca", 80, 1), ("eagle_cnndm", 80, 1), ("eagle_qa", 80, 1), ("humaneval", 164, 1), ("gsm8k", 1319, 1),
+    ("mt_bench", 80, 2),
+    ("eagle_mt_bench", 80, 2),
+    ("eagle_humaneval", 80, 1),
+    ("eagle_gsm8k", 80, 1),
+    ("eagle_alpaca", 80, 1),
+    ("eagle_cnndm", 80, 1),
+    ("eagle_qa", 80, 1),
+    ("humaneval", 164, 1),
+    ("gsm8k", 1319, 1),
 ]
 
 
@@ -198,12 +229,18 @@ class FakeHub:
 def test_hub_rows_are_mapped_like_local_files(monkeypatch):
     import sys
 
-    hub = FakeHub({
-        ("HuggingFaceH4/mt_bench_prompts", None): [{"prompt": ["Hi?", "More?"], "category": "writing", "prompt_id": 81}],
-        ("openai/gsm8k", "main"): [{"question": "2+3?", "answer": "2+3=5\n#### 5"}],
-        ("THUDM/LongBench", "qmsum"): [{"input": "Who?", "context": "Alice spoke. " * 400, "answers": ["Alice"], "length": 800, "_id": "q1"}],
-        ("emozilla/pg19", None): [{"short_book_title": "A Book", "text": "It was a long day. " * 3000}],
-    })
+    hub = FakeHub(
+        {
+            ("HuggingFaceH4/mt_bench_prompts", None): [
+                {"prompt": ["Hi?", "More?"], "category": "writing", "prompt_id": 81}
+            ],
+            ("openai/gsm8k", "main"): [{"question": "2+3?", "answer": "2+3=5\n#### 5"}],
+            ("THUDM/LongBench", "qmsum"): [
+                {"input": "Who?", "context": "Alice spoke. " * 400, "answers": ["Alice"], "length": 800, "_id": "q1"}
+            ],
+            ("emozilla/pg19", None): [{"short_book_title": "A Book", "text": "It was a long day. " * 3000}],
+        }
+    )
     monkeypatch.setitem(sys.modules, "datasets", hub)
     monkeypatch.setenv("GRAFT_DATA", "/nonexistent")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

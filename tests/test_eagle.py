@@ -18,7 +18,10 @@ def _same_weights(a: DraftHead, b: DraftHead):
         assert torch.equal(sa[k], sb[k]), k
 
 
-@pytest.mark.parametrize("layout,kind,draft_vocab", [("eagle", "eagle3", None), ("specforge", "eagle3", None), ("eagle", "eagle3", 100), ("eagle", "eagle1", None)])
+@pytest.mark.parametrize(
+    "layout,kind,draft_vocab",
+    [("eagle", "eagle3", None), ("specforge", "eagle3", None), ("eagle", "eagle3", 100), ("eagle", "eagle1", None)],
+)
 def test_published_layouts_round_trip(tiny, tmp_path, layout, kind, draft_vocab):
     model = tiny("tiny_llama").target
     head = random_head(model, kind, seed=3, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab)
@@ -124,7 +127,9 @@ def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tok
     torch.manual_seed(0)
     # float64 throughout: random heads fall into loops whose candidates' scores differ by ~1e-6, and
     # the reference must break those near-ties the same way the tree does
-    head = random_head(model, kind, seed=7, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab).double()
+    head = random_head(
+        model, kind, seed=7, layer_ids=[1, 2, 3] if kind == "eagle3" else None, draft_vocab=draft_vocab
+    ).double()
     head._target_lm_head = [torch.nn.Linear(64, 272, bias=False).double()]
     head._target_lm_head[0].weight.data = model.model.get_output_embeddings().weight.double()
     embed = torch.nn.Embedding.from_pretrained(model.model.get_input_embeddings().weight.double())
@@ -153,9 +158,20 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "train"
     args = [
-        sys.executable, "scripts/train_eagle3.py", "model=tiny_llama", f"train.out_dir={out}", "train.data.num_gsm8k=4",
-        "train.data.num_self_questions=4", "train.data.num_templated=6", "train.data.num_followups=3", "train.data.max_new_tokens=24", "train.head.draft_vocab=64",
-        "train.fit.epochs=1", "train.fit.batch_sequences=4", "train.fit.ttt_steps=3", f"train.export.dir={out}/head",
+        sys.executable,
+        "scripts/train_eagle3.py",
+        "model=tiny_llama",
+        f"train.out_dir={out}",
+        "train.data.num_gsm8k=4",
+        "train.data.num_self_questions=4",
+        "train.data.num_templated=6",
+        "train.data.num_followups=3",
+        "train.data.max_new_tokens=24",
+        "train.head.draft_vocab=64",
+        "train.fit.epochs=1",
+        "train.fit.batch_sequences=4",
+        "train.fit.ttt_steps=3",
+        f"train.export.dir={out}/head",
         f"paths.data_root={tmp_path}",  # no GSM8K here: the trainer must say so and go on
     ]
     env = dict(__import__("os").environ, WANDB_MODE="disabled")
@@ -176,7 +192,9 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     head = load_head(str(out / "head"), load_tiny("tiny_llama").target)
     assert int(head.t2d.sum()) == 64
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
-    assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)  # resumed, nothing redone
+    assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(
+        metrics
+    )  # resumed, nothing redone
 
 
 @torch.inference_mode()
@@ -212,7 +230,9 @@ def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
         out = source.runner.last
         cache.length = committed
         for depth_i, p in enumerate(path[:-1]):
-            out = head.step(embed(tree.tokens[p : p + 1]), out[None], torch.tensor([committed + depth_i]), None, cache)[0]
+            out = head.step(embed(tree.tokens[p : p + 1]), out[None], torch.tensor([committed + depth_i]), None, cache)[
+                0
+            ]
         logp, d2t = head.log_probs(out[None])
         rank = int(plan.shape.ranks[node])
         pick = int(torch.topk(logp[0], plan.width).indices[rank])

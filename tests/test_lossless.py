@@ -59,7 +59,9 @@ def assert_lossless(model, out, base, what):
     assert model.target.dtype != torch.float32, f"{what} diverged in float32"
     pos = next(i for i, (a, b) in enumerate(zip(out.new_tokens, base.new_tokens)) if a != b)
     gap, top = base.top2_gaps[pos], base.top_logits[pos]
-    assert float_tie(gap, top, model.target.dtype, ulps=16), f"{what} diverged at {pos}; baseline top-2 gap {gap:.3g} at logit {top:.3g}"
+    assert float_tie(gap, top, model.target.dtype, ulps=16), (
+        f"{what} diverged at {pos}; baseline top-2 gap {gap:.3g} at logit {top:.3g}"
+    )
 
 
 def _prompt_ids(model, k):
@@ -68,7 +70,11 @@ def _prompt_ids(model, k):
 
 # every method under configs/method/ runs with its defaults; these add variants (overrides of its keys)
 VARIANTS = {
-    "eagle3": [{}, {"random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4}, {"total_tokens": 8, "depth": 7, "top_k": 1}],
+    "eagle3": [
+        {},
+        {"random_kind": "eagle1", "total_tokens": 16, "depth": 4, "top_k": 4},
+        {"total_tokens": 8, "depth": 7, "top_k": 1},
+    ],
     # thresholds pick the stage: a random head is unsure, so 0.35 fires at the root; 0 never fires (dense)
     "pruned": [{}, {"thresholds": [0.0, 0.0, 1.0]}, {"thresholds": [0.0, 0.0, 0.0], "total_tokens": 16}],
     "graft": [
@@ -149,6 +155,8 @@ def test_sampling_runs_through_the_same_loop(tiny):
     model = tiny("tiny_qwen3")
     ids = _prompt_ids(model, 1)
     gen = torch.Generator().manual_seed(0)
-    out = generate(model.target, make_drafter("pld", model.target), ids, 32, model.stop_ids, SamplingConfig(0.8, 0.95), gen)
+    out = generate(
+        model.target, make_drafter("pld", model.target), ids, 32, model.stop_ids, SamplingConfig(0.8, 0.95), gen
+    )
     assert 1 <= len(out.new_tokens) <= 32
     assert sum(out.accept_lengths) == out.step_tokens

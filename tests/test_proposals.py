@@ -73,7 +73,9 @@ def test_suffix_retrieval_follows_the_longest_earlier_match():
 
 
 def test_recycling_reads_its_template_from_the_table_and_refreshes_it():
-    drafter = make_drafter("recycling", StubTarget(), table_k=2, template_depth=2, total_tokens=5, rank_prior=[0.4, 0.14])
+    drafter = make_drafter(
+        "recycling", StubTarget(), table_k=2, template_depth=2, total_tokens=5, rank_prior=[0.4, 0.14]
+    )
     # template (best first, 5 nodes): root -> r0 (a) -> r0 of a; root -> r1 (b); a -> r1 of a
     prefill = torch.zeros(1, 10)
     prefill[0, 6], prefill[0, 2] = 2.0, 1.0  # after the last prompt token (1): 6, then 2
@@ -107,7 +109,9 @@ def test_samd_switches_between_the_suffix_match_and_the_draft_tree(tiny):
     def propose(drafter, prompt):
         model.target.reset(64)
         prefill = model.target.prefill(prompt[:-1], drafter.needs.taps)
-        state = SequenceState(tokens=prompt, prompt_len=len(prompt) - 1)  # the last token stands for the first generated one
+        state = SequenceState(
+            tokens=prompt, prompt_len=len(prompt) - 1
+        )  # the last token stands for the first generated one
         drafter.reset(PrefillInfo(state=state, forward=prefill))
         return drafter.propose(state)
 
@@ -139,7 +143,11 @@ def test_pruned_selection_after_the_stage_that_fires():
     keep = split.keep(torch.cat(found.scores), total_tokens=10)  # 24 of 60 scaled to 10: 4, root included
     assert keep == 4
     tree = select(found, root=7, keep=keep - 1)
-    assert (tree.tokens.tolist(), tree.parents.tolist(), tree.sources.tolist()) == ([7, 10, 11, 20], [-1, 0, 0, 1], [R, D, D, D])
+    assert (tree.tokens.tolist(), tree.parents.tolist(), tree.sources.tolist()) == (
+        [7, 10, 11, 20],
+        [-1, 0, 0, 1],
+        [R, D, D, D],
+    )
     # with prune: false the stage is recorded but drafting continues, and the split is the same
     split = StageSplit(StageParams(prune=False))
     split.start()

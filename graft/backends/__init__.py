@@ -34,7 +34,9 @@ class HiddenTap:
 @dataclass
 class ForwardOutput:
     logits: Tensor  # [num_positions, vocab] float32
-    hidden: Tensor | None  # [num_positions, num_taps * hidden_size], taps concatenated in request order; None without taps
+    hidden: (
+        Tensor | None
+    )  # [num_positions, num_taps * hidden_size], taps concatenated in request order; None without taps
 
 
 class PositionalKVLayer(KVBuffer, CacheLayerMixin):
@@ -130,7 +132,9 @@ class TargetBackend:
         self.cache = PositionalKVCache(self.num_layers, capacity)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False) -> ForwardOutput:
+    def prefill(
+        self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False
+    ) -> ForwardOutput:
         """Encode the prompt into the cache; logits for the last position (every position with
         `all_logits`), the `taps` hidden states for all positions."""
         assert self.cache is not None, "call reset() first"
@@ -155,7 +159,9 @@ class TargetBackend:
             rows = path_index if path_index is not None else torch.tensor(path, dtype=torch.long, device=self.device)
         self.cache.keep(committed_len, rows, len(path))
 
-    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0) -> ForwardOutput:
+    def _forward(
+        self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0
+    ) -> ForwardOutput:
         """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal)."""
         raise NotImplementedError  # each backend's own forward
 

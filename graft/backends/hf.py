@@ -56,7 +56,11 @@ class HFBackend(TargetBackend):
         self._wanted = frozenset(taps)
         try:
             out = self.model(
-                input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, logits_to_keep=logits_to_keep,
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
                 **{self._cache_keyword: self.cache},
             )
             hidden = concat_taps(self._captured, taps)

@@ -26,7 +26,9 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 def _fused(parts: list[nn.Linear]) -> nn.Linear:
     weight = torch.cat([p.weight.detach() for p in parts], dim=0)
     biases = [p.bias for p in parts]
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype, device=weight.device)
+    fused = nn.Linear(
+        weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype, device=weight.device
+    )
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if biases[0] is not None:
         fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)

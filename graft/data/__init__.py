@@ -66,5 +66,7 @@ def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) ->
     if cfg.num_prompts:
         prompts = prompts[: cfg.num_prompts]
     if not prompts:
-        raise DatasetError(f"dataset '{cfg.name}': the selection is empty after filtering (categories, prompt-length limits)")
+        raise DatasetError(
+            f"dataset '{cfg.name}': the selection is empty after filtering (categories, prompt-length limits)"
+        )
     return prompts

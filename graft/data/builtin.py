@@ -31,11 +31,7 @@ _PASSAGE_BEES = (
     "can then fly directly to flowers more than a kilometre away."
 )
 _CODE_SNIPPET = (
-    "def average(values):\n"
-    "    total = 0\n"
-    "    for v in values:\n"
-    "        total += v\n"
-    "    return total / len(values)\n"
+    "def average(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"
 )
 
 BUILTIN: list[Prompt] = [
@@ -57,7 +53,11 @@ BUILTIN: list[Prompt] = [
             "Now explain it again in one sentence.",
         ],
     ),
-    Prompt("code-1", "code", ["Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."]),
+    Prompt(
+        "code-1",
+        "code",
+        ["Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."],
+    ),
     Prompt(
         "code-2",
         "code",
@@ -66,9 +66,25 @@ BUILTIN: list[Prompt] = [
             "Add a docstring and two example calls to the function you wrote.",
         ],
     ),
-    Prompt("code-3", "code", ["Here is a Python function:\n\n" + _CODE_SNIPPET + "\nWhat happens if the list is empty? Rewrite it to handle that case."]),
-    Prompt("code-4", "code", ["Write a SQL query that returns the five customers with the highest total order amount from tables customers(id, name) and orders(id, customer_id, amount)."]),
-    Prompt("math-1", "math", ["A shop sells pencils at 3 for 75 cents. How much do 12 pencils cost? Explain step by step."]),
+    Prompt(
+        "code-3",
+        "code",
+        [
+            "Here is a Python function:\n\n"
+            + _CODE_SNIPPET
+            + "\nWhat happens if the list is empty? Rewrite it to handle that case."
+        ],
+    ),
+    Prompt(
+        "code-4",
+        "code",
+        [
+            "Write a SQL query that returns the five customers with the highest total order amount from tables customers(id, name) and orders(id, customer_id, amount)."
+        ],
+    ),
+    Prompt(
+        "math-1", "math", ["A shop sells pencils at 3 for 75 cents. How much do 12 pencils cost? Explain step by step."]
+    ),
     Prompt(
         "math-2",
         "math",
@@ -78,7 +94,11 @@ BUILTIN: list[Prompt] = [
         ],
     ),
     Prompt("math-3", "math", ["What is 15% of 240? Show your working."]),
-    Prompt("math-4", "math", ["A train travels 180 kilometres in 2 hours and 30 minutes. What is its average speed in kilometres per hour?"]),
+    Prompt(
+        "math-4",
+        "math",
+        ["A train travels 180 kilometres in 2 hours and 30 minutes. What is its average speed in kilometres per hour?"],
+    ),
     Prompt("sum-1", "summarisation", ["Summarise the following passage in two sentences.\n\n" + _PASSAGE_TIDES]),
     Prompt(
         "sum-2",

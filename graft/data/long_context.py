@@ -116,7 +116,13 @@ def _synthetic_from_texts(cfg: DatasetConfig, chat, texts: list[tuple[str, str]]
                     id=f"{cfg.name}-{length}-{task}",
                     category=f"{round(length / 1024)}k",
                     turns=[turn],
-                    meta={"requested_tokens": length, "prompt_tokens": actual, "task": task, "source": title, "start_char": start},
+                    meta={
+                        "requested_tokens": length,
+                        "prompt_tokens": actual,
+                        "task": task,
+                        "source": title,
+                        "start_char": start,
+                    },
                 )
             )
     return prompts

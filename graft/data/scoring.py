@@ -60,7 +60,15 @@ def humaneval_program(answer: str, problem: dict) -> str:
 
 def humaneval_passes(answer: str, problem: dict, timeout_s: float = 10.0) -> bool:
     program = "\n".join(
-        [_SANDBOX_PRELUDE, humaneval_program(answer, problem), "", problem["test"], "", f"check({problem['entry_point']})", ""]
+        [
+            _SANDBOX_PRELUDE,
+            humaneval_program(answer, problem),
+            "",
+            problem["test"],
+            "",
+            f"check({problem['entry_point']})",
+            "",
+        ]
     )
     with tempfile.TemporaryDirectory() as scratch:
         try:
@@ -82,4 +90,3 @@ def score(prompt: Prompt, answers: list[str]) -> dict | None:
     if prompt.meta.get("humaneval"):
         return {"metric": "humaneval_pass@1", "correct": humaneval_passes(answer, prompt.meta["humaneval"])}
     return None
-

@@ -75,7 +75,9 @@ def hub_records(cfg: DatasetConfig, data_root: str | None, config: str | None = 
     """Rows of `cfg.hub_id` from the Hub; a clear DatasetError when the Hub cannot be used."""
     looked = _looked_for(cfg, data_root)
     if not cfg.hub_id:
-        raise DatasetError(f"dataset '{cfg.name}': no local file (looked for {looked}) and it has no Hub id; pass dataset.path=<file>. {_how_to_get(cfg)}")
+        raise DatasetError(
+            f"dataset '{cfg.name}': no local file (looked for {looked}) and it has no Hub id; pass dataset.path=<file>. {_how_to_get(cfg)}"
+        )
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
     reason = "HF_HUB_OFFLINE is set"
     if not offline:
@@ -113,7 +115,9 @@ def question_jsonl(path: Path, name: str) -> list[Prompt]:
         meta = {"source_line": number}
         if record.get("reference"):
             meta["reference"] = record["reference"]
-        prompts.append(Prompt(id=f"{name}-{qid}", category=record.get("category") or name, turns=list(turns), meta=meta))
+        prompts.append(
+            Prompt(id=f"{name}-{qid}", category=record.get("category") or name, turns=list(turns), meta=meta)
+        )
     return prompts
 
 
@@ -123,7 +127,11 @@ def mt_bench(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
         return question_jsonl(path, cfg.name)
     rows = hub_records(cfg, data_root)
     return [
-        Prompt(id=f"{cfg.name}-{row.get('prompt_id', i)}", category=row.get("category", "mt_bench"), turns=list(row["prompt"]))
+        Prompt(
+            id=f"{cfg.name}-{row.get('prompt_id', i)}",
+            category=row.get("category", "mt_bench"),
+            turns=list(row["prompt"]),
+        )
         for i, row in enumerate(rows)
     ]
 
@@ -212,7 +220,11 @@ def eagle_questions(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
 def question_jsonl_from_hub_or_fail(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
     rows = hub_records(cfg, data_root)
     return [
-        Prompt(id=f"{cfg.name}-{row.get('question_id', i)}", category=row.get("category") or cfg.name, turns=list(row["turns"]))
+        Prompt(
+            id=f"{cfg.name}-{row.get('question_id', i)}",
+            category=row.get("category") or cfg.name,
+            turns=list(row["turns"]),
+        )
         for i, row in enumerate(rows)
     ]
 

@@ -83,9 +83,13 @@ def head_config(raw: dict, target_config) -> HeadConfig:
     hidden = raw["hidden_size"]
     target_hidden = raw.get("target_hidden_size") or hidden
     if target_hidden != target_config.hidden_size:
-        raise HeadLoadError(f"the head reads target features of width {target_hidden}, but the target's hidden size is {target_config.hidden_size}")
+        raise HeadLoadError(
+            f"the head reads target features of width {target_hidden}, but the target's hidden size is {target_config.hidden_size}"
+        )
     if raw.get("vocab_size", target_config.vocab_size) != target_config.vocab_size:
-        raise HeadLoadError(f"the head's vocabulary is {raw['vocab_size']} tokens, the target's {target_config.vocab_size}")
+        raise HeadLoadError(
+            f"the head's vocabulary is {raw['vocab_size']} tokens, the target's {target_config.vocab_size}"
+        )
     layer_ids = []
     if eagle3:
         aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -118,8 +122,14 @@ def load_into(head: DraftHead, state: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise HeadLoadError(f"head weights do not match a {head.cfg.kind} head: missing {missing}, unexpected {unexpected}")
-    wrong = [f"{k}: expected {tuple(expected[k].shape)}, got {tuple(v.shape)}" for k, v in state.items() if v.shape != expected[k].shape]
+        raise HeadLoadError(
+            f"head weights do not match a {head.cfg.kind} head: missing {missing}, unexpected {unexpected}"
+        )
+    wrong = [
+        f"{k}: expected {tuple(expected[k].shape)}, got {tuple(v.shape)}"
+        for k, v in state.items()
+        if v.shape != expected[k].shape
+    ]
     if wrong:
         raise HeadLoadError("head weights have the wrong shape: " + "; ".join(wrong))
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
@@ -167,15 +177,25 @@ def save_head(head: DraftHead, directory: str | Path, layout: str = "eagle") -> 
             eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.layer_ids]},
         )
     else:
-        raw.update(architectures=["LlamaForCausalLM"], draft_vocab_size=cfg.draft_vocab_size, target_hidden_size=cfg.target_hidden_size)
+        raw.update(
+            architectures=["LlamaForCausalLM"],
+            draft_vocab_size=cfg.draft_vocab_size,
+            target_hidden_size=cfg.target_hidden_size,
+        )
     (directory / "config.json").write_text(json.dumps(raw, indent=2))
-    save_file({k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}, str(directory / "model.safetensors"))
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}, str(directory / "model.safetensors")
+    )
     return directory
 
 
-def head_config_for(config, kind: str = "eagle3", draft_vocab: int | None = None, layer_ids: list[int] | None = None) -> HeadConfig:
+def head_config_for(
+    config, kind: str = "eagle3", draft_vocab: int | None = None, layer_ids: list[int] | None = None
+) -> HeadConfig:
     """A head shaped like one decoder layer of the target `config` (for training or random heads)."""
-    rope = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    rope = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get(
+        "rope_theta", 10000.0
+    )
     return HeadConfig(
         kind=kind,
         hidden_size=config.hidden_size,
@@ -191,7 +211,9 @@ def head_config_for(config, kind: str = "eagle3", draft_vocab: int | None = None
     )
 
 
-def random_head(target, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None) -> DraftHead:
+def random_head(
+    target, kind: str = "eagle3", seed: int = 0, layer_ids: list[int] | None = None, draft_vocab: int | None = None
+) -> DraftHead:
     """A seeded random-weight head shaped for `target` (a TargetBackend; tests and smoke runs)."""
     cfg = head_config_for(target.config, kind, draft_vocab, layer_ids)
     torch.manual_seed(seed)

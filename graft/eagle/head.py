@@ -67,7 +67,9 @@ class Attention(nn.Module):
         if mask is None and n > 1:  # causal over the new positions, all of the cached prefix visible
             total = k.shape[2]
             mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)[None, None]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(1, n, -1))
 
 

@@ -35,7 +35,9 @@ from graft.tree import DraftTree, NodeSource, RankTree, additive_mask
 
 @dataclass
 class HeadParams:
-    head: str | None = None  # Hub id, local directory, or "random" (seeded random weights, for tests); None: the model's draft_head
+    head: str | None = (
+        None  # Hub id, local directory, or "random" (seeded random weights, for tests); None: the model's draft_head
+    )
     random_layer_ids: list[int] | None = None  # "random" heads: which target layers' inputs to fuse
     random_kind: str = "eagle3"  # "random" heads: eagle3 or eagle1
     seed: int = 0
@@ -57,8 +59,14 @@ class EagleStaticParams(HeadParams):
 
     def __post_init__(self):
         for path in self.static_choices or []:
-            if not path or any(r < 0 for r in path) or (len(path) > 1 and list(path[:-1]) not in [list(c) for c in self.static_choices]):
-                raise ValueError(f"static_choices: each path needs its parent path listed and ranks >= 0; bad path {path}")
+            if (
+                not path
+                or any(r < 0 for r in path)
+                or (len(path) > 1 and list(path[:-1]) not in [list(c) for c in self.static_choices])
+            ):
+                raise ValueError(
+                    f"static_choices: each path needs its parent path listed and ranks >= 0; bad path {path}"
+                )
 
 
 def _best(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -83,9 +91,31 @@ def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor) -> 
 # EAGLE-1's default static tree (`mc_sim_7b_63` in SafeAILab/EAGLE, eagle/model/choices.py): each path lists
 # the rank of the chosen child at each depth; 25 draft nodes, depth 5.
 MC_SIM_7B_63 = [
-    [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0], [0, 0, 1],
-    [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2],
-    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+    [0],
+    [1],
+    [2],
+    [3],
+    [0, 0],
+    [0, 1],
+    [0, 2],
+    [1, 0],
+    [1, 1],
+    [2, 0],
+    [2, 1],
+    [3, 0],
+    [0, 0, 0],
+    [0, 0, 1],
+    [0, 0, 2],
+    [0, 1, 0],
+    [0, 1, 1],
+    [0, 2, 0],
+    [0, 2, 1],
+    [1, 0, 0],
+    [0, 0, 0, 0],
+    [0, 0, 0, 1],
+    [0, 0, 0, 2],
+    [0, 0, 0, 0, 0],
+    [0, 0, 0, 0, 1],
 ]
 
 
@@ -124,11 +154,15 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
     on_cache = torch.empty(0, dtype=torch.long, device=device)  # nodes whose entries are on the cache, in order
     for level, (owners, kids, rows) in enumerate(zip(plan.expand_at, plan.children_at, plan.parent_row)):
         if level > 0:  # depth-`level` nodes go through the head; the root's output is `last`
-            allowed = torch.ones(owners.shape[0], committed + on_cache.shape[0] + owners.shape[0], dtype=torch.bool, device=device)
+            allowed = torch.ones(
+                owners.shape[0], committed + on_cache.shape[0] + owners.shape[0], dtype=torch.bool, device=device
+            )
             allowed[:, committed : committed + on_cache.shape[0]] = shape.ancestors[owners][:, on_cache]
             allowed[:, committed + on_cache.shape[0] :] = torch.eye(owners.shape[0], dtype=torch.bool, device=device)
             positions = torch.full((owners.shape[0],), committed + level - 1, device=device)
-            outputs[owners] = head.step(embed(tokens[owners]), outputs[shape.parents[owners]], positions, additive_mask(allowed, dtype), cache)
+            outputs[owners] = head.step(
+                embed(tokens[owners]), outputs[shape.parents[owners]], positions, additive_mask(allowed, dtype), cache
+            )
             on_cache = torch.cat([on_cache, owners])
         logp, d2t = head.log_probs(outputs[owners])  # [owners, V_draft]
         top = torch.topk(logp, plan.width, dim=-1)
@@ -157,7 +191,9 @@ class Candidates:
 Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top_k]) -> stop drafting here
 
 
-def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, checkpoint: Checkpoint | None = None) -> Candidates:
+def expand(
+    head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, checkpoint: Checkpoint | None = None
+) -> Candidates:
     """Score the root's top-k children from the head's output `last` [H] at the last committed position,
     then `depth` times expand every frontier node by its top-k children, keeping the global top-k by
     cumulative log-probability as the next frontier. `checkpoint` may stop it after any level."""
@@ -180,7 +216,9 @@ def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, to
         allowed = torch.ones(top_k, committed + tree_mask.shape[1], dtype=torch.bool, device=device)
         allowed[:, committed:] = tree_mask
         positions = torch.full((top_k,), committed + level, device=device)
-        out = head.step(embed(frontier_tokens), frontier_hidden, positions, additive_mask(allowed, dtype), cache)  # [k, H]
+        out = head.step(
+            embed(frontier_tokens), frontier_hidden, positions, additive_mask(allowed, dtype), cache
+        )  # [k, H]
         found.group_parent.append(frontier_flat + 1)
         logp, _ = head.log_probs(out)  # [k, V_draft]
         top = torch.topk(logp, top_k, dim=-1)  # per frontier node
@@ -230,7 +268,11 @@ class HeadOnCache:
         else:
             self.head = load_head(params.head, target)
         cfg = self.head.cfg
-        taps = tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids) if cfg.kind == "eagle3" else (HiddenTap(-1, "final"),)
+        taps = (
+            tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids)
+            if cfg.kind == "eagle3"
+            else (HiddenTap(-1, "final"),)
+        )
         self.needs = TargetNeeds(taps=taps, embeddings=True, lm_head=cfg.kind == "eagle1")
 
     def reset(self, prefill: PrefillInfo) -> None:
@@ -277,7 +319,9 @@ class EagleSource(_HeadSource):
         return Draft(select(found, state.root, keep - 1), split.label())
 
 
-@register("source", "eagle_static", params=EagleStaticParams, description="EAGLE-1's static tree (mc_sim_7b_63 by default)")
+@register(
+    "source", "eagle_static", params=EagleStaticParams, description="EAGLE-1's static tree (mc_sim_7b_63 by default)"
+)
 class EagleStaticSource(_HeadSource):
     params: EagleStaticParams
 

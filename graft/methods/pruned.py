@@ -30,7 +30,9 @@ def scaled_split(draft_tokens: int, total_tokens: int, reference_budget: int) ->
     return max(2, min(total_tokens, round(draft_tokens * total_tokens / reference_budget)))
 
 
-def stage_at(level: int, frontier_scores: Tensor | list[float], checkpoints: list[int], thresholds: list[float]) -> int | None:
+def stage_at(
+    level: int, frontier_scores: Tensor | list[float], checkpoints: list[int], thresholds: list[float]
+) -> int | None:
     """Index of the checkpoint that fires after `level` expansion levels, or None: it fires when
     exp(max frontier cumulative log-prob) < its threshold."""
     if level not in checkpoints:
@@ -51,16 +53,25 @@ class StageParams:
     def __post_init__(self):
         n = len(self.checkpoints)
         if not (len(self.thresholds) == len(self.draft_tokens) == n):
-            raise ValueError(f"checkpoints {self.checkpoints}, thresholds {self.thresholds} and draft_tokens {self.draft_tokens} must have the same length")
+            raise ValueError(
+                f"checkpoints {self.checkpoints}, thresholds {self.thresholds} and draft_tokens {self.draft_tokens} must have the same length"
+            )
         if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(c < 0 for c in self.checkpoints):
             raise ValueError(f"checkpoints must be distinct, ascending and >= 0; got {self.checkpoints}")
         if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
             raise ValueError(f"thresholds are probabilities in [0, 1]; got {self.thresholds}")
         if any(not 1 <= d <= self.reference_budget for d in self.draft_tokens):
-            raise ValueError(f"draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.draft_tokens}")
+            raise ValueError(
+                f"draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.draft_tokens}"
+            )
 
 
-@register("split", "stage", params=StageParams, description="confidence checkpoints pick how much of the budget the draft keeps")
+@register(
+    "split",
+    "stage",
+    params=StageParams,
+    description="confidence checkpoints pick how much of the budget the draft keeps",
+)
 class StageSplit(Split):
     def __init__(self, params: StageParams):
         self.params = params
@@ -77,7 +88,11 @@ class StageSplit(Split):
 
     def keep(self, scores: Tensor, total_tokens: int) -> int:
         p = self.params
-        return total_tokens if self.fired is None else scaled_split(p.draft_tokens[self.fired], total_tokens, p.reference_budget)
+        return (
+            total_tokens
+            if self.fired is None
+            else scaled_split(p.draft_tokens[self.fired], total_tokens, p.reference_budget)
+        )
 
     def label(self) -> str:
         return DENSE if self.fired is None else f"check@{self.params.checkpoints[self.fired]}"
@@ -90,7 +105,9 @@ class FixedParams:
 
     def __post_init__(self):
         if not 1 <= self.fixed_draft_tokens <= self.reference_budget:
-            raise ValueError(f"fixed_draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.fixed_draft_tokens}")
+            raise ValueError(
+                f"fixed_draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.fixed_draft_tokens}"
+            )
 
 
 @register("split", "fixed", params=FixedParams, description="a fixed draft / retrieval split, no checkpoints")
@@ -114,7 +131,12 @@ class ConfidentParams:
             raise ValueError(f"tail_threshold is a probability in [0, 1]; got {self.tail_threshold}")
 
 
-@register("split", "confident", params=ConfidentParams, description="keep the draft while it is at least tail_threshold confident")
+@register(
+    "split",
+    "confident",
+    params=ConfidentParams,
+    description="keep the draft while it is at least tail_threshold confident",
+)
 class ConfidentSplit(Split):
     def __init__(self, params: ConfidentParams):
         self.floor = math.log(max(params.tail_threshold, 1e-30))

@@ -85,7 +85,9 @@ class Recycler:
             if shape == "chain":
                 self._templates[key] = RankTree.chain(size - 1, self.device)
             else:
-                self._templates[key] = RankTree.best_first(size, self.rank_prior[: self.table.k], self.max_depth, self.device)
+                self._templates[key] = RankTree.best_first(
+                    size, self.rank_prior[: self.table.k], self.max_depth, self.device
+                )
         return self._templates[key]
 
     def reset(self, prompt: list[int], last_logits: Tensor | None = None) -> None:
@@ -94,7 +96,9 @@ class Recycler:
         self.table.clear()
         self.table.seed_bigrams(prompt_tokens)
         if last_logits is not None:
-            self.table.update(prompt_tokens[-1:], last_logits[-1:], torch.ones(1, dtype=torch.bool, device=prompt_tokens.device))
+            self.table.update(
+                prompt_tokens[-1:], last_logits[-1:], torch.ones(1, dtype=torch.bool, device=prompt_tokens.device)
+            )
 
     def subtree(self, anchor_token, size: int, shape: str = "tree") -> tuple[Tensor, Tensor]:
         """(tokens [size], parents [size]) of the template read at `anchor_token`."""
