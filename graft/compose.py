@@ -55,8 +55,9 @@ class DraftSource:
     needs = TargetNeeds()
     splits: tuple[str, ...] = ("dense",)
 
-    def capacity(self) -> int | None:
-        """The most draft nodes it ever proposes (None: as many as the budget allows)."""
+    @staticmethod
+    def capacity_of(params) -> int | None:
+        """The most draft nodes it proposes with `params` (None: as many as the budget allows)."""
         return None
 
     def reset(self, prefill: PrefillInfo) -> None:
@@ -97,6 +98,11 @@ class Retriever:
     attach policies that continue the draft's leaves need one)."""
 
     reads_at_any_token = False
+
+    @staticmethod
+    def capacity_of(params) -> int | None:
+        """The most nodes it retrieves with `params` (None: as many as the budget allows)."""
+        return None
 
     def reset(self, prefill: PrefillInfo) -> None:
         pass
@@ -180,7 +186,7 @@ class ComposedDrafter(Drafter):
             raise ConfigError("method.combine='switch' chooses between a draft source and retrieval; it needs both")
         if p.total_tokens is None:
             sizes = [
-                getattr(part(kind, name).factory, "capacity_of", lambda params: None)(method.of(kind, name))
+                part(kind, name).factory.capacity_of(method.of(kind, name))
                 for kind, name, _ in ComposedDrafter.components(p)
                 if kind in ("source", "retriever")
             ]
@@ -189,6 +195,12 @@ class ComposedDrafter(Drafter):
                     f"method {method.name}: set method.total_tokens (the verified nodes per step, root included)"
                 )
             p.total_tokens = 1 + (max(sizes) if p.combine == "switch" else sum(sizes))
+        drafted = part("source", p.source).factory.capacity_of(method.of("source", p.source)) if p.source else None
+        if drafted is not None and drafted + 1 > p.total_tokens:
+            raise ConfigError(
+                f"method {method.name}: the {p.source} source drafts {drafted} nodes, more than "
+                f"method.total_tokens={p.total_tokens} leaves after the root"
+            )
 
     def __init__(self, target: TargetBackend, method: MethodConfig):
         super().__init__(target, method)
@@ -202,10 +214,6 @@ class ComposedDrafter(Drafter):
         self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
         self.needs = self.source.needs if self.source else TargetNeeds()
         target.check_taps(self.needs.taps)
-        if self.source and self.source.capacity() is not None and self.source.capacity() + 1 > p.total_tokens:
-            raise ConfigError(
-                f"method {method.name}: the source drafts {self.source.capacity()} nodes, more than method.total_tokens={p.total_tokens} - 1"
-            )
 
     def max_nodes(self) -> int:
         return self.params.total_tokens

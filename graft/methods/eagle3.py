@@ -333,9 +333,6 @@ class EagleStaticSource(_HeadSource):
     def capacity_of(params: EagleStaticParams) -> int:
         return len(params.static_choices or MC_SIM_7B_63)
 
-    def capacity(self) -> int:
-        return self.plan.shape.size - 1
-
     @torch.inference_mode()
     def draft(self, state: SequenceState, split: Split, total_tokens: int) -> Draft:
         runner = self.runner

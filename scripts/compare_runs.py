@@ -1,0 +1,65 @@
+"""Did a change keep every method's output? Compare two sets of run directories method by method.
+
+    python scripts/compare_runs.py BEFORE_ROOT AFTER_ROOT [--out FILE.md]
+
+Each root holds one run directory per method (`<root>/<method>/samples.jsonl` and `summary.json`, as
+written by `python run.py method=<method> run.out_dir=<root>/<method> ...`). For each method present in
+both, the table gives tau before and after, whether every turn's token hash is equal, whether every
+step committed the same number of tokens and verified the same number of nodes, and the lossless
+verdict against each run's own baseline. Exit status 1 when any method's tokens or steps differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def load(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
+    turns = [t for r in records if r.get("status") == "ok" for t in r["method"]["turns"]]
+    return {
+        "tau": summary["tau"],
+        "lossless": summary["lossless"],
+        "hashes": [t["tokens_sha256"] for t in turns],
+        "steps": [(t["accept_lengths"], t["nodes"]) for t in turns],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    methods = sorted(
+        p.name
+        for p in args.before.iterdir()
+        if (p / "summary.json").exists() and (args.after / p.name / "summary.json").exists()
+    )
+    lines = [
+        "| method | tau before | tau after | tokens equal (turns) | same steps | lossless before / after |",
+        "|---|---|---|---|---|---|",
+    ]
+    changed = False
+    for method in methods:
+        b, a = load(args.before / method), load(args.after / method)
+        equal = sum(x == y for x, y in zip(b["hashes"], a["hashes"]))
+        same_steps = b["steps"] == a["steps"]
+        changed |= equal != len(b["hashes"]) or len(a["hashes"]) != len(b["hashes"]) or not same_steps
+        lines.append(
+            f"| {method} | {b['tau']:.4f} | {a['tau']:.4f} | {equal}/{len(b['hashes'])} | {same_steps} | "
+            f"{b['lossless']} / {a['lossless']} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    sys.exit(1 if changed else 0)
+
+
+if __name__ == "__main__":
+    main()
