@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 # Keep OpenMP workers spinning between the many small ops of a decode step instead of sleeping; must be
@@ -25,9 +26,11 @@ register_schemas()
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from graft.report import print_summary
+    from graft.plots import plot_comparison_pareto
+    from graft.report import print_comparison, print_summary
     from graft.runner import run
 
+    started = time.perf_counter()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         typed = validate(resolved)
@@ -35,6 +38,12 @@ def main(cfg: DictConfig) -> float | None:
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    if summary.get("kind") == "comparison":
+        print_comparison(summary, typed.run.out_dir, time.perf_counter() - started)
+        if summary["n_prompts"]:
+            figure = plot_comparison_pareto(summary, f"{typed.run.out_dir}/pareto.png")
+            print(f"Pareto figure: {figure}")
+        return None
     print_summary(summary, typed.run.out_dir)
     return summary.get("speedup_wall")
 

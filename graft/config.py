@@ -117,11 +117,17 @@ class HardwareConfig:
 class ExperimentConfig:
     run: RunConfig
     model: ModelConfig
-    method: MethodConfig
+    method: MethodConfig  # a single-method run's method (the `method` group)
     dataset: DatasetConfig
     logger: LoggerConfig
     hardware: HardwareConfig
     paths: PathsConfig
+    methods: list[MethodConfig] | None = None  # a comparison: these methods against one baseline per prompt
+
+    @property
+    def compared(self) -> list[MethodConfig]:
+        """The methods this run measures against the baseline."""
+        return self.methods if self.methods is not None else [self.method]
 
 
 SECTIONS: dict[str, type] = {
@@ -137,9 +143,18 @@ SECTIONS: dict[str, type] = {
 SCHEMA_GROUPS = {"model": ModelConfig, "dataset": DatasetConfig, "logger": LoggerConfig, "hardware": HardwareConfig}
 
 
+def run_label(methods, method_name: str) -> str:
+    """A run directory's method part: the method's name, or `compare` for a comparison."""
+    return "compare" if methods else method_name
+
+
 def register_schemas() -> None:
-    """Store each group's full key set as `<group>/schema`; group YAML files start from it."""
+    """Store each group's full key set as `<group>/schema`; group YAML files start from it; register the
+    config's resolvers."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("run_label", run_label, replace=True)
 
     store = ConfigStore.instance()
     for group, cls in SCHEMA_GROUPS.items():
@@ -149,15 +164,68 @@ def register_schemas() -> None:
 def validate(cfg: dict) -> ExperimentConfig:
     """Check a resolved config (plain dict) against the schema; returns the typed config, the method's
     parts typed and its draft head resolved from the model config."""
-    allowed_top = [*SECTIONS, "method"]
+    allowed_top = [*SECTIONS, "method", "methods"]
     for key in cfg:
         if key not in allowed_top:
             raise ConfigError(
                 f"unknown top-level key '{key}'; allowed: {', '.join(allowed_top)}" + suggest(key, allowed_top)
             )
     typed = {name: coerce_dataclass(cls, dict(cfg.get(name) or {}), name) for name, cls in SECTIONS.items()}
-    method = method_config(dict(cfg.get("method") or {}), typed["model"].draft_head)
-    return ExperimentConfig(method=method, **typed)
+    raw_method = dict(cfg.get("method") or {})
+    methods = None
+    if cfg.get("methods") is not None:
+        if raw_method.get("name") != "ar":
+            raise ConfigError(
+                f"methods={cfg['methods']} compares several methods and method={raw_method.get('name')} names one; "
+                "give one of them"
+            )
+        shared = {k: v for k, v in raw_method.items() if k not in ("name", "drafter")}
+        methods = compared_methods(cfg["methods"], shared, typed["model"].draft_head)
+        raw_method = {k: v for k, v in raw_method.items() if k in ("name", "drafter")}
+    method = method_config(raw_method, typed["model"].draft_head)
+    return ExperimentConfig(method=method, methods=methods, **typed)
+
+
+def load_method_yaml(name: str) -> dict:
+    """configs/method/<name>.yaml with the methods it derives from merged in, as Hydra composes it."""
+    options = group_options("method")
+    if name not in options:
+        raise ConfigError(
+            f"unknown method '{name}'; available method configs: {', '.join(options)}" + suggest(name, options)
+        )
+    raw = yaml.safe_load((CONFIG_DIR / "method" / f"{name}.yaml").read_text()) or {}
+    defaults = raw.pop("defaults", [])
+    merged: dict = {}
+    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
+        merged.update(raw if entry == "_self_" else load_method_yaml(entry))
+    return merged
+
+
+def compared_methods(names, shared: dict, draft_head: str | None) -> list[MethodConfig]:
+    """The methods of a comparison, each from its YAML; `shared` keys (method.<key>=... given with
+    methods=[...]) apply to every compared method that has the key."""
+    if isinstance(names, str) or not names:
+        raise ConfigError(f"methods={names!r} must be a non-empty list of method configs, e.g. methods=[pld,graft]")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"methods={list(names)} names a method twice")
+    methods, used = [], set()
+    for name in names:
+        raw = load_method_yaml(name)
+        choosing = {k: v for k, v in shared.items() if k in PART_KEYS}
+        keys = method_config({**raw, **choosing}, draft_head="random").keys()
+        applied = {k: v for k, v in shared.items() if k in keys}
+        used |= set(applied)
+        if "head" in keys and applied.get("head", raw.get("head")) is None and draft_head is None:
+            raise ConfigError(
+                f"the compared method {name} drafts with a head, and the model config names no draft_head; "
+                "give one with method.head=<Hub id or local directory> or compare methods without a head, "
+                "e.g. methods=[pld] or methods=[pld,recycling,suffix]"
+            )
+        methods.append(method_config({**raw, **applied}, draft_head))
+    unused = sorted(set(shared) - used)
+    if unused:
+        raise ConfigError(f"method.{unused[0]} is a key of none of the compared methods {list(names)}")
+    return methods
 
 
 def compose(overrides: list[str]) -> dict:
@@ -168,7 +236,7 @@ def compose(overrides: list[str]) -> dict:
 
     register_schemas()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=[method_override(o) for o in overrides])
+        cfg = hydra_compose(config_name="config", overrides=prepare_overrides(overrides))
         with open_dict(cfg):
             cfg.run.out_dir = "unused"
         return OmegaConf.to_container(cfg, resolve=True)
@@ -184,12 +252,25 @@ def method_override(arg: str) -> str:
     return f"++{arg.lstrip('+')}" if arg.lstrip("+").startswith("method.") else arg
 
 
+def names_one_method(argv: list[str]) -> bool:
+    """The command line names a method (method=...) and no comparison (methods=...): a single-method run."""
+    return any(a.lstrip("+").startswith("method=") for a in argv) and not any(a.startswith("methods=") for a in argv)
+
+
+def prepare_overrides(argv: list[str]) -> list[str]:
+    """The overrides as Hydra needs them: method keys via method_override, and `methods=null` when the
+    command line names one method but no comparison."""
+    out = [method_override(a) if "=" in a and not a.startswith("-") else a for a in argv]
+    return [*out, "methods=null"] if names_one_method(argv) else out
+
+
 PART_KEYS = ("drafter", "source", "split", "retrieval", "attach", "combine")  # method keys that choose parts
 
 
 def check_overrides(argv: list[str]) -> list[str]:
     """Fail fast on command-line overrides that name an unknown group option or key; returns argv with
-    method keys written as Hydra needs them (method_override).
+    method keys written as Hydra needs them (method_override), and `methods=null` added when the command
+    line names one method (method=...) but no comparison (methods=[...]): a single-method run.
 
     Hydra would also refuse most of these, but with a stack of composition errors; this names the key
     and lists what is allowed. Sweep syntax (a,b or functions) is checked value by value where possible.
@@ -198,6 +279,7 @@ def check_overrides(argv: list[str]) -> list[str]:
     for arg in argv:
         if arg.startswith("method=") and "(" not in arg:
             methods = arg.split("=", 1)[1].split(",")
+    single = names_one_method(argv)
     method_args, out = [], []
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
@@ -208,9 +290,20 @@ def check_overrides(argv: list[str]) -> list[str]:
         if key.startswith("hydra"):
             out.append(arg)
             continue
+        if key == "methods":
+            options = group_options("method")
+            for name in value.strip("[]").split(","):
+                name = name.strip()
+                if name and name != "null" and name not in options:
+                    raise ConfigError(
+                        f"unknown method '{name}' in methods; available method configs: {', '.join(options)}"
+                        + suggest(name, options)
+                    )
+            out.append(arg)
+            continue
         if "." not in key:
             if key not in GROUPS:
-                allowed = [*GROUPS, *(f"{s}.<key>" for s in (*SECTIONS, "method"))]
+                allowed = [*GROUPS, "methods", *(f"{s}.<key>" for s in (*SECTIONS, "method"))]
                 raise ConfigError(
                     f"unknown override '{key}'; allowed: {', '.join(allowed)}" + suggest(key, list(GROUPS))
                 )
@@ -228,7 +321,7 @@ def check_overrides(argv: list[str]) -> list[str]:
         field_name = field_name.split(".")[0]
         if section == "method":
             method_args.append((field_name, value))
-            out.append(method_override(arg))
+            out.append(arg)
             continue
         if section not in SECTIONS:
             allowed = [*SECTIONS, "method"]
@@ -242,9 +335,9 @@ def check_overrides(argv: list[str]) -> list[str]:
                 f"unknown key '{key}'; allowed keys in {section}: {', '.join(names)}" + suggest(field_name, names)
             )
         out.append(arg)
-    if method_args:
+    if method_args and single:  # in a comparison, validation checks shared keys against the compared methods
         _check_method_keys(methods, method_args)
-    return out
+    return prepare_overrides(out)
 
 
 def _check_method_keys(methods: list[str], method_args: list[tuple[str, str]]) -> None:

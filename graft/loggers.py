@@ -12,7 +12,7 @@ from graft.config import LoggerConfig
 
 
 class NullLogger:
-    def log_sample(self, record: dict, summary: dict) -> None:
+    def log_sample(self, record: dict, summary: dict, prefix: str = "") -> None:
         pass
 
     def finish(self, summary: dict) -> None:
@@ -26,7 +26,8 @@ class WandbLogger(NullLogger):
         import wandb
 
         self._wandb = wandb
-        name = f"{resolved['model']['name']}/{resolved['method']['name']}/{resolved['dataset']['name']}"
+        label = "compare" if resolved.get("methods") else resolved["method"]["name"]
+        name = f"{resolved['model']['name']}/{label}/{resolved['dataset']['name']}"
         self.run = wandb.init(
             project=cfg.project,
             mode=cfg.mode,
@@ -36,24 +37,23 @@ class WandbLogger(NullLogger):
             tags=cfg.tags,
             reinit="finish_previous",
         )
-        self.step = 0
 
-    def log_sample(self, record: dict, summary: dict) -> None:
+    def log_sample(self, record: dict, summary: dict, prefix: str = "") -> None:
+        """One prompt's figures; `prefix` names the method in a comparison (one step per prompt)."""
         if record.get("status") != "ok":
             return
         totals = record["method"]["totals"]
         self.run.log(
             {
-                "sample/tau": totals["step_tokens"] / totals["steps"] if totals["steps"] else None,
-                "sample/tokens_per_s": totals["tokens_per_s"],
-                "sample/speedup_wall": record["speedup_wall"],
-                "sample/lossless": record["lossless"]["equal"],
-                "running/tau": summary["tau"],
-                "running/speedup_wall": summary["speedup_wall"],
+                f"{prefix}sample/tau": totals["step_tokens"] / totals["steps"] if totals["steps"] else None,
+                f"{prefix}sample/tokens_per_s": totals["tokens_per_s"],
+                f"{prefix}sample/speedup_wall": record["speedup_wall"],
+                f"{prefix}sample/lossless": record["lossless"]["equal"],
+                f"{prefix}running/tau": summary["tau"],
+                f"{prefix}running/speedup_wall": summary["speedup_wall"],
             },
-            step=self.step,
+            step=record["index"],
         )
-        self.step += 1
 
     def finish(self, summary: dict) -> None:
         flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, bool, str)) or v is None}

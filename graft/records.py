@@ -147,6 +147,13 @@ class RunDir:
             os.fsync(f.fileno())
 
     def write_summary(self, summary: dict) -> None:
-        tmp = self.summary_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        tmp.replace(self.summary_path)
+        self.write_json("summary.json", summary)
+
+    def write_json(self, name: str, data: dict) -> Path:
+        """Write `name` (relative to the run directory) atomically: a reader never sees half a file."""
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(path)
+        return path

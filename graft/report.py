@@ -51,3 +51,38 @@ def print_summary(summary: dict, out_dir: str) -> None:
     console = Console()
     console.print(table)
     console.print(f"records: {out_dir}/samples.jsonl  summary: {out_dir}/summary.json")
+
+
+COMPARISON_COLUMNS = [
+    ("tau", "{:.2f}"),
+    ("speedup_wall", "{:.3f}x"),
+    ("speedup_decode", "{:.3f}x"),
+    ("avg_nodes_per_step", "{:.1f}"),
+    ("tokens_per_s", "{:.1f}"),
+    ("lossless", "{}"),
+]
+
+
+def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -> None:
+    """Rows = the baseline and the methods, columns = the headline metrics, definitions below."""
+    hardware = summary["hardware"]
+    where = hardware.get("cpu") if hardware.get("device") == "cpu" else hardware.get("gpu", hardware.get("device"))
+    table = Table(title=f"{summary['model']} / {summary['dataset']}, {summary['n_prompts']} prompts ({where})")
+    table.add_column("method")
+    for key, _ in COMPARISON_COLUMNS:
+        table.add_column(key, justify="right")
+    for name, row in summary["rows"].items():
+        cells = ["-" if row.get(key) is None else fmt.format(row[key]) for key, fmt in COMPARISON_COLUMNS]
+        table.add_row(f"{name} (baseline)" if name == summary["baseline"] else name, *cells)
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    definitions = summary.get("definitions", {})
+    for key, _ in COMPARISON_COLUMNS:
+        console.print(f"  {key}: {definitions.get(key, '')}")
+    if summary.get("n_skipped"):
+        console.print(f"  n_skipped: {summary['n_skipped']} prompts longer than the context allows")
+    if wall_s is not None:
+        console.print(f"wall time: {wall_s:.0f} s (model load, warm-up and every method included)")
+    console.print(
+        f"records: {out_dir}/samples.jsonl  summaries: {out_dir}/summary.json, {out_dir}/summaries/<method>.json"
+    )

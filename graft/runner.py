@@ -121,7 +121,50 @@ def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ul
     return {"checked": True, "equal": True, "first_divergence": None}
 
 
+def rotation(roles: list, index: int) -> list:
+    """The order of the baseline and the methods on prompt `index`: each takes every position in turn."""
+    shift = index % len(roles)
+    return roles[shift:] + roles[:shift]
+
+
+def method_view(record: dict, name: str) -> dict:
+    """A comparison record seen as a single-method record for method `name` (what summarize() reads)."""
+    if record.get("status") != "ok":
+        return record
+    entry = record["methods"][name]
+    view = {k: v for k, v in record.items() if k not in ("methods", "score")}
+    view.update(method=entry["side"], lossless=entry["lossless"], speedup_wall=entry["speedup_wall"])
+    if record.get("score"):
+        view["score"] = {"method": record["score"][name], "baseline": record["score"].get("baseline")}
+    return view
+
+
+def measure_prompt(model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling) -> dict:
+    """Every contender and the baseline on one prompt, in rotating order -> {role: Conversation}."""
+    roles = ([("baseline", baseline)] if baseline is not None else []) + list(contenders.items())
+    results = {}
+    for role, drafter in rotation(roles, index):
+        results[role] = run_conversation(
+            model, drafter, prompt, run_cfg.max_new_tokens, sampling, run_cfg.seed, record_gaps=(role == "baseline")
+        )
+    return results
+
+
+def outcome(conv: Conversation, base: Conversation | None, base_side: dict | None, greedy: bool, model, ulps: int):
+    """(side record, lossless verdict, wall speedup) of one method's conversation against the baseline's."""
+    side = side_record(conv)
+    if base is None or not greedy:
+        lossless = {"checked": False, "equal": None, "first_divergence": None}
+    else:
+        lossless = compare(conv, base, model.target.dtype, ulps)
+    b_tps = (base_side or side)["totals"]["tokens_per_s"]
+    return side, lossless, side["totals"]["tokens_per_s"] / b_tps if b_tps else None
+
+
 def run(cfg: ExperimentConfig, resolved: dict) -> dict:
+    """A single-method run (today's records: `method`, `baseline` per prompt) or a comparison
+    (`methods=[...]`: every method and ONE baseline per prompt; one summary per method and a comparison
+    summary)."""
     run_cfg = cfg.run
     sampling = SamplingConfig(temperature=run_cfg.temperature, top_p=run_cfg.top_p)
     if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
@@ -131,6 +174,8 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     if run_cfg.num_prompts:
         prompts = prompts[: run_cfg.num_prompts]
     hardware = hardware_info(str(model.target.device))
+    comparison = cfg.methods is not None
+    label = "compare" if comparison else cfg.method.name
     meta = {
         "model": cfg.model.name,
         "method": cfg.method.name,
@@ -141,8 +186,9 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
         "temperature": run_cfg.temperature,
     }
     rundir = RunDir(run_cfg.out_dir, resolved, meta={"hardware": hardware})
-    drafter = build_drafter(cfg.method, model.target)
-    baseline = None if isinstance(drafter, Autoregressive) else Autoregressive(model.target)
+    contenders = {m.name: build_drafter(m, model.target) for m in cfg.compared}
+    only_ar = not comparison and isinstance(contenders[cfg.method.name], Autoregressive)
+    baseline = None if only_ar else Autoregressive(model.target)
 
     records = rundir.finished()
     finished_ids = {r["id"] for r in records}
@@ -152,60 +198,104 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     if todo and run_cfg.warmup:
         warm = todo[0][1]
         ids = model.chat.prompt_ids([{"role": "user", "content": warm.turns[0]}])[-model.target.max_context // 2 :]
-        for d in filter(None, (baseline, drafter)):
+        for d in filter(None, (baseline, *contenders.values())):
             generate(
                 model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, torch.Generator().manual_seed(0)
             )
 
-    bar = tqdm(todo, desc=f"{cfg.method.name} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
-    summary = summarize(records, meta)
+    def summaries() -> dict:
+        if not comparison:
+            return summarize(records, meta)
+        per_method = {
+            name: summarize([method_view(r, name) for r in records], {**meta, "method": name}) for name in contenders
+        }
+        return comparison_summary(per_method, meta)
+
+    bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
+    summary = summaries()
     for index, prompt in bar:
         record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
         try:
-            order = (
-                [("baseline", baseline), ("method", drafter)]
-                if index % 2 == 0
-                else [("method", drafter), ("baseline", baseline)]
-            )
-            results = {}
-            for role, d in order:
-                if d is not None:
-                    results[role] = run_conversation(
-                        model,
-                        d,
-                        prompt,
-                        run_cfg.max_new_tokens,
-                        sampling,
-                        run_cfg.seed,
-                        record_gaps=(role == "baseline"),
-                    )
+            results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling)
         except PromptTooLong as err:
             record.update(status="skipped", reason=str(err))
             tqdm.write(f"skipped prompt {prompt.id}: {err}")
         else:
-            method_side = side_record(results["method"])
-            base_side = side_record(results["baseline"]) if baseline is not None else None
-            if baseline is None or not sampling.greedy:
-                lossless = {"checked": False, "equal": None, "first_divergence": None}
+            base = results.get("baseline")
+            base_side = side_record(base) if base is not None else None
+            verdicts = {
+                name: outcome(results[name], base, base_side, sampling.greedy, model, run_cfg.float_tie_ulps)
+                for name in contenders
+            }
+            record.update(status="ok", baseline=base_side)
+            if comparison:
+                record["methods"] = {
+                    name: {"side": side, "lossless": lossless, "speedup_wall": speedup}
+                    for name, (side, lossless, speedup) in verdicts.items()
+                }
             else:
-                lossless = compare(results["method"], results["baseline"], model.target.dtype, run_cfg.float_tie_ulps)
-            b_tps = (base_side or method_side)["totals"]["tokens_per_s"]
-            record.update(
-                status="ok",
-                method=method_side,
-                baseline=base_side,
-                lossless=lossless,
-                speedup_wall=method_side["totals"]["tokens_per_s"] / b_tps if b_tps else None,
-            )
+                side, lossless, speedup = verdicts[cfg.method.name]
+                record.update(method=side, lossless=lossless, speedup_wall=speedup)
             if run_cfg.score:
-                record["score"] = {role: score_answer(prompt, conv.texts) for role, conv in results.items()}
+                scored = {role: score_answer(prompt, conv.texts) for role, conv in results.items()}
+                record["score"] = (
+                    scored if comparison else {"method": scored[cfg.method.name], "baseline": scored.get("baseline")}
+                )
         rundir.append(record)
         records.append(record)
-        summary = summarize(records, meta)
+        summary = summaries()
         rundir.write_summary(summary)
-        logger.log_sample(record, summary)
-        bar.set_postfix(tau=f"{summary['tau'] or 0:.2f}", tok_s=f"{summary['tokens_per_s']:.1f}")
+        if comparison:
+            for name in contenders:
+                logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
+        else:
+            logger.log_sample(record, summary)
+        bar.set_postfix(done=len(records))
     bar.close()
     rundir.write_summary(summary)
+    if comparison:
+        for name, method_summary in summary["methods"].items():
+            rundir.write_json(f"summaries/{name}.json", method_summary)
     logger.finish(summary)
     return summary
+
+
+COMPARISON_KEYS = (
+    "tau",
+    "speedup_wall",
+    "speedup_decode",
+    "avg_nodes_per_step",
+    "tokens_per_s",
+    "lossless",
+    "retrieval_share",
+    "ms_per_step",
+    "n_prompts",
+)
+
+
+def comparison_summary(per_method: dict[str, dict], meta: dict) -> dict:
+    """One row per method (the baseline first) of the headline metrics, plus every method's full summary."""
+    first = next(iter(per_method.values()))
+    baseline_row = {
+        "tau": first["baseline_tau"],
+        "speedup_wall": 1.0 if first["baseline_tokens_per_s"] else None,
+        "speedup_decode": 1.0 if first["baseline_tokens_per_s"] else None,
+        "avg_nodes_per_step": 1.0 if first["n_prompts"] else None,
+        "tokens_per_s": first["baseline_tokens_per_s"],
+        "lossless": None,
+        "retrieval_share": None,
+        "ms_per_step": first["baseline_ms_per_step"],
+        "n_prompts": first["n_prompts"],
+    }
+    rows = {"ar": baseline_row, **{name: {k: s.get(k) for k in COMPARISON_KEYS} for name, s in per_method.items()}}
+    return {
+        **{k: v for k, v in meta.items() if k != "method"},
+        "kind": "comparison",
+        "method": "compare",
+        "baseline": "ar",
+        "n_prompts": first["n_prompts"],
+        "n_skipped": first["n_skipped"],
+        "rows": rows,
+        "methods": per_method,
+        "definitions": first["definitions"],
+    }

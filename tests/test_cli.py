@@ -48,7 +48,7 @@ def test_embedded_model_end_to_end(tmp_path):
     assert ar["model"] == "smollm2_135m" and ar["n_prompts"] == 2
     assert ar["tau"] == 1.0 and ar["speedup_wall"] == 1.0
 
-    proc = run_cli(f"run.out_dir={tmp_path / 'pld'}", *common)  # the default method
+    proc = run_cli("method=pld", f"run.out_dir={tmp_path / 'pld'}", *common)
     pld = json.loads((tmp_path / "pld" / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(pld)
     assert pld["method"] == "pld" and pld["lossless"] is True
@@ -57,6 +57,13 @@ def test_embedded_model_end_to_end(tmp_path):
     turn = record["method"]["turns"][0]
     assert turn["new_tokens"] == 16 or turn["stop_reason"] == "stop_token"
     assert len(turn["accept_lengths"]) == turn["steps"] == len(turn["draft_ms"]) == len(turn["verify_ms"])
+
+    proc = run_cli(f"run.out_dir={tmp_path / 'default'}", *common)  # the default run: the comparison
+    default = json.loads((tmp_path / "default" / "summary.json").read_text())
+    assert list(default["rows"]) == ["ar", "pld", "eagle3", "pruned", "graft"]
+    assert all(default["rows"][m]["lossless"] for m in ("pld", "eagle3", "pruned", "graft"))
+    assert default["rows"]["pld"]["tau"] == pld["tau"]  # the same tokens as pld's own run
+    assert "graft" in proc.stdout and (tmp_path / "default" / "pareto.png").exists()
 
 
 def test_unknown_names_are_refused_with_the_options():
@@ -69,6 +76,7 @@ def test_unknown_names_are_refused_with_the_options():
 def test_missing_local_model_path(tmp_path):
     proc = run_cli(
         "model=pretrained",
+        "method=pld",
         f"model.path={tmp_path}/no/such/model",
         f"run.out_dir={tmp_path}/o",
         "logger=none",
@@ -137,3 +145,39 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
         assert profile[side]["decode_ms"] > 0
         assert set(profile[side]["verify_ms"]) == {"1", "2", "4", "8", "16", "32", "60", "128"}
     assert "bandwidth" in proc.stdout and "verify" in proc.stdout
+
+
+def test_a_comparison_shares_one_baseline_per_prompt_and_resumes(tmp_path):
+    out = tmp_path / "compare"
+    common = ["model=tiny_llama", "methods=[pld,graft]", "run.max_new_tokens=12", "logger=none", f"run.out_dir={out}"]
+    proc = run_cli(*common, "run.num_prompts=2")
+    records = [json.loads(line) for line in lines(out)]
+    assert [r["id"] for r in records] == ["chat-1", "chat-2"]
+    for record in records:  # one baseline per prompt, every method beside it
+        assert set(record) >= {"baseline", "methods"} and "method" not in record
+        assert set(record["methods"]) == {"pld", "graft"}
+        assert all(m["lossless"]["equal"] for m in record["methods"].values())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "comparison" and list(summary["rows"]) == ["ar", "pld", "graft"]
+    for name in ("pld", "graft"):  # one summary per method, with a single run's keys
+        single = json.loads((out / "summaries" / f"{name}.json").read_text())
+        assert SUMMARY_KEYS <= set(single) and single["method"] == name and single["n_prompts"] == 2
+    assert summary["rows"]["graft"]["tau"] == json.loads((out / "summaries" / "graft.json").read_text())["tau"]
+    assert (out / "pareto.png").stat().st_size > 0
+    assert "graft" in proc.stdout and "speedup_decode" in proc.stdout
+    run_cli(*common, "run.num_prompts=3")  # resumes: the two finished prompts are not rerun
+    again = [json.loads(line) for line in lines(out)]
+    assert [r["id"] for r in again] == ["chat-1", "chat-2", "chat-3"] and again[:2] == records
+
+
+def test_naming_one_method_makes_a_single_run_and_a_method_and_methods_together_are_refused(tmp_path):
+    from graft.config import check_overrides
+
+    assert check_overrides(["method=pld"])[-1] == "methods=null"
+    assert "methods=null" not in check_overrides(["methods=[pld,graft]", "method.total_tokens=16"])
+    proc = run_cli("model=tiny_llama", "methods=[pld]", "method=graft", f"run.out_dir={tmp_path}", check=False)
+    assert proc.returncode == 2 and "give one of them" in proc.stderr
+    proc = run_cli("model=tiny_llama", "methods=[pld,nope]", f"run.out_dir={tmp_path}", check=False)
+    assert proc.returncode == 2 and "unknown method 'nope'" in proc.stderr
+    proc = run_cli("model=tiny_llama", "methods=[pld]", "method.depth=3", f"run.out_dir={tmp_path}", check=False)
+    assert proc.returncode == 2 and "method.depth is a key of none of the compared methods" in proc.stderr

@@ -10,7 +10,12 @@ GROUP_NAMES = ["model", "method", "dataset", "logger", "hardware"]
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUP_NAMES for o in group_options(g)])
 def test_every_config_file_composes_and_validates(group, option):
-    cfg = validate(compose([f"{group}={option}"]))
+    overrides = [f"{group}={option}"]
+    if group == "model" and compose(overrides)["model"]["draft_head"] is None:
+        with pytest.raises(ConfigError, match="methods=\\[pld\\]"):  # the default comparison drafts with a head
+            validate(compose(overrides))
+        overrides.append("methods=[pld]")
+    cfg = validate(compose(overrides))
     assert getattr(cfg, group).name == option  # a method records its own config name (eagle3_chain, not eagle3)
 
 
