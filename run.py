@@ -12,6 +12,8 @@ os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
 
 import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from graft.config import ConfigError, check_overrides, register_schemas, validate  # noqa: E402
@@ -26,7 +28,6 @@ register_schemas()
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from graft.plots import plot_comparison_pareto
     from graft.report import print_comparison, print_summary
     from graft.runner import run
 
@@ -34,15 +35,14 @@ def main(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         typed = validate(resolved)
-        summary = run(typed, resolved)
+        summary = run(typed, resolved, experiment=HydraConfig.get().runtime.choices.get("experiment"))
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # this job fails; the sweep runs its other jobs and names the failure at the end
         sys.exit(2)
     if summary.get("kind") == "comparison":
         print_comparison(summary, typed.run.out_dir, time.perf_counter() - started)
-        if summary["n_prompts"]:
-            figure = plot_comparison_pareto(summary, f"{typed.run.out_dir}/pareto.png")
-            print(f"Pareto figure: {figure}")
         return None
     print_summary(summary, typed.run.out_dir)
     return summary.get("speedup_wall")

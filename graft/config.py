@@ -26,7 +26,7 @@ GROUPS = ("model", "method", "dataset", "logger", "hardware", "experiment")
 @dataclass
 class RunConfig:
     num_prompts: int | None = None  # first N prompts of the dataset (None: all)
-    max_new_tokens: int = 128  # per turn
+    max_new_tokens: int = 64  # per turn
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int = 0
@@ -68,6 +68,7 @@ class ModelConfig:
     seed: int = 0  # random: weight seed
     draft_head: str | None = None  # the model's published EAGLE head (Hub id or local directory)
     hardware_hint: str = ""  # what it needs, for people choosing a node
+    num_gpus: int = 1  # GPUs a job needs (the SLURM launcher asks for this many)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class DatasetConfig:
     hub_split: str = "test"
     num_prompts: int | None = None
     categories: list[str] | None = None
+    per_category: int | None = None  # the first N prompts of each category (a balanced subset)
     min_prompt_tokens: int | None = None  # first turn, chat template included, target's tokenizer
     max_prompt_tokens: int | None = None
     prompt_template: str | None = None  # how a record becomes the first user turn, e.g. "{question}"
@@ -103,6 +105,7 @@ class LoggerConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"
     dir: str | None = None
     tags: list[str] = field(default_factory=list)
+    group: str | None = None  # W&B group; None: the experiment's name (or the run's label outside one)
 
 
 @dataclass

@@ -87,6 +87,18 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def completed_summary(path: str | Path, cfg: dict, plan: dict) -> dict | None:
+    """The summary of a run directory that already finished this config and prompt plan, else None: a
+    rerun of a sweep skips such jobs without loading the model."""
+    path = Path(path)
+    try:
+        run = json.loads((path / "run.json").read_text())
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if run.get("config_hash") == config_hash(cfg) and summary.get("complete") == plan else None
+
+
 class RunDir:
     def __init__(self, path: str | Path, cfg: dict, meta: dict):
         self.path = Path(path)

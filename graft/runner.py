@@ -20,7 +20,8 @@ from graft.drafter import Drafter
 from graft.loggers import make_logger
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
-from graft.records import RunDir, hardware_info, token_hash
+from graft.plots import plot_comparison_pareto
+from graft.records import RunDir, completed_summary, hardware_info, token_hash
 from graft.registry import build_drafter
 
 
@@ -161,12 +162,17 @@ def outcome(conv: Conversation, base: Conversation | None, base_side: dict | Non
     return side, lossless, side["totals"]["tokens_per_s"] / b_tps if b_tps else None
 
 
-def run(cfg: ExperimentConfig, resolved: dict) -> dict:
+def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) -> dict:
     """A single-method run (today's records: `method`, `baseline` per prompt) or a comparison
     (`methods=[...]`: every method and ONE baseline per prompt; one summary per method and a comparison
     summary)."""
     run_cfg = cfg.run
     sampling = SamplingConfig(temperature=run_cfg.temperature, top_p=run_cfg.top_p)
+    plan = {"num_prompts": run_cfg.num_prompts, "dataset_num_prompts": cfg.dataset.num_prompts}
+    done = completed_summary(run_cfg.out_dir, resolved, plan)
+    if done is not None:
+        tqdm.write(f"{run_cfg.out_dir}: already complete for this config; nothing to run")
+        return done
     if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
         load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
     model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
@@ -193,71 +199,83 @@ def run(cfg: ExperimentConfig, resolved: dict) -> dict:
     records = rundir.finished()
     finished_ids = {r["id"] for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if p.id not in finished_ids]
-    logger = make_logger(cfg.logger, resolved, run_cfg.out_dir)
-
-    if todo and run_cfg.warmup:
-        warm = todo[0][1]
-        ids = model.chat.prompt_ids([{"role": "user", "content": warm.turns[0]}])[-model.target.max_context // 2 :]
-        for d in filter(None, (baseline, *contenders.values())):
-            generate(
-                model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, torch.Generator().manual_seed(0)
-            )
+    configs = {m.name: m.flat() for m in cfg.compared}  # every key of each method, defaults resolved
 
     def summaries() -> dict:
         if not comparison:
-            return summarize(records, meta)
+            return summarize(records, {**meta, "method_config": configs[cfg.method.name]})
         per_method = {
-            name: summarize([method_view(r, name) for r in records], {**meta, "method": name}) for name in contenders
+            name: summarize(
+                [method_view(r, name) for r in records], {**meta, "method": name, "method_config": configs[name]}
+            )
+            for name in contenders
         }
         return comparison_summary(per_method, meta)
 
-    bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
-    summary = summaries()
-    for index, prompt in bar:
-        record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
-        try:
-            results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling)
-        except PromptTooLong as err:
-            record.update(status="skipped", reason=str(err))
-            tqdm.write(f"skipped prompt {prompt.id}: {err}")
-        else:
-            base = results.get("baseline")
-            base_side = side_record(base) if base is not None else None
-            verdicts = {
-                name: outcome(results[name], base, base_side, sampling.greedy, model, run_cfg.float_tie_ulps)
-                for name in contenders
-            }
-            record.update(status="ok", baseline=base_side)
+    summary, figures, failed = summaries(), [], True
+    logger = make_logger(cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label)
+    try:
+        if todo and run_cfg.warmup:
+            warm = todo[0][1]
+            ids = model.chat.prompt_ids([{"role": "user", "content": warm.turns[0]}])[-model.target.max_context // 2 :]
+            for d in filter(None, (baseline, *contenders.values())):
+                generator = torch.Generator().manual_seed(0)
+                generate(model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, generator)
+        bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
+        for index, prompt in bar:
+            record = prompt_record(model, contenders, baseline, prompt, index, run_cfg, sampling, comparison)
+            rundir.append(record)
+            records.append(record)
+            summary = summaries()
+            rundir.write_summary(summary)
             if comparison:
-                record["methods"] = {
-                    name: {"side": side, "lossless": lossless, "speedup_wall": speedup}
-                    for name, (side, lossless, speedup) in verdicts.items()
-                }
+                for name in contenders:
+                    logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
             else:
-                side, lossless, speedup = verdicts[cfg.method.name]
-                record.update(method=side, lossless=lossless, speedup_wall=speedup)
-            if run_cfg.score:
-                scored = {role: score_answer(prompt, conv.texts) for role, conv in results.items()}
-                record["score"] = (
-                    scored if comparison else {"method": scored[cfg.method.name], "baseline": scored.get("baseline")}
-                )
-        rundir.append(record)
-        records.append(record)
-        summary = summaries()
+                logger.log_sample(record, summary)
+            bar.set_postfix(done=len(records))
+        bar.close()
+        summary["complete"] = plan  # every prompt of this plan is recorded: a rerun skips the job
         rundir.write_summary(summary)
         if comparison:
-            for name in contenders:
-                logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
-        else:
-            logger.log_sample(record, summary)
-        bar.set_postfix(done=len(records))
-    bar.close()
-    rundir.write_summary(summary)
+            for name, method_summary in summary["methods"].items():
+                rundir.write_json(f"summaries/{name}.json", method_summary)
+            if summary["n_prompts"]:
+                figures.append(plot_comparison_pareto(summary, rundir.path / "pareto.png"))
+        failed = False
+        return summary
+    finally:
+        logger.finish(summary, records, figures, failed=failed)
+
+
+def prompt_record(model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling, comparison: bool) -> dict:
+    """One prompt measured for every contender and the baseline, as the line samples.jsonl keeps."""
+    record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
+    try:
+        results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling)
+    except PromptTooLong as err:
+        tqdm.write(f"skipped prompt {prompt.id}: {err}")
+        return {**record, "status": "skipped", "reason": str(err)}
+    base = results.get("baseline")
+    base_side = side_record(base) if base is not None else None
+    verdicts = {
+        name: outcome(results[name], base, base_side, sampling.greedy, model, run_cfg.float_tie_ulps)
+        for name in contenders
+    }
+    record.update(status="ok", baseline=base_side)
     if comparison:
-        for name, method_summary in summary["methods"].items():
-            rundir.write_json(f"summaries/{name}.json", method_summary)
-    logger.finish(summary)
-    return summary
+        record["methods"] = {
+            name: {"side": side, "lossless": lossless, "speedup_wall": speedup}
+            for name, (side, lossless, speedup) in verdicts.items()
+        }
+    else:
+        (name,) = contenders
+        side, lossless, speedup = verdicts[name]
+        record.update(method=side, lossless=lossless, speedup_wall=speedup)
+    if run_cfg.score:
+        scored = {role: score_answer(prompt, conv.texts) for role, conv in results.items()}
+        record["score"] = scored if comparison else {"method": scored[name], "baseline": scored.get("baseline")}
+    return record
 
 
 COMPARISON_KEYS = (

@@ -167,7 +167,7 @@ def test_a_comparison_shares_one_baseline_per_prompt_and_resumes(tmp_path):
     assert "graft" in proc.stdout and "speedup_decode" in proc.stdout
     run_cli(*common, "run.num_prompts=3")  # resumes: the two finished prompts are not rerun
     again = [json.loads(line) for line in lines(out)]
-    assert [r["id"] for r in again] == ["chat-1", "chat-2", "chat-3"] and again[:2] == records
+    assert [r["id"] for r in again] == ["chat-1", "chat-2", "code-1"] and again[:2] == records  # builtin_quick
 
 
 def test_naming_one_method_makes_a_single_run_and_a_method_and_methods_together_are_refused(tmp_path):
@@ -181,3 +181,23 @@ def test_naming_one_method_makes_a_single_run_and_a_method_and_methods_together_
     assert proc.returncode == 2 and "unknown method 'nope'" in proc.stderr
     proc = run_cli("model=tiny_llama", "methods=[pld]", "method.depth=3", f"run.out_dir={tmp_path}", check=False)
     assert proc.returncode == 2 and "method.depth is a key of none of the compared methods" in proc.stderr
+
+
+def test_a_multirun_writes_a_dir_per_job_and_a_rerun_skips_finished_jobs(tmp_path):
+    args = [
+        "-m",
+        "method=pld,suffix",
+        "model=tiny_llama",
+        "run.num_prompts=2",
+        "run.max_new_tokens=8",
+        "logger=none",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
+    run_cli(*args)
+    jobs = sorted(p.parent for p in tmp_path.glob("*/summary.json"))
+    assert len(jobs) == 2
+    before = {job: (job / "samples.jsonl").read_text() for job in jobs}
+    assert all(json.loads((job / "summary.json").read_text())["complete"] for job in jobs)
+    proc = run_cli(*args)
+    assert proc.stderr.count("already complete") + proc.stdout.count("already complete") == 2
+    assert {job: (job / "samples.jsonl").read_text() for job in jobs} == before

@@ -45,7 +45,8 @@ def test_every_experiment_composes(experiment):
 
 def test_defaults_are_the_embedded_model_on_builtin_prompts():
     cfg = validate(compose([]))
-    assert (cfg.model.name, cfg.dataset.name, cfg.model.source) == ("smollm2_135m", "builtin", "embedded")
+    assert (cfg.model.name, cfg.dataset.name, cfg.model.source) == ("smollm2_135m", "builtin_quick", "embedded")
+    assert [m.name for m in cfg.methods] == ["pld", "eagle3", "pruned", "graft"] and cfg.run.max_new_tokens == 64
 
 
 @pytest.mark.parametrize(

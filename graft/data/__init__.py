@@ -1,7 +1,8 @@
 """Prompt sets: `builtin`, the benchmark files (local or Hub), and long-context sets.
 
 `load_prompts` applies, in order: the loader, `dataset.categories`, the prompt-length filters (tokens of
-the first turn with the chat template, counted by the target's tokenizer), then `dataset.num_prompts`.
+the first turn with the chat template, counted by the target's tokenizer), `dataset.per_category` (the
+first N of each category, in the set's order), then `dataset.num_prompts`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) ->
     if (cfg.min_prompt_tokens or cfg.max_prompt_tokens) and chat is not None:
         low, high = cfg.min_prompt_tokens or 0, cfg.max_prompt_tokens or float("inf")
         prompts = [p for p in prompts if low <= len(chat.prompt_ids([{"role": "user", "content": p.turns[0]}])) <= high]
+    if cfg.per_category:
+        seen: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= cfg.per_category:
+                kept.append(p)
+        prompts = kept
     if cfg.num_prompts:
         prompts = prompts[: cfg.num_prompts]
     if not prompts:

@@ -1,0 +1,162 @@
+"""Run directories as pandas tables, for the paper-shaped tables and the figures (scripts/make_tables.py,
+scripts/plot.py, notebooks/reproduce_figures.ipynb).
+
+- `method_rows(paths)`: one row per (run, method) from the summaries: model, dataset, method, temperature,
+  budget, the headline metrics, the time split and the pruning stages. A comparison gives a row per method
+  and one for its baseline (`ar`); a single-method run gives its method's row.
+- `step_rows(paths)`: one row per verification step from samples.jsonl (accepted length, nodes, stage,
+  accepted draft and retrieved nodes, milliseconds), for histograms and the retrieval-by-stage figure.
+- `paper_table(rows, ...)`: rows = methods, columns = datasets and their mean, cells "speedup / tau".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+METRICS = (
+    "tau",
+    "speedup_wall",
+    "speedup_decode",
+    "avg_nodes_per_step",
+    "tokens_per_s",
+    "retrieval_share",
+    "ms_per_step",
+)
+
+
+def run_dirs(paths) -> list[Path]:
+    """Every run directory (a folder with summary.json and run.json) at or below `paths`."""
+    found = []
+    for path in map(Path, paths):
+        if (path / "summary.json").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += sorted(p.parent for p in path.rglob("summary.json") if (p.parent / "run.json").is_file())
+    return list(dict.fromkeys(found))
+
+
+def _row(summary: dict, run: Path, method: str) -> dict:
+    config = summary.get("method_config") or {}
+    split = summary.get("time_split") or {}
+    return {
+        "run": str(run),
+        "model": summary["model"],
+        "dataset": summary["dataset"],
+        "method": method,
+        "temperature": summary.get("temperature", 0.0),
+        "budget": config.get("total_tokens"),
+        "n_prompts": summary.get("n_prompts"),
+        "lossless": summary.get("lossless"),
+        **{key: summary.get(key) for key in METRICS},
+        "draft_share": split.get("draft"),
+        "verify_share": split.get("verify"),
+        "other_share": split.get("other"),
+        "stages": summary.get("stages"),
+        "hardware": (summary.get("hardware") or {}).get("gpu") or (summary.get("hardware") or {}).get("cpu"),
+    }
+
+
+def method_rows(paths) -> pd.DataFrame:
+    rows = []
+    for run in run_dirs(paths):
+        summary = json.loads((run / "summary.json").read_text())
+        if summary.get("kind") == "comparison":
+            first = next(iter(summary["methods"].values()), None)
+            if first is None or not first.get("n_prompts"):
+                continue
+            base = summary["rows"]["ar"]
+            rows.append(
+                {
+                    **_row({**first, **base, "time_split": None, "stages": None, "method_config": {}}, run, "ar"),
+                    "budget": 1,
+                    "speedup_wall": 1.0,
+                    "speedup_decode": 1.0,
+                }
+            )
+            rows += [_row(s, run, name) for name, s in summary["methods"].items()]
+        elif summary.get("n_prompts"):
+            rows.append(_row(summary, run, summary["method"]))
+    return pd.DataFrame(rows)
+
+
+def _sides(record: dict) -> dict[str, dict]:
+    """{method name: side} of one prompt's record, the baseline as `ar`."""
+    if record.get("status") != "ok":
+        return {}
+    sides = {"ar": record["baseline"]} if record.get("baseline") else {}
+    if "methods" in record:
+        sides.update({name: entry["side"] for name, entry in record["methods"].items()})
+    else:
+        sides[record.get("_method", "method")] = record["method"]
+    return sides
+
+
+def step_rows(paths) -> pd.DataFrame:
+    rows = []
+    for run in run_dirs(paths):
+        summary = json.loads((run / "summary.json").read_text())
+        for line in (run / "samples.jsonl").read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            record["_method"] = summary.get("method")
+            for method, side in _sides(record).items():
+                for turn in side["turns"]:
+                    infos = turn.get("step_info") or [{}] * turn["steps"]
+                    sources = turn.get("step_sources") or [[0, 0, 0, 0]] * turn["steps"]
+                    for k in range(turn["steps"]):
+                        info = infos[k] if k < len(infos) else {}
+                        rows.append(
+                            {
+                                "run": str(run),
+                                "model": summary["model"],
+                                "dataset": summary["dataset"],
+                                "method": method,
+                                "prompt": record["id"],
+                                "accepted": turn["accept_lengths"][k],
+                                "nodes": turn["nodes"][k],
+                                "stage": info.get("stage"),
+                                "draft_nodes": sources[k][0],
+                                "retrieved_nodes": sources[k][1],
+                                "accepted_draft": sources[k][2],
+                                "accepted_retrieved": sources[k][3],
+                                "draft_ms": turn["draft_ms"][k],
+                                "verify_ms": turn["verify_ms"][k],
+                                "other_ms": turn["other_ms"][k],
+                            }
+                        )
+    return pd.DataFrame(rows)
+
+
+def paper_table(rows: pd.DataFrame, metric: str = "speedup_wall", order: list[str] | None = None) -> pd.DataFrame:
+    """Rows = methods, columns = datasets and `mean`, cells "<speedup>x / <tau>" (one model, one temperature)."""
+    speed = rows.pivot_table(index="method", columns="dataset", values=metric, aggfunc="mean")
+    tau = rows.pivot_table(index="method", columns="dataset", values="tau", aggfunc="mean")
+    speed["mean"], tau["mean"] = speed.mean(axis=1), tau.mean(axis=1)
+    methods = [m for m in (order or []) if m in speed.index] + [m for m in speed.index if m not in (order or [])]
+    cells = speed.loc[methods].copy().astype(object)
+    for method in methods:
+        for column in speed.columns:
+            s, t = speed.loc[method, column], tau.loc[method, column]
+            cells.loc[method, column] = "-" if pd.isna(s) else f"{s:.2f}x / {t:.2f}"
+    cells.columns.name = None
+    return cells
+
+
+def improvement(
+    rows: pd.DataFrame, method: str = "graft", over: str = "eagle3", metric: str = "speedup_wall"
+) -> float | None:
+    """Relative improvement of `method`'s mean `metric` over `over`'s across datasets (0.1 = +10%)."""
+    means = rows.groupby("method")[metric].mean()
+    if method not in means or over not in means or not means[over]:
+        return None
+    return float(means[method] / means[over] - 1)
+
+
+def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Share of steps per pruning stage, per method (the split table)."""
+    data = {f"{r.method} / {r.dataset}": r.stages for r in rows.itertuples() if isinstance(r.stages, dict) and r.stages}
+    return pd.DataFrame(data).T.fillna(0.0).sort_index(axis=1) if data else pd.DataFrame()

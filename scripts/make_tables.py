@@ -1,0 +1,70 @@
+"""Tables shaped like the paper's, from run or sweep directories: one table per model and temperature,
+rows = methods, columns = datasets and their mean, cells = speedup / tau; Graft's relative improvement
+over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX.
+
+    python scripts/make_tables.py multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--out results/cpu_embedded]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ORDER = [
+    "ar",
+    "pld",
+    "recycling",
+    "suffix",
+    "samd",
+    "eagle3",
+    "eagle3_chain",
+    "eagle3_static",
+    "pruned",
+    "graft",
+    "graft_root",
+    "graft_noprune",
+    "graft_tail",
+]
+
+
+def build(paths: list[str], metric: str) -> tuple[str, str, object]:
+    from graft.analysis import improvement, method_rows, paper_table, stage_table
+
+    rows = method_rows(paths)
+    if rows.empty:
+        raise SystemExit(f"no finished runs under {', '.join(paths)}")
+    markdown, latex = [], []
+    for (model, temperature), group in rows.groupby(["model", "temperature"]):
+        table = paper_table(group, metric, ORDER)
+        title = f"{model}, temperature {temperature:g}: {metric} / tau ({group['hardware'].iloc[0]})"
+        gain = improvement(group, "graft", "eagle3", metric)
+        note = f"Graft over EAGLE-3 (mean {metric}): {gain:+.1%}" if gain is not None else ""
+        markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
+        latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
+    stages = stage_table(rows)
+    if not stages.empty:
+        markdown += ["### Share of steps per pruning stage", "", stages.to_markdown(floatfmt=".1%"), ""]
+    return "\n".join(markdown), "\n".join(latex), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--metric", default="speedup_wall", choices=["speedup_wall", "speedup_decode"])
+    parser.add_argument("--out", type=Path, help="folder for tables.md, tables.tex and rows.csv")
+    args = parser.parse_args()
+    markdown, latex, rows = build(args.paths, args.metric)
+    print(markdown)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tables.md").write_text(markdown + "\n")
+        (args.out / "tables.tex").write_text(latex + "\n")
+        rows.drop(columns=["run"]).to_csv(args.out / "rows.csv", index=False)
+        print(f"wrote {args.out}/tables.md, tables.tex, rows.csv")
+
+
+if __name__ == "__main__":
+    main()

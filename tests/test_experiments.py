@@ -1,0 +1,110 @@
+"""Every experiment composes with every hardware config, at every point of its sweep, and validates;
+the SLURM launcher config composes and sizes its jobs from the model config."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, compose
+from graft.config import CONFIG_DIR, group_options, validate
+
+
+def sweep_points(experiment: str) -> list[list[str]]:
+    """The overrides of each job `python run.py -m experiment=<experiment>` launches (basic sweeper)."""
+    raw = yaml.safe_load((CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text()) or {}
+    params = ((raw.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    for parent in raw.get("defaults", []):  # an experiment deriving from another sweeps what that one sweeps
+        if isinstance(parent, str) and parent != "_self_":
+            parent_params = (
+                (yaml.safe_load((CONFIG_DIR / "experiment" / f"{parent}.yaml").read_text()).get("hydra") or {}).get(
+                    "sweeper"
+                )
+                or {}
+            ).get("params") or {}
+            params = {**parent_params, **params}
+    axes = [[f"{key}={value}" for value in _split(str(values))] for key, values in params.items()]
+    return [list(point) for point in itertools.product(*axes)] or [[]]
+
+
+def _split(values: str) -> list[str]:
+    """Hydra's sweep list a,b,[x,y] split at top-level commas."""
+    out, depth, current = [], 0, ""
+    for char in values:
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            out.append(current)
+            current = ""
+        else:
+            current += char
+    return [*out, current]
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+@pytest.mark.parametrize("hardware", group_options("hardware"))
+def test_every_experiment_composes_at_every_sweep_point(experiment, hardware):
+    points = sweep_points(experiment)
+    for point in points:
+        cfg = validate(compose([f"experiment={experiment}", f"hardware={hardware}", *point]))
+        assert cfg.compared  # a comparison or one method per job
+        if cfg.methods is not None:
+            assert cfg.method.name == "ar"
+
+
+def test_paper_experiments_cover_the_papers_models_sets_and_methods():
+    short = sweep_points("paper_short")
+    assert len(short) == 3 * 5 * 2  # models x EAGLE-3 sets x (greedy, temperature 1)
+    cfg = validate(compose(["experiment=paper_short", *short[0]]))
+    assert [m.name for m in cfg.methods] == ["eagle3", "pruned", "graft"]
+    graft = cfg.methods[2]
+    assert (
+        graft.params.total_tokens == 60
+        and graft.of("source", "eagle").depth == 7
+        and graft.of("source", "eagle").top_k == 10
+    )
+    large = validate(compose(["experiment=paper_large", *sweep_points("paper_large")[0]]))
+    assert large.model.name == "qwen3_235b" and large.model.num_gpus == 4
+    long = validate(compose(["experiment=paper_long", *sweep_points("paper_long")[0]]))
+    assert max(long.dataset.lengths) == 65536
+    pareto = sweep_points("pareto")
+    assert len(pareto) == 6 * 3
+    cfg = validate(compose(["experiment=pareto", *pareto[-1]]))
+    assert [m.params.total_tokens for m in cfg.methods] == [128, 128, 128]
+    assert cfg.methods[2].of("split", "stage").thresholds == [0.2, 0.1, 0.05]
+
+
+def test_the_slurm_launcher_config_composes_and_sizes_jobs_from_the_model():
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher (the slurm extra) is not installed"
+    )
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from graft.config import prepare_overrides, register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for model, gpus in [("llama31_8b", 1), ("qwen3_235b", 4)]:
+            cfg = hydra_compose(
+                config_name="config",
+                overrides=prepare_overrides(["experiment=paper_short", f"model={model}", "hydra/launcher=graft_slurm"]),
+                return_hydra_config=True,
+            )
+            launcher = cfg.hydra.launcher
+            assert launcher._target_.endswith("SlurmLauncher")
+            assert launcher.gpus_per_node == gpus and launcher.array_parallelism > 0 and launcher.timeout_min > 0
+
+
+def test_an_experiment_prints_its_job_config():
+    proc = subprocess.run(
+        [sys.executable, "run.py", "experiment=paper_short", "--cfg", "job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "methods:" in proc.stdout and "- graft" in proc.stdout

@@ -1,0 +1,144 @@
+"""make_tables and plot on hand-written run directories: the numbers in the tables are the literal
+values written, and every figure file appears."""
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+HARDWARE = {"device": "cpu", "cpu": "test CPU"}
+
+
+def _method_summary(dataset, method, speedup, tau, budget, stages=None):
+    return {
+        "model": "m",
+        "dataset": dataset,
+        "method": method,
+        "temperature": 0.0,
+        "n_prompts": 1,
+        "tau": tau,
+        "speedup_wall": speedup,
+        "speedup_decode": speedup,
+        "avg_nodes_per_step": budget / 2,
+        "tokens_per_s": 10 * speedup,
+        "lossless": True,
+        "retrieval_share": 0.5,
+        "ms_per_step": 30.0,
+        "hardware": HARDWARE,
+        "time_split": {"draft": 0.2, "verify": 0.7, "other": 0.1},
+        "stages": stages,
+        "method_config": {"total_tokens": budget},
+    }
+
+
+def _turn(accepted, stage):
+    n = len(accepted)
+    return {
+        "steps": n,
+        "accept_lengths": accepted,
+        "nodes": [8] * n,
+        "draft_ms": [2.0] * n,
+        "verify_ms": [30.0] * n,
+        "other_ms": [1.0] * n,
+        "step_info": [{"stage": stage}] * n,
+        "step_sources": [[3, 4, 1, 1]] * n,
+    }
+
+
+def _comparison(path, dataset, numbers):
+    """A finished comparison run directory: numbers = {method: (speedup, tau)}."""
+    path.mkdir(parents=True)
+    methods = {
+        m: _method_summary(dataset, m, s, t, 60, {"dense": 0.25, "check@0": 0.75} if m == "graft" else None)
+        for m, (s, t) in numbers.items()
+    }
+    rows = {
+        "ar": {
+            "tau": 1.0,
+            "speedup_wall": 1.0,
+            "speedup_decode": 1.0,
+            "avg_nodes_per_step": 1.0,
+            "tokens_per_s": 10.0,
+            "ms_per_step": 25.0,
+        }
+    }
+    summary = {
+        "kind": "comparison",
+        "model": "m",
+        "dataset": dataset,
+        "hardware": HARDWARE,
+        "rows": rows,
+        "methods": methods,
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "run.json").write_text(json.dumps({"config_hash": "x"}))
+    record = {
+        "id": "p1",
+        "status": "ok",
+        "baseline": {"turns": [_turn([1, 1, 1], None)]},
+        "methods": {m: {"side": {"turns": [_turn([3, 1, 2], "check@0" if m == "graft" else None)]}} for m in numbers},
+    }
+    (path / "samples.jsonl").write_text(json.dumps(record) + "\n")
+
+
+def _sweep(tmp_path):
+    _comparison(tmp_path / "sweep" / "dataset=mt", "mt", {"eagle3": (1.5, 2.5), "graft": (1.8, 3.0)})
+    _comparison(tmp_path / "sweep" / "dataset=he", "he", {"eagle3": (2.5, 3.5), "graft": (3.0, 4.2)})
+    return tmp_path / "sweep"
+
+
+def test_make_tables_writes_the_paper_shaped_table(tmp_path):
+    out = tmp_path / "tables"
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(_sweep(tmp_path)), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (out / "tables.md").read_text()
+    graft_row = next(line for line in table.splitlines() if line.startswith("| graft"))
+    assert [cell.strip() for cell in graft_row.strip("|").split("|")] == [
+        "graft",
+        "3.00x / 4.20",
+        "1.80x / 3.00",
+        "2.40x / 3.60",
+    ]
+    ar_row = next(line for line in table.splitlines() if line.startswith("| ar"))
+    assert "1.00x / 1.00" in ar_row
+    assert "Graft over EAGLE-3 (mean speedup_wall): +20.0%" in table
+    assert "check@0" in table and "75.0%" in table  # the split table
+    assert "\\begin{tabular}" in (out / "tables.tex").read_text()
+    assert (out / "rows.csv").read_text().count("\n") == 1 + 2 * 3  # header, then ar, eagle3, graft per dataset
+
+
+def test_plot_writes_every_figure(tmp_path):
+    out = tmp_path / "figures"
+    proc = subprocess.run(
+        [sys.executable, "scripts/plot.py", str(_sweep(tmp_path)), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = {
+        "pareto_speedup_decode",
+        "pareto_tau",
+        "bars_speedup_wall",
+        "accept_histograms",
+        "retrieval_by_stage",
+        "time_split",
+    }
+    for name in names:
+        for suffix in (".png", ".pdf"):
+            assert (out / f"{name}{suffix}").stat().st_size > 1000, name
+
+
+def test_the_pareto_front_keeps_only_undominated_points():
+    from graft.plots import pareto_front
+
+    points = [(4, 1.0), (8, 1.5), (8, 1.2), (16, 1.4), (32, 2.0), (2, 0.5)]
+    assert pareto_front(points) == [5, 0, 1, 4]
