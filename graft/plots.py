@@ -1,5 +1,6 @@
-"""Figures from run summaries (matplotlib, no display needed): the Pareto frontier of a comparison and
-of budget sweeps. Every figure names its model, dataset and hardware in the title and its units on the axes."""
+"""Figures from runs (matplotlib, no display needed): a comparison's Pareto figure, and for sweeps the
+Pareto frontiers, speedup bars, accepted-length histograms, retrieval's share by pruning stage, the time
+split and the published numbers beside ours. Titles name the model, dataset and hardware; axes their units."""
 
 from __future__ import annotations
 

@@ -86,3 +86,4 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
     console.print(
         f"records: {out_dir}/samples.jsonl  summaries: {out_dir}/summary.json, {out_dir}/summaries/<method>.json"
     )
+    console.print(f"Pareto figure: {out_dir}/pareto.png")

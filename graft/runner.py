@@ -1,7 +1,7 @@
-"""One benchmark run: load the target, build the method's drafter and the baseline, then for each prompt
-run both (interleaved, alternating which goes first) after an untimed warm-up, check losslessness,
-and write the record. `method=ar` runs the baseline alone.
-"""
+"""One benchmark run: load the target, build the drafters of the compared methods (one, or a comparison's
+several) and the autoregressive baseline, then for each prompt run them all in an order that rotates per
+prompt, after an untimed warm-up of each; check losslessness against the baseline and write the record.
+`method=ar` runs the baseline alone."""
 
 from __future__ import annotations
 
