@@ -157,6 +157,11 @@ def improvement(
 
 
 def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Share of steps per pruning stage, per method (the split table)."""
-    data = {f"{r.method} / {r.dataset}": r.stages for r in rows.itertuples() if isinstance(r.stages, dict) and r.stages}
+    """Share of steps per confidence-checkpoint stage (`check@<levels>`, or `dense` when none fired), per
+    method and dataset, for the methods that split the budget by stage (the split table)."""
+    data = {}
+    for r in rows.itertuples():
+        stages = r.stages if isinstance(r.stages, dict) else {}
+        if stages and all(k == "dense" or k.startswith("check@") for k in stages):
+            data[f"{r.method} / {r.dataset}"] = stages
     return pd.DataFrame(data).T.fillna(0.0).sort_index(axis=1) if data else pd.DataFrame()

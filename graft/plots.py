@@ -4,6 +4,7 @@ split and the published numbers beside ours. Titles name the model, dataset and 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -65,7 +66,15 @@ def _save(fig, out: Path, name: str) -> list[Path]:
 def _title(rows) -> str:
     models = ", ".join(sorted(set(rows["model"])))
     datasets = ", ".join(sorted(set(rows["dataset"])))
-    return f"{models} / {datasets} on {rows['hardware'].iloc[0]}"
+    return textwrap.fill(f"{models} / {datasets} on {rows['hardware'].iloc[0]}", 90)
+
+
+MARKERS = "os^Dv<>Ph*X"
+
+
+def _style(k: int) -> dict:
+    """A distinct colour and marker for the k-th method (20 colours x 11 markers)."""
+    return {"color": plt.get_cmap("tab20")(k % 20), "marker": MARKERS[k % len(MARKERS)]}
 
 
 def pareto_figures(rows, out: Path) -> list[Path]:
@@ -79,11 +88,12 @@ def pareto_figures(rows, out: Path) -> list[Path]:
     )
     for metric, label in [("speedup_decode", "decode speedup (x, against AR)"), ("tau", "tau (tokens per step)")]:
         fig, ax = plt.subplots(figsize=(6.8, 4.6))
-        for method, group in points.groupby("method"):
+        for k, (method, group) in enumerate(points.groupby("method")):
             xy = list(zip(group["avg_nodes_per_step"], group[metric]))
-            ax.scatter(*zip(*xy), label=method, s=22)
+            style = _style(k)
+            ax.scatter(*zip(*xy), label=method, s=28, **style)
             front = pareto_front(xy)
-            ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "-", lw=1)
+            ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "-", lw=1, color=style["color"])
         ax.set_xlabel("verified nodes per step (root included)")
         ax.set_ylabel(label)
         ax.set_title(_title(rows), fontsize=9)
@@ -97,7 +107,7 @@ def speedup_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
     """Per-dataset speedup of every method (bars), the AR line at 1."""
     table = rows.pivot_table(index="dataset", columns="method", values=metric, aggfunc="mean")
     fig, ax = plt.subplots(figsize=(max(6.4, 1.2 * len(table)), 4.4))
-    table.plot.bar(ax=ax, width=0.8)
+    table.plot.bar(ax=ax, width=0.8, color=[_style(k)["color"] for k in range(len(table.columns))])
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel(f"{metric} (x, against AR)")
     ax.set_xlabel("dataset")

@@ -41,12 +41,19 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
         table = paper_table(group, metric, ORDER)
         title = f"{model}, temperature {temperature:g}: {metric} / tau ({group['hardware'].iloc[0]})"
         gain = improvement(group, "graft", "eagle3", metric)
-        note = f"Graft over EAGLE-3 (mean {metric}): {gain:+.1%}" if gain is not None else ""
+        note = f"Graft over EAGLE-3 (mean {metric}): {gain:+.1%}. " if gain is not None else ""
+        checked = group[group["lossless"].notna()]
+        note += f"Lossless (greedy tokens equal the baseline's): {int(checked['lossless'].sum())} of {len(checked)} method x dataset runs."
         markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
         latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
     stages = stage_table(rows)
     if not stages.empty:
-        markdown += ["### Share of steps per pruning stage", "", stages.to_markdown(floatfmt=".1%"), ""]
+        markdown += [
+            "### Share of steps per pruning stage (the stage split: check@<levels> fired, or dense)",
+            "",
+            stages.to_markdown(floatfmt=".1%"),
+            "",
+        ]
     return "\n".join(markdown), "\n".join(latex), rows
 
 

@@ -1,0 +1,54 @@
+"""Copy finished run directories into a folder to commit: run.json, summary.json, summaries/ and
+samples.jsonl without the generated texts (the token hashes stay), so tables and figures can be
+regenerated from what is committed.
+
+    python scripts/export_runs.py multirun/cpu_embedded results/cpu_embedded/runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def strip_texts(record: dict) -> dict:
+    sides = [record.get("baseline"), record.get("method"), *(m["side"] for m in (record.get("methods") or {}).values())]
+    for side in filter(None, sides):
+        for turn in side["turns"]:
+            turn.pop("text", None)
+    return record
+
+
+def export(source: Path, target: Path) -> list[Path]:
+    from graft.analysis import run_dirs
+
+    written = []
+    for run in run_dirs([source]):
+        out = target / run.relative_to(source) if run != source else target
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "summary.json"):
+            shutil.copy(run / name, out / name)
+        if (run / "summaries").is_dir():
+            shutil.copytree(run / "summaries", out / "summaries", dirs_exist_ok=True)
+        lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+        (out / "samples.jsonl").write_text("".join(json.dumps(strip_texts(r)) + "\n" for r in lines))
+        written.append(out)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    args = parser.parse_args()
+    for out in export(args.source, args.target):
+        print(out)
+
+
+if __name__ == "__main__":
+    main()
