@@ -11,6 +11,7 @@ scripts/plot.py, notebooks/reproduce_figures.ipynb).
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -25,6 +26,12 @@ METRICS = (
     "retrieval_share",
     "ms_per_step",
 )
+
+
+def read_samples(run: Path) -> str:
+    """A run's samples.jsonl, or the gzipped copy that export_runs.py commits."""
+    plain = run / "samples.jsonl"
+    return plain.read_text() if plain.exists() else gzip.decompress((run / "samples.jsonl.gz").read_bytes()).decode()
 
 
 def run_dirs(paths) -> list[Path]:
@@ -98,7 +105,7 @@ def step_rows(paths) -> pd.DataFrame:
     rows = []
     for run in run_dirs(paths):
         summary = json.loads((run / "summary.json").read_text())
-        for line in (run / "samples.jsonl").read_text().splitlines():
+        for line in read_samples(run).splitlines():
             if not line.strip():
                 continue
             record = json.loads(line)

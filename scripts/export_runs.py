@@ -1,6 +1,6 @@
 """Copy finished run directories into a folder to commit: run.json, summary.json, summaries/ and
-samples.jsonl without the generated texts (the token hashes stay), so tables and figures can be
-regenerated from what is committed.
+samples.jsonl.gz (the records without the generated texts; the token hashes stay, gzipped), so tables and
+figures can be regenerated from what is committed.
 
     python scripts/export_runs.py multirun/cpu_embedded results/cpu_embedded/runs
 """
@@ -8,6 +8,7 @@ regenerated from what is committed.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sys
@@ -36,7 +37,8 @@ def export(source: Path, target: Path) -> list[Path]:
         if (run / "summaries").is_dir():
             shutil.copytree(run / "summaries", out / "summaries", dirs_exist_ok=True)
         lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
-        (out / "samples.jsonl").write_text("".join(json.dumps(strip_texts(r)) + "\n" for r in lines))
+        text = "".join(json.dumps(strip_texts(r)) + "\n" for r in lines)
+        (out / "samples.jsonl.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
         written.append(out)
     return written
 
