@@ -19,6 +19,7 @@ adds retrieval [recycling] at the root; Token Recycling, PLD and suffix retrieva
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,7 +50,7 @@ class Retrieved:
     chain: bool = False  # a chain of known tokens (prompt lookup, suffix): grafts onto a bare root without merging
 
 
-class DraftSource:
+class DraftSource(ABC):
     """Drafts a tree from a model. `splits` names the budget splits it can honour."""
 
     needs = TargetNeeds()
@@ -63,8 +64,9 @@ class DraftSource:
     def reset(self, prefill: PrefillInfo) -> None:
         pass
 
+    @abstractmethod
     def draft(self, state: SequenceState, split: "Split", total_tokens: int) -> Draft:
-        raise NotImplementedError  # each source's own drafting
+        """The source's tree for this step, following `split` within `total_tokens`."""
 
     def update(self, step: StepFeedback) -> None:
         pass
@@ -93,7 +95,7 @@ class Split:
 register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: Split())
 
 
-class Retriever:
+class Retriever(ABC):
     """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any token (the
     attach policies that continue the draft's leaves need one)."""
 
@@ -107,9 +109,9 @@ class Retriever:
     def reset(self, prefill: PrefillInfo) -> None:
         pass
 
+    @abstractmethod
     def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
         """A subtree below `anchor_token` worth up to `room` new nodes in a tree of `tree_nodes` nodes."""
-        raise NotImplementedError  # each retriever's own lookup
 
     def chain_at(self, token, length: int) -> Retrieved | None:
         return None
@@ -122,13 +124,14 @@ class Retriever:
         return {}
 
 
-class AttachPolicy:
+class AttachPolicy(ABC):
     """Where retrieved subtrees join the draft: attach(grafted, retrievers, state) fills grafted.room."""
 
     needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
 
+    @abstractmethod
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
-        raise NotImplementedError  # each policy's own placement
+        """Graft the retrievers' subtrees onto `grafted` where the policy says."""
 
 
 RETRIEVAL_ALIASES = {"both": ["suffix", "recycling"]}  # the original two-retriever form of method.retrieval

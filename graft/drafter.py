@@ -15,6 +15,7 @@ and registers itself with `graft.registry.register("drafter", name, params)`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from graft.acceptance import Acceptance
@@ -73,7 +74,7 @@ class StepFeedback:
         return self.proposal.tree
 
 
-class Drafter:
+class Drafter(ABC):
     """The protocol. Subclasses implement propose(); reset() and update() default to nothing."""
 
     needs: TargetNeeds = TargetNeeds()
@@ -89,8 +90,9 @@ class Drafter:
     def reset(self, prefill: PrefillInfo) -> None:
         pass
 
+    @abstractmethod
     def propose(self, state: SequenceState) -> Proposal:
-        raise NotImplementedError  # the protocol's one required method
+        """The tree to verify next, rooted at state.root."""
 
     def update(self, step: StepFeedback) -> None:
         pass

@@ -70,6 +70,16 @@ def _title(rows) -> str:
 
 
 MARKERS = "os^Dv<>Ph*X"
+# every figure scripts/plot.py writes (PNG and PDF each)
+FIGURES = (
+    "pareto_speedup_decode",
+    "pareto_tau",
+    "bars_speedup_wall",
+    "accept_histograms",
+    "retrieval_by_stage",
+    "time_split",
+    "beside_paper",
+)
 
 
 def _style(k: int) -> dict:

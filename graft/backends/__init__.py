@@ -11,6 +11,7 @@ the same weights, the fast CPU path). `load_backend` picks one from the hardware
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,7 +91,7 @@ def text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-class TargetBackend:
+class TargetBackend(ABC):
     """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
 
     def __init__(self, model, tokenizer, name: str = "target"):
@@ -159,11 +160,11 @@ class TargetBackend:
             rows = path_index if path_index is not None else torch.tensor(path, dtype=torch.long, device=self.device)
         self.cache.keep(committed_len, rows, len(path))
 
+    @abstractmethod
     def _forward(
         self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0
     ) -> ForwardOutput:
         """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal)."""
-        raise NotImplementedError  # each backend's own forward
 
 
 def concat_taps(captured: dict, taps: tuple[HiddenTap, ...]) -> Tensor | None:
