@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from graft.compose import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState
@@ -68,7 +67,4 @@ class PromptLookup(Retriever):
         p = self.params
         self._index_until(state.tokens, len(state.tokens) - 1)  # every position but the root: not its own match
         found = ngram_continuation(self._last_end, state.tokens, p.min_ngram, p.max_ngram, min(p.num_pred_tokens, room))
-        if not found:
-            return None
-        tokens = torch.tensor([state.root, *found], dtype=torch.long, device=self.device)
-        return Retrieved(tokens, torch.arange(-1, len(found), device=self.device), chain=True)
+        return Retrieved.chain_of(state.root, found, self.device) if found else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from graft.compose import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState
@@ -49,10 +48,7 @@ class SuffixRetriever(Retriever):
         self._match, found = self.automaton.continuation(
             min(self.params.suffix_tokens, room), self.params.suffix_min_match
         )
-        if not found:
-            return None
-        tokens = torch.tensor([int(anchor_token), *found], dtype=torch.long, device=self.device)
-        return Retrieved(tokens, torch.arange(-1, len(found), device=self.device), chain=True)
+        return Retrieved.chain_of(int(anchor_token), found, self.device) if found else None
 
     def note(self) -> dict:
         match, self._match = self._match, None

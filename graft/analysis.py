@@ -75,14 +75,8 @@ def method_rows(paths) -> pd.DataFrame:
             if first is None or not first.get("n_prompts"):
                 continue
             base = summary["rows"]["ar"]
-            rows.append(
-                {
-                    **_row({**first, **base, "time_split": None, "stages": None, "method_config": {}}, run, "ar"),
-                    "budget": 1,
-                    "speedup_wall": 1.0,
-                    "speedup_decode": 1.0,
-                }
-            )
+            baseline = {**first, **base, "time_split": None, "stages": None, "method_config": {"total_tokens": 1}}
+            rows.append(_row(baseline, run, "ar"))
             rows += [_row(s, run, name) for name, s in summary["methods"].items()]
         elif summary.get("n_prompts"):
             rows.append(_row(summary, run, summary["method"]))

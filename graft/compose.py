@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from graft.backends import TargetBackend
@@ -49,27 +50,38 @@ class Retrieved:
     parents: Tensor  # [m] int64, parents[0] = -1
     chain: bool = False  # a chain of known tokens (prompt lookup, suffix): grafts onto a bare root without merging
 
+    @staticmethod
+    def chain_of(anchor_token: int, continuation: list[int], device) -> "Retrieved":
+        """anchor -> continuation[0] -> continuation[1] -> ... (tokens the text itself supplied)."""
+        tokens = torch.tensor([anchor_token, *continuation], dtype=torch.long, device=device)
+        return Retrieved(tokens, torch.arange(-1, len(continuation), device=device), chain=True)
 
-class DraftSource(ABC):
-    """Drafts a tree from a model. `splits` names the budget splits it can honour."""
 
-    needs = TargetNeeds()
-    splits: tuple[str, ...] = ("dense",)
+class Proposer:
+    """What draft sources and retrievers share: a size for the budget, and the sequence's lifecycle."""
 
     @staticmethod
     def capacity_of(params) -> int | None:
-        """The most draft nodes it proposes with `params` (None: as many as the budget allows)."""
+        """The most nodes it proposes with `params` (None: as many as the budget allows); a method with
+        total_tokens: null gets 1 + the sum of its parts' capacities."""
         return None
 
     def reset(self, prefill: PrefillInfo) -> None:
         pass
 
+    def update(self, step: StepFeedback) -> None:
+        pass
+
+
+class DraftSource(Proposer, ABC):
+    """Drafts a tree from a model. `splits` names the budget splits it can honour."""
+
+    needs = TargetNeeds()
+    splits: tuple[str, ...] = ("dense",)
+
     @abstractmethod
     def draft(self, state: SequenceState, split: "Split", total_tokens: int) -> Draft:
         """The source's tree for this step, following `split` within `total_tokens`."""
-
-    def update(self, step: StepFeedback) -> None:
-        pass
 
 
 class Split:
@@ -95,19 +107,11 @@ class Split:
 register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: Split())
 
 
-class Retriever(ABC):
+class Retriever(Proposer, ABC):
     """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any token (the
     attach policies that continue the draft's leaves need one)."""
 
     reads_at_any_token = False
-
-    @staticmethod
-    def capacity_of(params) -> int | None:
-        """The most nodes it retrieves with `params` (None: as many as the budget allows)."""
-        return None
-
-    def reset(self, prefill: PrefillInfo) -> None:
-        pass
 
     @abstractmethod
     def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
@@ -115,9 +119,6 @@ class Retriever(ABC):
 
     def chain_at(self, token, length: int) -> Retrieved | None:
         return None
-
-    def update(self, step: StepFeedback) -> None:
-        pass
 
     def note(self) -> dict:
         """What the retriever wants recorded about its last retrieval (e.g. the suffix match length)."""

@@ -69,7 +69,7 @@ class WandbLogger(NullLogger):
         self.offline = (
             cfg.mode == "offline" or os.environ.get("WANDB_MODE") == "offline" or not os.environ.get("WANDB_API_KEY")
         )
-        mode = "offline" if self.offline and cfg.mode != "disabled" else cfg.mode
+        mode = "offline" if self.offline else cfg.mode  # make_logger never builds a disabled one
         self.run = wandb.init(
             project=cfg.project,
             mode=mode,

@@ -165,9 +165,6 @@ class RankTree:
     def ancestors(self) -> Tensor:
         return topology(self.parents, 0).ancestors  # [n, n]
 
-    def prefix(self, n: int) -> "RankTree":
-        return RankTree(self.parents[:n], self.ranks[:n], self.depth[:n])
-
     @staticmethod
     def make(parents: list[int], ranks: list[int], device="cpu") -> "RankTree":
         depth = [0] * len(parents)
