@@ -18,11 +18,13 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from graft.config import ConfigError, check_overrides, register_schemas, validate  # noqa: E402
 from graft.data import DatasetError  # noqa: E402
+from graft.eagle.checkpoint import HeadLoadError  # noqa: E402
 from graft.embedded import EmbeddedModelError  # noqa: E402
 from graft.models import ModelLoadError  # noqa: E402
 from graft.records import RunDirConflict  # noqa: E402
+from graft.sweeps import clear_failure, record_failure  # noqa: E402
 
-USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError, DatasetError)
+USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError, DatasetError, HeadLoadError)
 register_schemas()
 
 
@@ -32,15 +34,23 @@ def main(cfg: DictConfig) -> float | None:
     from graft.runner import run
 
     started = time.perf_counter()
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    hydra_cfg = HydraConfig.get()
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    if sweeping:
+        clear_failure(hydra_cfg.runtime.output_dir)
     try:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
         typed = validate(resolved)
-        summary = run(typed, resolved, experiment=HydraConfig.get().runtime.choices.get("experiment"))
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # this job fails; the sweep runs its other jobs and names the failure at the end
-        sys.exit(2)
+        summary = run(typed, resolved, experiment=hydra_cfg.runtime.choices.get("experiment"))
+    except Exception as err:
+        if sweeping:  # this job fails, the sweep goes on; graft.sweeps.FailedJobs names it at the end
+            print(f"error: {err}", file=sys.stderr)
+            record_failure(hydra_cfg.runtime.output_dir, err)
+            return None
+        if isinstance(err, USER_ERRORS):
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        raise
     if summary.get("kind") == "comparison":
         print_comparison(summary, typed.run.out_dir, time.perf_counter() - started)
         return None

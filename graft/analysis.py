@@ -7,6 +7,7 @@ scripts/plot.py, notebooks/reproduce_figures.ipynb).
 - `step_rows(paths)`: one row per verification step from samples.jsonl (accepted length, nodes, stage,
   accepted draft and retrieved nodes, milliseconds), for histograms and the retrieval-by-stage figure.
 - `paper_table(rows, ...)`: rows = methods, columns = datasets and their mean, cells "speedup / tau".
+- `sweep_table(rows, ...)`: a budget / threshold sweep, rows = settings, columns = methods.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _row(summary: dict, run: Path, method: str) -> dict:
         "method": method,
         "temperature": summary.get("temperature", 0.0),
         "budget": config.get("total_tokens"),
+        "thresholds": _label(config.get("thresholds")),
         "n_prompts": summary.get("n_prompts"),
         "lossless": summary.get("lossless"),
         **{key: summary.get(key) for key in METRICS},
@@ -64,6 +66,11 @@ def _row(summary: dict, run: Path, method: str) -> dict:
         "stages": summary.get("stages"),
         "hardware": (summary.get("hardware") or {}).get("gpu") or (summary.get("hardware") or {}).get("cpu"),
     }
+
+
+def _label(value) -> str | None:
+    """A list-valued parameter as one hashable table key ("0.5/0.35/0.25")."""
+    return None if value is None else "/".join(f"{v:g}" for v in value)
 
 
 def method_rows(paths) -> pd.DataFrame:
@@ -157,12 +164,54 @@ def improvement(
     return float(means[method] / means[over] - 1)
 
 
-def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
+def is_sweep(rows: pd.DataFrame) -> bool:
+    """True when some method ran more than once on a dataset (a budget or threshold sweep), so that a
+    paper-shaped table would average different settings."""
+    return bool(rows.groupby(["method", "dataset"]).size().max() > 1)
+
+
+def sweep_table(rows: pd.DataFrame, metric: str = "speedup_wall", order: list[str] | None = None) -> pd.DataFrame:
+    """One dataset's sweep: rows = (budget, thresholds), columns = methods, cells "<speedup>x / <tau> /
+    <nodes per step>"; the baseline is left out (1.00x by definition). A method without thresholds (EAGLE-3)
+    sits in the "-" row of each budget, the mean of its runs in that budget's jobs."""
+    rows = rows[rows["method"] != "ar"].copy()
+    rows["thresholds"] = rows["thresholds"].fillna("-")
+    methods = [m for m in (order or []) if m in set(rows["method"])]
+    methods += sorted(set(rows["method"]) - set(methods))
+    cells = {}
+    for (budget, thresholds), group in rows.groupby(["budget", "thresholds"]):
+        by_method = group.groupby("method")[[metric, "tau", "avg_nodes_per_step"]].mean()
+        cells[(int(budget), thresholds)] = {
+            m: f"{by_method.loc[m, metric]:.2f}x / {by_method.loc[m, 'tau']:.2f} / {by_method.loc[m, 'avg_nodes_per_step']:.1f}"
+            if m in by_method.index
+            else "-"
+            for m in methods
+        }
+    table = pd.DataFrame.from_dict(cells, orient="index")[methods]
+    table.index.names = ["budget", "thresholds"]
+    return table
+
+
+def best_settings(rows: pd.DataFrame, metric: str = "speedup_wall") -> pd.DataFrame:
+    """Each method's best (budget, thresholds) by `metric`, per dataset."""
+    rows = rows[rows["method"] != "ar"].copy()
+    rows["thresholds"] = rows["thresholds"].fillna("-")
+    best = rows.loc[rows.groupby(["dataset", "method"])[metric].idxmax()]
+    return best[["dataset", "method", "budget", "thresholds", metric, "tau", "avg_nodes_per_step"]].reset_index(
+        drop=True
+    )
+
+
+def stage_table(rows: pd.DataFrame, settings: bool = False) -> pd.DataFrame:
     """Share of steps per confidence-checkpoint stage (`check@<levels>`, or `dense` when none fired), per
-    method and dataset, for the methods that split the budget by stage (the split table)."""
+    method and dataset (and budget / thresholds when `settings`), for the methods that split the budget by
+    stage (the split table)."""
     data = {}
     for r in rows.itertuples():
         stages = r.stages if isinstance(r.stages, dict) else {}
         if stages and all(k == "dense" or k.startswith("check@") for k in stages):
-            data[f"{r.method} / {r.dataset}"] = stages
+            label = f"{r.method} / {r.dataset}"
+            if settings:
+                label += f" / {r.budget:.0f} at {r.thresholds}"
+            data[label] = stages
     return pd.DataFrame(data).T.fillna(0.0).sort_index(axis=1) if data else pd.DataFrame()

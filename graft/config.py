@@ -8,12 +8,14 @@ a method YAML states only what differs from the dataclass defaults or from the m
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import yaml
 
+from graft.memory import check_declared_shape
 from graft.registry import MethodConfig, method_config
 from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults, suggest
 
@@ -33,11 +35,12 @@ class RunConfig:
     out_dir: str = "outputs/run"
     warmup: bool = True  # one untimed generation per decoder before the timed prompts
     warmup_tokens: int = 16
-    float_tie_ulps: int = (
-        16  # a divergence is a float tie when the baseline's top-2 gap <= this many ulps of its top logit
-    )
+    # a divergence is a float tie when the baseline's top-2 gap <= this many ulps of its top logit, in the
+    # logits' dtype; None: 16 for float32, 4 for bfloat16 / float16 (graft/decode.py: float_tie says why)
+    float_tie_ulps: int | None = None
     progress: bool = True
     score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
+    skip_memory_check: bool = False  # load even when graft/memory.py's plan says this machine cannot hold the model
 
     def __post_init__(self):
         require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
@@ -69,6 +72,14 @@ class ModelConfig:
     draft_head: str | None = None  # the model's published EAGLE head (Hub id or local directory)
     hardware_hint: str = ""  # what it needs, for people choosing a node
     num_gpus: int = 1  # GPUs a job needs (the SLURM launcher asks for this many)
+    # The published config.json sizes (graft/memory.SHAPE_KEYS) that the memory plan reads before loading;
+    # a local model.path's config.json and a random model's arch_config take its place.
+    shape: dict | None = None
+    fp8_path: str | None = None  # the official FP8 variant (Hub id), for runs that opt into it with model.path=
+
+    def __post_init__(self):
+        if self.shape is not None:
+            check_declared_shape(self.shape)
 
 
 @dataclass
@@ -92,6 +103,12 @@ class DatasetConfig:
     lengths: list[int] = field(default_factory=lambda: [8192])  # long_synthetic / pg19: prompt tokens
     tasks: list[str] = field(default_factory=lambda: ["summarise"])  # long_synthetic / pg19: continue, summarise, qa
 
+    def __post_init__(self):
+        for key in ("num_prompts", "per_category", "min_prompt_tokens", "max_prompt_tokens"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, f"dataset.{key}", value, "null or an integer >= 1")
+        require(all(n >= 1 for n in self.lengths), "dataset.lengths", self.lengths, "prompt lengths >= 1 token")
+
 
 @dataclass
 class PathsConfig:
@@ -114,6 +131,38 @@ class HardwareConfig:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
     fast_path: Literal["none", "transposed", "packed", "bf16"] = "none"  # graft/fast.py
+    # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped
+    # by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.
+    device_map: str | None = None
+    gpu_memory_fraction: float = 0.9  # of each GPU's memory the weights may take (the rest: KV cache, trees)
+    tensor_parallel: bool = False  # transformers' tp_plan="auto", one process per GPU under torchrun
+    timing: Literal["auto", "sync", "async"] = "auto"  # auto: synchronise at phase boundaries on CUDA only
+    # the attention kernel of transformers' forward, overriding model.attn_implementation; "graft_sdpa"
+    # (graft/nn.py: grouped_sdpa) verifies a tree without copying keys/values per query head (GQA)
+    attention: str | None = None
+    # prompt tokens per prefill forward: longer prompts are encoded in chunks (no [prompt, prompt] mask or
+    # scores; 64K-token prompts fit); null encodes every prompt in one forward
+    prefill_chunk: int | None = 4096
+
+    def __post_init__(self):
+        require(
+            self.num_threads is None or self.num_threads >= 1,
+            "hardware.num_threads",
+            self.num_threads,
+            "null (torch's default) or an integer >= 1",
+        )
+        require(
+            self.prefill_chunk is None or self.prefill_chunk >= 1,
+            "hardware.prefill_chunk",
+            self.prefill_chunk,
+            "null or an integer >= 1",
+        )
+        require(
+            0 < self.gpu_memory_fraction <= 1,
+            "hardware.gpu_memory_fraction",
+            self.gpu_memory_fraction,
+            "a number in (0, 1]",
+        )
 
 
 @dataclass
@@ -264,7 +313,35 @@ def prepare_overrides(argv: list[str]) -> list[str]:
     """The overrides as Hydra needs them: method keys via method_override, and `methods=null` when the
     command line names one method but no comparison."""
     out = [method_override(a) if "=" in a and not a.startswith("-") else a for a in argv]
+    out = place_hydra_files(out)
     return [*out, "methods=null"] if names_one_method(argv) else out
+
+
+def check_out_dir(path: str) -> None:
+    """Hydra creates the folder before any of our code runs: a file in the way or a folder that cannot be
+    written is refused here, in one line."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"run.out_dir={path} is a file, not a folder")
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.out_dir={path} cannot be written ({existing} is not writable)")
+
+
+def place_hydra_files(argv: list[str]) -> list[str]:
+    """A run writes only where the user said: with `run.out_dir=X`, Hydra's own folder (.hydra, the job
+    log) goes into X too instead of a new folder under ./outputs. In a sweep, `run.out_dir=X` becomes the
+    sweep's folder (`hydra.sweep.dir=X`), each job in its own subfolder, instead of every job claiming X."""
+    pinned = [a for a in argv if a.lstrip("+").startswith("run.out_dir=")]
+    if not pinned:
+        return argv
+    target = pinned[-1].split("=", 1)[1]
+    check_out_dir(target)
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if multirun:
+        rest = [a for a in argv if a not in pinned]
+        return rest if any(a.startswith("hydra.sweep.dir=") for a in rest) else [*rest, f"hydra.sweep.dir={target}"]
+    return argv if any(a.startswith("hydra.run.dir=") for a in argv) else [*argv, f"hydra.run.dir={target}"]
 
 
 PART_KEYS = ("drafter", "source", "split", "retrieval", "attach", "combine")  # method keys that choose parts

@@ -45,7 +45,7 @@ class KVBuffer:
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
         """Keep `committed` positions, then `count` positions taken from `committed + rows` (None: already in place)."""
         if rows is not None:
-            src = rows + committed
+            src = rows.to(self.keys.device, non_blocking=True) + committed  # this layer may sit on another GPU
             self.keys[:, :, committed : committed + count] = self.keys[:, :, src]
             self.values[:, :, committed : committed + count] = self.values[:, :, src]
         self.length = committed + count

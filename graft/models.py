@@ -15,7 +15,7 @@ from graft.backends.hf import HFBackend
 from graft.backends.lean import LeanBackend
 from graft.config import ConfigError, HardwareConfig, ModelConfig
 from graft.embedded import ensure_smollm2
-from graft.fast import apply_fast_path
+from graft.fast import ATTENTION_NAME, apply_fast_path, register_attention
 
 
 class ModelLoadError(RuntimeError):
@@ -123,7 +123,7 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
 
-def _pretrained(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+def _pretrained(cfg: ModelConfig, hardware: HardwareConfig, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not cfg.path:
@@ -136,21 +136,59 @@ def _pretrained(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         raise ModelLoadError(
             f"model.path={cfg.path}: no such directory. Point model.path at a local checkpoint or use a Hub id."
         )
-    kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation)
-    if cfg.device_map:
-        kwargs["device_map"] = cfg.device_map
+    kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation, **placement(cfg, hardware, device))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a folder without a model or tokenizer in it
         where = f"local directory {path}" if local else f"Hugging Face Hub id '{cfg.path}'"
         raise ModelLoadError(
             f"could not load model '{cfg.name}' from the {where}: {str(err).splitlines()[0]}\n"
             "Without Hub access, download the checkpoint elsewhere and pass model.path=/local/dir."
         ) from err
-    if not cfg.device_map:
+    if "device_map" in kwargs:
+        check_no_offload(getattr(model, "hf_device_map", {}), cfg.name)
+    elif "tp_plan" not in kwargs:
         model = model.to(device)
     return model, tokenizer
+
+
+def placement(cfg: ModelConfig, hardware: HardwareConfig, device: torch.device) -> dict:
+    """from_pretrained's placement arguments: one device, a planned device_map over the node's GPUs with
+    max_memory per GPU, or a tensor-parallel plan under torchrun."""
+    if hardware.tensor_parallel:
+        if "WORLD_SIZE" not in os.environ:
+            raise ConfigError(
+                "hardware.tensor_parallel=true runs one process per GPU: start it with "
+                "`torchrun --nproc-per-node=<GPUs> run.py ...`"
+            )
+        return {"tp_plan": "auto"}
+    device_map = hardware.device_map or cfg.device_map
+    if not device_map:
+        return {}
+    if device.type == "cuda" and device_map == "auto":
+        if torch.cuda.device_count() < cfg.num_gpus:
+            raise ConfigError(
+                f"model={cfg.name} needs model.num_gpus={cfg.num_gpus} GPUs; torch sees {torch.cuda.device_count()}"
+            )
+        # no "cpu" entry: a model that does not fit is refused below instead of running from host memory
+        budget = {
+            i: int(torch.cuda.get_device_properties(i).total_memory * hardware.gpu_memory_fraction)
+            for i in range(torch.cuda.device_count())
+        }
+        return {"device_map": "auto", "max_memory": budget}
+    return {"device_map": device_map}
+
+
+def check_no_offload(device_map: dict, name: str) -> None:
+    """Refuse a plan that put layers on the CPU or disk: it would run, slowly, and bias every speedup."""
+    offloaded = sorted(module for module, where in device_map.items() if str(where) in ("cpu", "disk"))
+    if offloaded and any(str(where) not in ("cpu", "disk") for where in device_map.values()):
+        raise ModelLoadError(
+            f"model={name} does not fit the GPUs: {len(offloaded)} modules were placed on the CPU or disk "
+            f"({', '.join(offloaded[:4])}{', ...' if len(offloaded) > 4 else ''}). Use more GPUs, the FP8 "
+            "variant (model.fp8_path), or raise hardware.gpu_memory_fraction."
+        )
 
 
 def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True) -> LoadedModel:
@@ -174,8 +212,10 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
         )
         source = str(path)
     else:
-        model, tokenizer = _pretrained(cfg, dtype, device)
+        model, tokenizer = _pretrained(cfg, hardware, dtype, device)
         source = cfg.path
+    if hardware.attention:
+        use_attention(model, hardware.attention)
     if hardware.fast_path == "none":
         target: TargetBackend = HFBackend(model, tokenizer, name=cfg.name)
     else:
@@ -186,9 +226,23 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
         target = LeanBackend(model, tokenizer, make_linear, name=cfg.name)
     if cfg.max_context:
         target.max_context = cfg.max_context
+    target.prefill_chunk = hardware.prefill_chunk
+    target.sync_timing = hardware.timing == "sync" or (hardware.timing == "auto" and device.type == "cuda")
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)
     chat = ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)
     return LoadedModel(target=target, chat=chat, stop_ids=stop_ids, source=source)
+
+
+def use_attention(model, name: str) -> None:
+    """Switch transformers' attention kernel after loading (it is looked up at every forward)."""
+    from transformers import AttentionInterface
+
+    if name == ATTENTION_NAME:
+        register_attention()
+    allowed = ["eager", *AttentionInterface._global_mapping]
+    if name not in allowed:
+        raise ConfigError(f"hardware.attention={name!r}; allowed: {', '.join(sorted(allowed))}")
+    model.config._attn_implementation = name
 
 
 def _stop_ids(model, tokenizer, extra: list[str]) -> set[int]:

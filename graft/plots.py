@@ -88,14 +88,11 @@ def _style(k: int) -> dict:
 
 
 def pareto_figures(rows, out: Path) -> list[Path]:
-    """Speedup and tau against verified nodes per step, one point per (method, budget) averaged over
-    datasets, each method's own frontier drawn through its points."""
+    """Speedup and tau against verified nodes per step, one point per (method, budget, thresholds) averaged
+    over datasets, each method's own frontier drawn through its points."""
     written = []
-    points = (
-        rows.groupby(["method", "budget"], dropna=False)[["avg_nodes_per_step", "speedup_decode", "tau"]]
-        .mean()
-        .reset_index()
-    )
+    keys = ["method", "budget"] + (["thresholds"] if "thresholds" in rows else [])
+    points = rows.groupby(keys, dropna=False)[["avg_nodes_per_step", "speedup_decode", "tau"]].mean().reset_index()
     for metric, label in [("speedup_decode", "decode speedup (x, against AR)"), ("tau", "tau (tokens per step)")]:
         fig, ax = plt.subplots(figsize=(6.8, 4.6))
         for k, (method, group) in enumerate(points.groupby("method")):

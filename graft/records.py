@@ -22,6 +22,7 @@ RESUMABLE_KEYS = {
     ("run", "progress"),
     ("dataset", "num_prompts"),
     ("paths", "data_root"),
+    ("run", "skip_memory_check"),  # whether the plan was checked does not change the results
 }
 
 
@@ -57,7 +58,7 @@ def token_hash(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
 
 
-def hardware_info(device: str) -> dict:
+def hardware_info(device: str, attention: str | None = None) -> dict:
     import torch
     import transformers
 
@@ -71,10 +72,55 @@ def hardware_info(device: str) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
+    if attention:
+        info["attention"] = attention
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 1e9, 1)
+        info["cuda"] = torch.version.cuda
+        info["driver"] = _nvidia_driver()
+        info["sdpa_kernels"] = [
+            name
+            for name, enabled in (
+                ("flash", torch.backends.cuda.flash_sdp_enabled()),
+                ("mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                ("cudnn", getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)()),
+                ("math", torch.backends.cuda.math_sdp_enabled()),
+            )
+            if enabled
+        ]
     return info
+
+
+def peak_memory(devices) -> dict:
+    """The process's peak memory so far in GB (1e9 bytes): the host's resident set and, on CUDA, the most
+    the caching allocator held on each GPU."""
+    import resource
+
+    import torch
+
+    peak = {"host_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 2)}  # KiB on Linux
+    for device in devices:
+        if device.type == "cuda":
+            peak[f"{device}_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    return peak
+
+
+def _nvidia_driver() -> str | None:
+    """The driver version from nvidia-smi, or None where it is not installed."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def _cpu_model() -> str:
@@ -100,20 +146,39 @@ def completed_summary(path: str | Path, cfg: dict, plan: dict) -> dict | None:
 
 
 class RunDir:
-    def __init__(self, path: str | Path, cfg: dict, meta: dict):
+    """A run's folder. Opening it checks, before anything expensive, that it can be written and holds no
+    other config's results; `start` writes run.json once the run really starts (the model loaded and the
+    drafters built), so a run that fails to start leaves nothing that blocks its corrected rerun."""
+
+    def __init__(self, path: str | Path, cfg: dict):
         self.path = Path(path)
         self.samples_path = self.path / "samples.jsonl"
         self.summary_path = self.path / "summary.json"
         self.run_path = self.path / "run.json"
+        self.cfg = cfg
         self.hash = config_hash(cfg)
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirConflict(f"run.out_dir={self.path} is a file, not a folder")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write_probe"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            raise RunDirConflict(f"run.out_dir={self.path} cannot be written ({err.strerror or err})") from None
         if self.run_path.exists():
-            previous = json.loads(self.run_path.read_text())
+            try:
+                previous = json.loads(self.run_path.read_text())
+            except json.JSONDecodeError:
+                raise RunDirConflict(
+                    f"{self.run_path} is not valid JSON (torn by a crash?); move it away to start this folder again"
+                ) from None
             if previous.get("config_hash") != self.hash:
                 raise RunDirConflict(self._conflict_message(previous.get("config", {}), cfg))
-        else:
-            record = {"config_hash": self.hash, "config": cfg, **meta}
-            self.run_path.write_text(json.dumps(record, indent=2, default=str))
+
+    def start(self, meta: dict) -> None:
+        if not self.run_path.exists():
+            self.write_json("run.json", {"config_hash": self.hash, "config": self.cfg, **meta})
 
     def _conflict_message(self, old: dict, new: dict) -> str:
         old_flat, new_flat = _flatten(result_config(old)), _flatten(result_config(new))

@@ -14,14 +14,15 @@ from tqdm.auto import tqdm
 from graft.config import ExperimentConfig
 from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
-from graft.decode import Generation, SamplingConfig, float_tie, generate
+from graft.decode import TIE_ULPS, Generation, SamplingConfig, float_tie, generate
 from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
 from graft.loggers import make_logger
+from graft.memory import check_memory
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
 from graft.plots import plot_comparison_pareto
-from graft.records import RunDir, completed_summary, hardware_info, token_hash
+from graft.records import RunDir, completed_summary, hardware_info, peak_memory, token_hash
 from graft.registry import build_drafter
 
 
@@ -95,7 +96,7 @@ def side_record(conv: Conversation) -> dict:
     return {"turns": turns, "totals": side_totals(turns)}
 
 
-def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ulps: int) -> dict:
+def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ulps: int | None) -> dict:
     """First position where the method's tokens differ from the baseline's, with the baseline's top-2 gap."""
     for turn, (m, b) in enumerate(zip(method.turns, baseline.turns)):
         if m.new_tokens == b.new_tokens:
@@ -117,6 +118,7 @@ def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ul
                 "baseline_top2_gap": gap,
                 "baseline_top_logit": top,
                 "float_tie": gap is not None and float_tie(gap, top, dtype, ulps),
+                "tie_rule": f"gap <= {TIE_ULPS.get(dtype, 16) if ulps is None else ulps} ulps of the top logit in {str(dtype).removeprefix('torch.')}",
             },
         }
     return {"checked": True, "equal": True, "first_divergence": None}
@@ -151,7 +153,9 @@ def measure_prompt(model, contenders: dict, baseline, prompt, index: int, run_cf
     return results
 
 
-def outcome(conv: Conversation, base: Conversation | None, base_side: dict | None, greedy: bool, model, ulps: int):
+def outcome(
+    conv: Conversation, base: Conversation | None, base_side: dict | None, greedy: bool, model, ulps: int | None
+):
     """(side record, lossless verdict, wall speedup) of one method's conversation against the baseline's."""
     side = side_record(conv)
     if base is None or not greedy:
@@ -175,11 +179,18 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         return done
     if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
         load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
+    check_memory(cfg)  # a model this machine cannot hold is refused here, in seconds, with the figures
+    rundir = RunDir(run_cfg.out_dir, resolved)  # writable, and no other config's results: before loading
     model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
     if run_cfg.num_prompts:
+        if run_cfg.num_prompts > len(prompts):
+            print(
+                f"run.num_prompts={run_cfg.num_prompts}, but {cfg.dataset.name} has {len(prompts)}: running {len(prompts)}"
+            )
         prompts = prompts[: run_cfg.num_prompts]
-    hardware = hardware_info(str(model.target.device))
+    hardware = hardware_info(str(model.target.device), model.target.attention)
+    hardware["timing"] = "sync" if model.target.sync_timing else "async"
     comparison = cfg.methods is not None
     label = "compare" if comparison else cfg.method.name
     meta = {
@@ -191,12 +202,18 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         "max_new_tokens": run_cfg.max_new_tokens,
         "temperature": run_cfg.temperature,
     }
-    rundir = RunDir(run_cfg.out_dir, resolved, meta={"hardware": hardware})
     contenders = {m.name: build_drafter(m, model.target) for m in cfg.compared}
+    rundir.start({"hardware": hardware})
     only_ar = not comparison and isinstance(contenders[cfg.method.name], Autoregressive)
     baseline = None if only_ar else Autoregressive(model.target)
 
-    records = rundir.finished()
+    # the summary describes this command's prompts: records of a larger earlier selection stay in
+    # samples.jsonl but are not counted (a rerun with fewer prompts reports those only)
+    selected = {p.id for p in prompts}
+    earlier = rundir.finished()
+    records = [r for r in earlier if r["id"] in selected]
+    if len(records) < len(earlier):
+        print(f"{len(earlier) - len(records)} records in {run_cfg.out_dir} are outside this selection; not summarised")
     finished_ids = {r["id"] for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if p.id not in finished_ids]
     configs = {m.name: m.flat() for m in cfg.compared}  # every key of each method, defaults resolved
@@ -235,6 +252,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
                 logger.log_sample(record, summary)
             bar.set_postfix(done=len(records))
         bar.close()
+        summary["peak_memory"] = peak_memory(model.target.devices)
         summary["complete"] = plan  # every prompt of this plan is recorded: a rerun skips the job
         rundir.write_summary(summary)
         if comparison:

@@ -56,6 +56,13 @@ class DraftTree:
         tokens = torch.tensor([root, *continuation], dtype=torch.long, device=device)
         return DraftTree.build(tokens, torch.arange(-1, n - 1, dtype=torch.long, device=device), source)
 
+    def first(self, count: int) -> "DraftTree":
+        """The first `count` nodes: a tree again, since every parent precedes its children."""
+        if count >= self.num_nodes:
+            return self
+        cut = lambda t: None if t is None else t[:count]  # noqa: E731
+        return DraftTree(self.tokens[:count], self.parents[:count], cut(self.scores), cut(self.sources))
+
     def node_sources(self) -> Tensor:
         """[num_nodes] int64 sources (DRAFT where the drafter recorded none), the root marked ROOT."""
         src = self.sources.long() if self.sources is not None else torch.full_like(self.tokens, int(NodeSource.DRAFT))

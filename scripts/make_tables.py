@@ -31,13 +31,35 @@ ORDER = [
 
 
 def build(paths: list[str], metric: str) -> tuple[str, str, object]:
-    from graft.analysis import improvement, method_rows, paper_table, stage_table
+    from graft.analysis import (
+        best_settings,
+        improvement,
+        is_sweep,
+        method_rows,
+        paper_table,
+        stage_table,
+        sweep_table,
+    )
 
     rows = method_rows(paths)
     if rows.empty:
         raise SystemExit(f"no finished runs under {', '.join(paths)}")
     markdown, latex = [], []
     for (model, temperature), group in rows.groupby(["model", "temperature"]):
+        if is_sweep(group):
+            for dataset, runs in group.groupby("dataset"):
+                title = f"{model} / {dataset}, temperature {temperature:g}: {metric} / tau / nodes per step ({runs['hardware'].iloc[0]})"
+                best = best_settings(runs, metric)
+                note = "Best setting per method: " + "; ".join(
+                    f"{b.method} {b.budget:.0f} nodes at {b.thresholds or '-'} ({getattr(b, metric):.2f}x, tau {b.tau:.2f})"
+                    for b in best.itertuples()
+                )
+                checked = runs[runs["lossless"].notna()]
+                note += f". Lossless: {int(checked['lossless'].sum())} of {len(checked)} method x setting runs."
+                table = sweep_table(runs, metric, ORDER)
+                markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
+                latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
+            continue
         table = paper_table(group, metric, ORDER)
         title = f"{model}, temperature {temperature:g}: {metric} / tau ({group['hardware'].iloc[0]})"
         gain = improvement(group, "graft", "eagle3", metric)
@@ -46,7 +68,7 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
         note += f"Lossless (greedy tokens equal the baseline's): {int(checked['lossless'].sum())} of {len(checked)} method x dataset runs."
         markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
         latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
-    stages = stage_table(rows)
+    stages = stage_table(rows, settings=is_sweep(rows))
     if not stages.empty:
         markdown += [
             "### Share of steps per pruning stage (the stage split: check@<levels> fired, or dense)",

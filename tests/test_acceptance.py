@@ -98,3 +98,16 @@ def test_tree_sampling_matches_the_target_distribution(temperature, top_p):
 
 def test_the_check_fails_on_a_broken_acceptance_rule():
     assert _chi2_pvalue(1.0, 1.0, renormalize=False) < 1e-6
+
+
+def test_the_float_tie_rule_is_four_ulps_in_bfloat16_and_sixteen_in_float32():
+    from graft.decode import float_tie
+
+    # bfloat16 near 20: one ulp is 2**4 * 2**-7 = 0.125, four are 0.5
+    assert float_tie(0.5, 20.0, torch.bfloat16)
+    assert not float_tie(0.625, 20.0, torch.bfloat16)
+    assert not float_tie(2.0, 20.0, torch.bfloat16)  # the old 16-ulp rule would have excused this
+    # float32 near 20: one ulp is 2**4 * 2**-23 = 1.9e-6; 16 of them are 3.05e-5
+    assert float_tie(3.0e-5, 20.0, torch.float32)
+    assert not float_tie(3.1e-5, 20.0, torch.float32)
+    assert not float_tie(0.5, 20.0, torch.bfloat16, ulps=2)  # an explicit run.float_tie_ulps wins

@@ -116,6 +116,12 @@ def test_resume_and_refusal_of_another_config(tmp_path):
     assert len(resumed) == 3 and resumed[:2] == first
     assert [json.loads(line)["id"] for line in resumed] == ["chat-1", "chat-2", "chat-3"]
 
+    # a rerun asking for fewer prompts summarises those only, and says the others were left out
+    proc = run_cli("experiment=smoke", "run.num_prompts=1", f"run.out_dir={out}")
+    assert json.loads((out / "summary.json").read_text())["n_prompts"] == 1
+    assert "2 records in" in proc.stdout and "outside this selection" in proc.stdout
+    assert len(lines(out)) == 3  # nothing deleted
+
 
 def test_bench_forward_writes_a_cost_profile(tmp_path):
     out = tmp_path / "profile.json"
@@ -201,3 +207,31 @@ def test_a_multirun_writes_a_dir_per_job_and_a_rerun_skips_finished_jobs(tmp_pat
     proc = run_cli(*args)
     assert proc.stderr.count("already complete") + proc.stdout.count("already complete") == 2
     assert {job: (job / "samples.jsonl").read_text() for job in jobs} == before
+
+
+def test_failed_starts_are_one_line_errors_and_do_not_block_the_corrected_rerun(tmp_path):
+    a_file = tmp_path / "taken"
+    a_file.write_text("")
+    proc = run_cli("model=tiny_llama", "method=ar", "logger=none", f"run.out_dir={a_file}", check=False)
+    assert proc.returncode == 2 and f"run.out_dir={a_file} is a file, not a folder" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    out = tmp_path / "run"
+    common = ("model=tiny_llama", "method=eagle3", "logger=none", "run.num_prompts=1", "run.max_new_tokens=4")
+    proc = run_cli(*common, f"method.head={tmp_path / 'no_head'}", f"run.out_dir={out}", check=False)
+    assert proc.returncode == 2 and "no such directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "run.json").exists()  # the run never started
+    run_cli(*common, f"run.out_dir={out}")  # the corrected command, same folder
+    assert json.loads((out / "summary.json").read_text())["n_prompts"] == 1
+    assert (out / ".hydra").is_dir() and not (ROOT / "outputs" / "tiny_llama" / "eagle3").exists()
+
+
+def test_a_failed_job_does_not_stop_the_sweep_and_is_named_at_the_end(tmp_path):
+    out = tmp_path / "sweep"
+    args = ("-m", "model=tiny_llama", "method=ar", "logger=none", "run.num_prompts=1", f"run.out_dir={out}")
+    proc = run_cli(*args, "run.max_new_tokens=0,4", check=False)
+    assert proc.returncode == 1
+    failed = list(out.glob("*max_new_tokens=0*/failed.json"))
+    assert len(failed) == 1 and "run.max_new_tokens=0" in json.loads(failed[0].read_text())["error"]
+    assert len(list(out.glob("*max_new_tokens=4*/summary.json"))) == 1  # the job after it ran
+    assert "1 job(s) of the sweep failed" in proc.stderr

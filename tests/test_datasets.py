@@ -143,6 +143,28 @@ def test_empty_selection_is_an_error(tmp_path):
         load_prompts(dataset_cfg("spec_bench", f"dataset.path={path}", "dataset.min_prompt_tokens=100000"), chat=chat)
 
 
+def test_repeated_ids_are_made_unique_and_an_empty_file_says_so(tmp_path, capsys):
+    twice = [QUESTIONS[0], QUESTIONS[1], QUESTIONS[0]]
+    path = write_jsonl(tmp_path / "question.jsonl", twice)
+    prompts = load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}"))
+    assert [p.id for p in prompts] == ["mt_bench-81", "mt_bench-82", "mt_bench-81#2"]
+    assert len(load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}", "dataset.num_prompts=9"))) == 3
+    assert "dataset.num_prompts=9, but 'mt_bench' has 3: using 3" in capsys.readouterr().out
+    empty = tmp_path / "empty" / "question.jsonl"
+    empty.parent.mkdir()
+    empty.write_text("")
+    with pytest.raises(DatasetError, match="'mt_bench' has no prompts: its source is empty"):
+        load_prompts(dataset_cfg("mt_bench", f"dataset.path={empty}"))
+
+
+@pytest.mark.parametrize("key,value", [("num_prompts", 0), ("num_prompts", -1), ("per_category", 0)])
+def test_counts_below_one_are_refused(key, value):
+    from graft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"dataset.{key}={value} is not allowed; expected null or an integer >= 1"):
+        dataset_cfg("mt_bench", f"dataset.{key}={value}")
+
+
 def test_no_hub_and_no_local_file_says_exactly_that(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("GRAFT_DATA", "/nonexistent")
@@ -258,3 +280,14 @@ def test_hub_rows_are_mapped_like_local_files(monkeypatch):
     with pytest.raises(DatasetError) as err:
         load_prompts(dataset_cfg("longbench", "dataset.subsets=[gov_report]"), chat=chat)
     assert "THUDM/LongBench" in str(err.value) and "ConnectionError" in str(err.value)
+
+
+def test_a_number_for_a_question_and_an_unknown_template_field_are_one_line_errors(tmp_path):
+    path = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": 42, "answer": "#### 42"}])
+    with pytest.raises(DatasetError, match=r"gsm8k.jsonl:1: field 'question' is a int, expected a str"):
+        load_prompts(dataset_cfg("gsm8k", f"dataset.path={path}"))
+    good = write_jsonl(tmp_path / "ok.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    with pytest.raises(
+        DatasetError, match=r"prompt_template='Q: \{query\}' names 'query'; fields available: \{question\}"
+    ):
+        load_prompts(dataset_cfg("gsm8k", f"dataset.path={good}", "dataset.prompt_template='Q: {query}'"))

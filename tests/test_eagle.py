@@ -77,6 +77,58 @@ def test_a_head_for_another_target_is_refused_with_both_sizes(tiny, tmp_path):
         load_head(str(tmp_path / "nope"), model)
 
 
+def test_a_head_whose_head_dim_is_not_hidden_over_heads_loads_and_runs(tiny, tmp_path):
+    """SpecForge's Qwen3-235B-A22B head: hidden 4096, 64 heads, 4 KV heads, head_dim 128 (so q_proj is 8192 x
+    4096-in, not 4096 x 4096). Here at tiny dims: hidden 64, 8 heads, 2 KV heads, head_dim 16 (64 / 8 = 8)."""
+    from safetensors.torch import save_file
+
+    model = tiny("tiny_llama").target
+    raw = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 96,
+        "vocab_size": model.vocab_size,
+        "draft_vocab_size": 100,
+        "target_hidden_size": 64,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+    }
+    shapes = {
+        "fc.weight": (64, 192),
+        "midlayer.self_attn.q_proj.weight": (8 * 16, 128),
+        "midlayer.self_attn.k_proj.weight": (2 * 16, 128),
+        "midlayer.self_attn.v_proj.weight": (2 * 16, 128),
+        "midlayer.self_attn.o_proj.weight": (64, 8 * 16),
+        "midlayer.mlp.gate_proj.weight": (96, 64),
+        "midlayer.mlp.up_proj.weight": (96, 64),
+        "midlayer.mlp.down_proj.weight": (64, 96),
+        "midlayer.hidden_norm.weight": (64,),
+        "midlayer.input_layernorm.weight": (64,),
+        "midlayer.post_attention_layernorm.weight": (64,),
+        "norm.weight": (64,),
+        "lm_head.weight": (100, 64),
+    }
+    torch.manual_seed(0)
+    state = {k: torch.randn(shape) * 0.1 for k, shape in shapes.items()}
+    state["d2t"] = torch.zeros(100, dtype=torch.long)
+    state["t2d"] = torch.zeros(model.vocab_size, dtype=torch.bool)
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "config.json").write_text(json.dumps(raw))
+    save_file(state, str(tmp_path / "h" / "model.safetensors"))
+    head = load_head(str(tmp_path / "h"), model)
+    assert head.cfg.head_dim == 16 and head.cfg.layer_ids == [1, 2, 3]
+    cache = head.new_cache(16)
+    out = head.step(torch.randn(5, 64), torch.randn(5, 192), torch.arange(5), None, cache)
+    assert out.shape == (5, 64) and torch.isfinite(out).all()
+    log_probs, offsets = head.log_probs(out)
+    assert log_probs.shape == (5, 100) and offsets is not None
+    save_head(head, tmp_path / "again", "specforge")  # head_dim survives a round trip
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["head_dim"] == 16
+    _same_weights(head, load_head(str(tmp_path / "again"), model))
+
+
 # --- the tree ------------------------------------------------------------------------------------------
 
 
@@ -265,3 +317,22 @@ def test_soft_labels_reduce_to_the_hard_loss_and_skip_ids_outside_the_draft_voca
     soft_ids[:, :, 1] = draft_ids[0]  # now real mass on another draft token: the loss must change
     mixed, _ = ttt_losses(head, embed, features, tokens, valid, 3, soft_ids=soft_ids, soft_probs=soft_probs)
     assert not torch.allclose(mixed[0], hard[0])
+
+
+def test_broken_head_files_are_one_line_errors_that_name_the_file(tiny, tmp_path):
+    model = tiny("tiny_llama").target
+    save_head(random_head(model, "eagle3", layer_ids=[1, 2, 3]), tmp_path / "h")
+    config, weights = tmp_path / "h" / "config.json", tmp_path / "h" / "model.safetensors"
+    good_config, good_weights = config.read_text(), weights.read_bytes()
+    config.write_text("{not json")
+    with pytest.raises(HeadLoadError, match=r"config.json: not valid JSON"):
+        load_head(str(tmp_path / "h"), model)
+    raw = json.loads(good_config)
+    del raw["hidden_size"]
+    config.write_text(json.dumps(raw))
+    with pytest.raises(HeadLoadError, match=r"config.json: missing the key 'hidden_size'"):
+        load_head(str(tmp_path / "h"), model)
+    config.write_text(good_config)
+    weights.write_bytes(good_weights[: len(good_weights) // 2])  # torn by an interrupted download
+    with pytest.raises(HeadLoadError, match=r"model.safetensors: not a readable safetensors file"):
+        load_head(str(tmp_path / "h"), model)

@@ -46,13 +46,15 @@ def _turn(accepted, stage):
     }
 
 
-def _comparison(path, dataset, numbers):
+def _comparison(path, dataset, numbers, budget=60, thresholds=None):
     """A finished comparison run directory: numbers = {method: (speedup, tau)}."""
     path.mkdir(parents=True)
     methods = {
-        m: _method_summary(dataset, m, s, t, 60, {"dense": 0.25, "check@0": 0.75} if m == "graft" else None)
+        m: _method_summary(dataset, m, s, t, budget, {"dense": 0.25, "check@0": 0.75} if m == "graft" else None)
         for m, (s, t) in numbers.items()
     }
+    if thresholds:
+        methods["graft"]["method_config"]["thresholds"] = thresholds
     rows = {
         "ar": {
             "tau": 1.0,
@@ -133,3 +135,41 @@ def test_the_pareto_front_keeps_only_undominated_points():
 
     points = [(4, 1.0), (8, 1.5), (8, 1.2), (16, 1.4), (32, 2.0), (2, 0.5)]
     assert pareto_front(points) == [5, 0, 1, 4]
+
+
+def test_a_sweep_gets_one_row_per_setting_not_an_average(tmp_path):
+    sweep = tmp_path / "pareto"
+    _comparison(sweep / "b8", "mt", {"eagle3": (0.9, 1.7), "graft": (1.6, 1.8)}, 8, [0.35, 0.25, 0.15])
+    _comparison(sweep / "b60", "mt", {"eagle3": (0.6, 2.3), "graft": (1.2, 2.6)}, 60, [0.5, 0.35, 0.25])
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_tables import build
+
+    markdown, _, _ = build([str(sweep)], "speedup_wall")
+    lines = markdown.splitlines()
+    row8 = next(line for line in lines if line.startswith("| (8, '0.35/0.25/0.15')"))
+    assert "1.60x / 1.80 / 4.0" in row8
+    row60 = next(line for line in lines if line.startswith("| (60, '-')"))
+    assert "0.60x / 2.30 / 30.0" in row60
+    assert "graft 8 nodes at 0.35/0.25/0.15 (1.60x, tau 1.80)" in markdown
+    assert "eagle3 8 nodes at - (0.90x, tau 1.70)" in markdown
+
+
+def test_results_readme_tables_match_their_committed_records():
+    proc = subprocess.run(
+        [sys.executable, "scripts/render_results.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_render_results_notices_a_hand_edited_table(tmp_path):
+    readme = tmp_path / "README.md"
+    block = (
+        "<!-- generated: lossless results/lossless_check_mt_bench.json -->\n| typed by hand |\n<!-- /generated -->\n"
+    )
+    readme.write_text(block)
+    proc = subprocess.run(
+        [sys.executable, "scripts/render_results.py", "--check", str(readme)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "stale" in proc.stderr
+    subprocess.run([sys.executable, "scripts/render_results.py", str(readme)], cwd=ROOT, check=True)
+    assert "| graft | 20/20 equal |" in readme.read_text()

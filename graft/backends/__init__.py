@@ -11,6 +11,7 @@ the same weights, the fast CPU path). `load_backend` picks one from the hardware
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
@@ -20,7 +21,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from graft.kv import KVBuffer
-from graft.tree import DraftTree, Topology
+from graft.tree import DraftTree, Topology, additive_mask
 
 
 @dataclass(frozen=True)
@@ -103,20 +104,40 @@ class TargetBackend(ABC):
         self.hidden_size: int = self.config.hidden_size
         self.vocab_size: int = self.config.vocab_size
         self.max_context: int = int(getattr(self.config, "max_position_embeddings", 4096))
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.cache: PositionalKVCache | None = None
         self._embed = model.get_input_embeddings()
         self._lm_head = model.get_output_embeddings()
+        # Sharded over several GPUs (device_map), the layers sit on cuda:0..k and the LM head on the last.
+        # Drafting happens where the logits appear: trees, draft heads, taps and acceptance all live on the
+        # LM head's device (`device`); token ids are moved to the embeddings' (`input_device`).
+        self.input_device = self._embed.weight.device
+        self.device = self._lm_head.weight.device
+        self.dtype = self._lm_head.weight.dtype
+        self.cache: PositionalKVCache | None = None
+        # CUDA runs kernels asynchronously: without a synchronisation at each phase boundary a phase's time
+        # would be its kernel launches, and its GPU time would land in the next phase (hardware.timing)
+        self.sync_timing = False
+        # prompt positions per prefill forward (hardware.prefill_chunk): long prompts are encoded in chunks so
+        # that no [prompt, prompt] mask or score matrix is built; None encodes the prompt in one forward
+        self.prefill_chunk: int | None = None
+        self.attention = "unknown"  # which attention kernel the forward uses, for run.json
+        self.devices = sorted({p.device for p in model.parameters()}, key=str)
+
+    def clock(self) -> float:
+        """Seconds (perf_counter); with `sync_timing`, once every device finished what was queued."""
+        if self.sync_timing:
+            for device in self.devices:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        return time.perf_counter()
 
     # --- what drafters may use --------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
-        """Token embeddings [..., hidden] of the target (drafters share them)."""
-        return self._embed(ids)
+        """Token embeddings [..., hidden] of the target (drafters share them), on the drafting device."""
+        return self._embed(ids.to(self.input_device)).to(self.device)
 
     def lm_head(self, hidden: Tensor) -> Tensor:
         """The target's LM head over final hidden states -> logits (EAGLE-1 heads share it)."""
-        return self._lm_head(hidden)
+        return self._lm_head(hidden.to(self.device))
 
     def check_taps(self, taps: tuple[HiddenTap, ...]) -> None:
         for tap in taps:
@@ -139,9 +160,36 @@ class TargetBackend(ABC):
         """Encode the prompt into the cache; logits for the last position (every position with
         `all_logits`), the `taps` hidden states for all positions."""
         assert self.cache is not None, "call reset() first"
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(len(prompt_ids), device=self.device).unsqueeze(0)
-        return self._forward(ids, positions, None, taps, logits_to_keep=0 if all_logits else 1)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.input_device)
+        positions = torch.arange(len(prompt_ids), device=self.input_device).unsqueeze(0)
+        chunk = self.prefill_chunk or len(prompt_ids)
+        parts = []
+        for lo in range(0, len(prompt_ids), chunk):
+            hi = min(lo + chunk, len(prompt_ids))
+            mask = None if lo == 0 else self._chunk_mask(hi - lo, lo)  # later chunks see the cached prefix
+            keep = 0 if all_logits else 1  # without all_logits only the last chunk's last logits are used
+            parts.append(self._forward(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep))
+        out = ForwardOutput(
+            logits=torch.cat([p.logits for p in parts]) if all_logits else parts[-1].logits,
+            hidden=None if parts[0].hidden is None else torch.cat([p.hidden for p in parts]),
+        )
+        if self.cache_len != len(prompt_ids):
+            # a model that ignores the cache argument (a transformers release that renamed it) would
+            # otherwise fail later, at the first verify, with a shape error that names nothing
+            raise RuntimeError(
+                f"{self.name}: after prefilling {len(prompt_ids)} tokens the KV cache holds {self.cache_len}; "
+                f"the model ignored the cache it was given ({self._cache_hint()})"
+            )
+        return out
+
+    def _chunk_mask(self, n: int, start: int) -> Tensor:
+        """[1, 1, n, start + n] additive: a prompt chunk sees the cached prefix and is causal within itself."""
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        allowed[:, start:] = torch.tril(allowed[:, start:])
+        return additive_mask(allowed, self.dtype)
+
+    def _cache_hint(self) -> str:
+        return "check the transformers version"
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree, topo: Topology, taps: tuple[HiddenTap, ...] = ()) -> ForwardOutput:
@@ -167,8 +215,9 @@ class TargetBackend(ABC):
         """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal)."""
 
 
-def concat_taps(captured: dict, taps: tuple[HiddenTap, ...]) -> Tensor | None:
-    """[n, taps * hidden] in request order, or None when nothing was asked for."""
+def concat_taps(captured: dict, taps: tuple[HiddenTap, ...], device: torch.device) -> Tensor | None:
+    """[n, taps * hidden] in request order on `device` (taps of a sharded model come from several GPUs),
+    or None when nothing was asked for."""
     if not taps:
         return None
-    return torch.cat([captured[tap][0] for tap in taps], dim=-1)
+    return torch.cat([captured[tap][0].to(device, non_blocking=True) for tap in taps], dim=-1)

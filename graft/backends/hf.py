@@ -20,7 +20,13 @@ class HFBackend(TargetBackend):
         self._wanted: frozenset[HiddenTap] = frozenset()  # the taps of the forward in flight
         self._captured: dict[HiddenTap, Tensor] = {}
         # transformers renamed past_key_values to cache; older 5.x releases silently ignore `cache=`
+        self.attention = f"transformers {getattr(model.config, '_attn_implementation', None) or 'default'}"
         self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _cache_hint(self) -> str:
+        import transformers
+
+        return f"transformers {transformers.__version__}, passed as `{self._cache_keyword}=`"
 
     def _hook(self, taps: tuple[HiddenTap, ...]) -> None:
         """Hooks stay registered once made; they store only what the forward in flight asked for."""
@@ -63,7 +69,7 @@ class HFBackend(TargetBackend):
                 logits_to_keep=logits_to_keep,
                 **{self._cache_keyword: self.cache},
             )
-            hidden = concat_taps(self._captured, taps)
+            hidden = concat_taps(self._captured, taps, self.device)
         finally:
             self._wanted = frozenset()
             self._captured.clear()

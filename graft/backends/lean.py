@@ -140,5 +140,5 @@ class LeanBackend(TargetBackend):
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
         wanted = {(tap.layer, tap.where) for tap in taps}
         logits, captured = self.lean(ids, positions, mask, self.cache, wanted, logits_to_keep)
-        hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps)
+        hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps, self.device)
         return ForwardOutput(logits=logits[0].float(), hidden=hidden)

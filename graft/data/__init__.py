@@ -50,11 +50,27 @@ def resolve_data_root(data_root: str | None) -> str | None:
     return str(path)
 
 
+def unique_ids(prompts: list[Prompt]) -> list[Prompt]:
+    """Records are keyed by prompt id (resume skips finished ids), so a repeated id would silently drop
+    prompts: the second and later prompts with an id get `<id>#<n>`, the same on every run."""
+    from dataclasses import replace
+
+    seen: dict[str, int] = {}
+    out = []
+    for prompt in prompts:
+        seen[prompt.id] = seen.get(prompt.id, 0) + 1
+        out.append(prompt if seen[prompt.id] == 1 else replace(prompt, id=f"{prompt.id}#{seen[prompt.id]}"))
+    return out
+
+
 def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) -> list[Prompt]:
     root = resolve_data_root(data_root)
     if cfg.source in BUILT_WITH_TOKENIZER and chat is None:
         raise DatasetError(f"dataset '{cfg.name}' is built with the target's tokenizer; pass a chat formatter")
     prompts = LOADERS[cfg.source](cfg, root, chat)
+    if not prompts:
+        raise DatasetError(f"dataset '{cfg.name}' has no prompts: its source is empty")
+    prompts = unique_ids(prompts)
     if cfg.categories:
         known = sorted({p.category for p in prompts})
         unknown = [c for c in cfg.categories if c not in known]
@@ -73,6 +89,8 @@ def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) ->
                 kept.append(p)
         prompts = kept
     if cfg.num_prompts:
+        if cfg.num_prompts > len(prompts):
+            print(f"dataset.num_prompts={cfg.num_prompts}, but '{cfg.name}' has {len(prompts)}: using {len(prompts)}")
         prompts = prompts[: cfg.num_prompts]
     if not prompts:
         raise DatasetError(

@@ -37,10 +37,24 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             yield number, record
 
 
-def _field(record: dict, key: str, path: Path, number: int, expected: str):
+def _field(record: dict, key: str, path: Path, number: int, expected: str, kind: type | None = str):
     if key not in record:
         raise DatasetError(f"{path}:{number}: missing field '{key}' (expected {expected})")
+    if kind is not None and not isinstance(record[key], kind):
+        raise DatasetError(
+            f"{path}:{number}: field '{key}' is a {type(record[key]).__name__}, expected a {kind.__name__}"
+        )
     return record[key]
+
+
+def fill_template(template: str, **fields: str) -> str:
+    """dataset.prompt_template with the record's fields; an unknown {name} is a config error, not a traceback."""
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError) as err:
+        raise DatasetError(
+            f"dataset.prompt_template={template!r} names {err}; fields available: {', '.join('{' + f + '}' for f in fields)}"
+        ) from None
 
 
 def local_file(cfg: DatasetConfig, data_root: str | None) -> Path | None:
@@ -108,7 +122,7 @@ def question_jsonl(path: Path, name: str) -> list[Prompt]:
             raise DatasetError(f"{path} does not exist (expected {QUESTION_FORMAT})")
     prompts = []
     for number, record in read_jsonl(path):
-        turns = _field(record, "turns", path, number, QUESTION_FORMAT)
+        turns = _field(record, "turns", path, number, QUESTION_FORMAT, kind=None)
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise DatasetError(f"{path}:{number}: 'turns' must be a non-empty list of strings")
         qid = record.get("question_id", number - 1)
@@ -165,7 +179,7 @@ def humaneval(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
     template = cfg.prompt_template or "{prompt}"
     prompts = []
     for problem in humaneval_problems(cfg, data_root):
-        turn = template.format(prompt=problem["prompt"])
+        turn = fill_template(template, prompt=problem["prompt"])
         meta = {"task_id": problem["task_id"], "humaneval": _problem_meta(problem)}
         prompts.append(Prompt(id=problem["task_id"].replace("/", "-"), category="code", turns=[turn], meta=meta))
     return prompts
@@ -195,7 +209,7 @@ def gsm8k(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
         Prompt(
             id=f"{cfg.name}-{i}",
             category="math",
-            turns=[template.format(question=row["question"])],
+            turns=[fill_template(template, question=str(row["question"]))],
             meta={"gsm8k_answer": gsm8k_answer(row["answer"])},
         )
         for i, row in enumerate(rows)

@@ -56,13 +56,19 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
         state: dict = {}
         for f in files:
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except Exception as err:  # safetensors raises its own error type for torn or foreign files
+                raise HeadLoadError(f"{f}: not a readable safetensors file ({str(err).splitlines()[0]})") from None
         return state
     bins = sorted(directory.glob("*.bin"))
     if bins:
         state = {}
         for f in bins:
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
+            try:
+                state.update(torch.load(f, map_location="cpu", weights_only=True))
+            except Exception as err:  # pickle, zip and unpickling-policy errors alike
+                raise HeadLoadError(f"{f}: not a readable PyTorch weights file ({str(err).splitlines()[0]})") from None
         return state
     raise HeadLoadError(f"{directory} has no .safetensors or .bin weights")
 
@@ -108,6 +114,7 @@ def head_config(raw: dict, target_config) -> HeadConfig:
         rope_theta=raw.get("rope_theta", 10000.0),
         fc_bias=bool(raw.get("bias", True)) if not eagle3 else False,
         layer_ids=layer_ids,
+        attention_head_dim=raw.get("head_dim"),
     )
 
 
@@ -141,7 +148,16 @@ def load_head(source: str, target, dtype=None) -> DraftHead:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise HeadLoadError(f"{directory} has no config.json")
-    cfg = head_config(json.loads(config_path.read_text()), target.config)
+    try:
+        raw = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HeadLoadError(f"{config_path}: not valid JSON ({err})") from None
+    try:
+        cfg = head_config(raw, target.config)
+    except KeyError as err:
+        raise HeadLoadError(f"{config_path}: missing the key {err}, which an EAGLE head config needs") from None
+    except TypeError as err:
+        raise HeadLoadError(f"{config_path}: a value has the wrong type ({err})") from None
     head = DraftHead(cfg, target_lm_head=target.lm_head)
     load_into(head, read_state_dict(directory))
     return head.to(device=target.device, dtype=dtype or target.dtype).eval()
@@ -160,6 +176,7 @@ def save_head(head: DraftHead, directory: str | Path, layout: str = "eagle") -> 
         "hidden_size": cfg.hidden_size,
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": 1,
         "rms_norm_eps": cfg.rms_norm_eps,
@@ -208,6 +225,7 @@ def head_config_for(
         rms_norm_eps=config.rms_norm_eps,
         rope_theta=float(rope),
         layer_ids=list(layer_ids or (default_layer_ids(config.num_hidden_layers) if kind == "eagle3" else [])),
+        attention_head_dim=getattr(config, "head_dim", None),
     )
 
 

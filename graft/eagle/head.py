@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graft.kv import KVBuffer
-from graft.nn import RMSNorm, apply_rotary
+from graft.nn import RMSNorm, apply_rotary, grouped_sdpa
 
 
 @dataclass
@@ -33,10 +33,12 @@ class HeadConfig:
     rope_theta: float = 10000.0
     fc_bias: bool = False  # eagle1 checkpoints have a bias on fc
     layer_ids: list[int] = field(default_factory=list)  # eagle3: target layers whose inputs are fused
+    # per-head width; None means hidden / heads. Qwen3 heads set it apart (235B: hidden 4096, 64 heads, 128)
+    attention_head_dim: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
 
 
 class Attention(nn.Module):
@@ -51,26 +53,39 @@ class Attention(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2).float() / d))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return apply_rotary(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+    def _rope(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
+        """Rotate by `positions`, all below `limit` (a bound known on the host: reading the largest position
+        off a CUDA tensor would stall the host every draft level)."""
+        cos, sin = self._rotary_table(limit or int(positions.max()) + 1, x)
+        return apply_rotary(x, cos[positions], sin[positions])
+
+    def _rotary_table(self, needed: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin [positions, d] for positions 0.., computed once and regrown by doubling (each draft level
+        would otherwise recompute them)."""
+        table = getattr(self, "_table", None)
+        if table is None or table[0].shape[0] < needed or table[0].dtype != x.dtype or table[0].device != x.device:
+            size = max(needed, 2 * (table[0].shape[0] if table is not None else 1024))
+            freqs = torch.arange(size, device=x.device).float()[:, None] * self.inv_freq[None, :]  # [size, d/2]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._table = table = (emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+        return table
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
         n, d = x.shape[1], self.cfg.head_dim
         q = self.q_proj(x).view(1, n, self.cfg.num_heads, d).transpose(1, 2)
         k = self.k_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
         v = self.v_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        limit = (cache.length if cache is not None else 0) + n  # drafted positions never pass the cache's end
+        q, k = self._rope(q, positions, limit), self._rope(k, positions, limit)
         if cache is not None:
             k, v = cache.append(k, v)
         if mask is None and n > 1:  # causal over the new positions, all of the cached prefix visible
             total = k.shape[2]
             mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)[None, None]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+        # grouped_sdpa folds the query heads that share a key/value head instead of passing enable_gqa with a
+        # mask, which CUDA serves only with the math kernel (an [heads, n, S] float32 score matrix)
+        out, _ = grouped_sdpa(None, q, k, v, mask)  # [1, n, heads, d]
+        return self.o_proj(out.reshape(1, n, -1))
 
 
 class MLP(nn.Module):

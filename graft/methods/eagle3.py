@@ -18,7 +18,7 @@ a child without its parent).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor
@@ -30,6 +30,7 @@ from graft.eagle.checkpoint import load_head, random_head
 from graft.eagle.head import DraftHead
 from graft.kv import KVBuffer
 from graft.registry import register
+from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource, RankTree, additive_mask
 
 
@@ -39,8 +40,13 @@ class HeadParams:
         None  # Hub id, local directory, or "random" (seeded random weights, for tests); None: the model's draft_head
     )
     random_layer_ids: list[int] | None = None  # "random" heads: which target layers' inputs to fuse
-    random_kind: str = "eagle3"  # "random" heads: eagle3 or eagle1
+    random_kind: Literal["eagle3", "eagle1"] = "eagle3"  # "random" heads
     seed: int = 0
+
+    def __post_init__(self):
+        ids = self.random_layer_ids
+        if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
+            raise ValueError(f"random_layer_ids={ids}; expected three distinct target layer numbers >= 0")
 
 
 @dataclass
@@ -49,6 +55,7 @@ class EagleParams(HeadParams):
     top_k: int = 10
 
     def __post_init__(self):
+        super().__post_init__()
         if self.top_k < 1 or self.depth < 1:
             raise ValueError(f"need top_k >= 1 and depth >= 1; got {self.top_k}, {self.depth}")
 
@@ -58,6 +65,7 @@ class EagleStaticParams(HeadParams):
     static_choices: list[list[int]] | None = None  # rank paths from the root; None: MC_SIM_7B_63
 
     def __post_init__(self):
+        super().__post_init__()
         for path in self.static_choices or []:
             if (
                 not path
@@ -76,16 +84,26 @@ def _best(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values[order], order
 
 
-def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor) -> Tensor:
-    """Encode n new (embedding, feature) pairs after the cache's committed positions -> [n, H]."""
-    n, start = embeds.shape[0], cache.length
-    positions = torch.arange(start, start + n, device=embeds.device)
-    mask = None
-    if n > 1:
-        allowed = torch.ones(n, start + n, dtype=torch.bool, device=embeds.device)
-        allowed[:, start:] = torch.tril(allowed[:, start:])
-        mask = additive_mask(allowed, head.fc.weight.dtype)
-    return head.step(embeds, hidden, positions, mask, cache)
+# positions the head encodes per forward when it extends over a long prompt: its masks and scores stay
+# [EXTEND_CHUNK, context] instead of [prompt, prompt] (8K prompt tokens: 8 MiB of mask, not 256 MiB)
+EXTEND_CHUNK = 1024
+
+
+def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK) -> Tensor:
+    """Encode n new (embedding, feature) pairs after the cache's committed positions -> [n, H], at most
+    `chunk` positions per forward."""
+    outputs = []
+    for lo in range(0, embeds.shape[0], chunk):
+        part = slice(lo, lo + chunk)
+        n, start = embeds[part].shape[0], cache.length
+        positions = torch.arange(start, start + n, device=embeds.device)
+        mask = None
+        if n > 1:
+            allowed = torch.ones(n, start + n, dtype=torch.bool, device=embeds.device)
+            allowed[:, start:] = torch.tril(allowed[:, start:])
+            mask = additive_mask(allowed, head.fc.weight.dtype)
+        outputs.append(head.step(embeds[part], hidden[part], positions, mask, cache))
+    return torch.cat(outputs)
 
 
 # EAGLE-1's default static tree (`mc_sim_7b_63` in SafeAILab/EAGLE, eagle/model/choices.py): each path lists
@@ -264,6 +282,11 @@ class HeadOnCache:
     def __init__(self, params: HeadParams, target: TargetBackend):
         self.target = target
         if params.head == "random":
+            too_deep = [i for i in params.random_layer_ids or [] if i >= target.num_layers]
+            if too_deep:
+                raise ConfigError(
+                    f"method.random_layer_ids={params.random_layer_ids}: the target has layers 0..{target.num_layers - 1}"
+                )
             self.head: DraftHead = random_head(target, params.random_kind, params.seed, params.random_layer_ids)
         else:
             self.head = load_head(params.head, target)

@@ -1,0 +1,214 @@
+"""A cost model of speculative decoding: what a method's speedup would be, from its acceptance records and a
+device's measured costs.
+
+Each step a drafter proposes a tree of N nodes (root included), the target verifies all N in one forward,
+and the step commits `accepted` tokens (accepted nodes + the bonus token). The autoregressive baseline
+verifies 1 node and commits 1 token per step. So
+
+    ms per committed token = sum over steps (draft + verify(N, context) + overhead(N)) / sum(accepted)
+    AR ms per committed token = mean over the same tokens of (draft_ar + verify(1, context) + overhead(1))
+    projected speedup = AR ms per token / the method's
+
+which is the projection of `speedup_decode` (graft/metrics.py: baseline seconds per step token over the
+method's, prefill excluded): the same tokens, timed by a profile instead of by the run.
+
+A `CostProfile` holds verify(N, context) as a table measured by scripts/cost_profile.py on one device,
+the per-step overhead of the decode loop (topology, acceptance, cache commit, bookkeeping: it grows with
+N) and, where measured, each drafter's ms per step. A projection is a model: it replays recorded
+acceptance (which does not depend on the device) against costs measured elsewhere; it is not a run.
+Pure functions: no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+NODE_COUNTS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+AR = "ar"  # the baseline's name in records and in a profile's draft costs
+
+
+def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear y(x) through the points (xs ascending), held constant beyond the first and last:
+    a profile says nothing outside what it measured, and extrapolating a noisy slope is worse."""
+    if len(xs) != len(ys) or not xs:
+        raise ValueError(f"need as many ys as xs, at least one; got {len(xs)} and {len(ys)}")
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    right = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass
+class CostProfile:
+    """One device's costs for one target. Tables are row = context, column = node count."""
+
+    device: str  # e.g. "cpu: AMD EPYC (2 threads)" or "cuda: NVIDIA H200"
+    model: str
+    nodes: list[int]  # ascending tree sizes, root included
+    contexts: list[int]  # ascending committed-context lengths (cache positions before the tree)
+    verify_table_ms: list[list[float]]  # [len(contexts)][len(nodes)] median verify forward ms
+    overhead_table_ms: list[float]  # [len(nodes)] loop ms per step outside the forward and the drafter
+    draft_step_ms: dict[str, float] = field(default_factory=dict)  # {method or "ar": mean draft ms per step}
+    meta: dict = field(default_factory=dict)  # how it was measured (repeats, fast path, date, versions)
+
+    def __post_init__(self):
+        if sorted(self.nodes) != list(self.nodes) or sorted(self.contexts) != list(self.contexts):
+            raise ValueError("profile nodes and contexts must be ascending")
+        if len(self.verify_table_ms) != len(self.contexts) or any(
+            len(row) != len(self.nodes) for row in self.verify_table_ms
+        ):
+            raise ValueError(f"verify_table_ms must be [{len(self.contexts)} contexts][{len(self.nodes)} nodes]")
+        if len(self.overhead_table_ms) != len(self.nodes):
+            raise ValueError(f"overhead_table_ms must have one value per node count ({len(self.nodes)})")
+
+    def verify_ms(self, nodes: float, context: float) -> float:
+        """Verify forward ms for a tree of `nodes` on `context` cached positions: linear in nodes within
+        each measured context, then linear across contexts, clamped at the table's edges."""
+        per_context = [interpolate(nodes, self.nodes, row) for row in self.verify_table_ms]
+        return interpolate(context, self.contexts, per_context)
+
+    def overhead_ms(self, nodes: float) -> float:
+        return interpolate(nodes, self.nodes, self.overhead_table_ms)
+
+    def draft_ms(self, method: str) -> float:
+        if method not in self.draft_step_ms:
+            measured = ", ".join(sorted(self.draft_step_ms)) or "none"
+            raise KeyError(f"the profile has no draft cost for {method!r} (measured: {measured})")
+        return self.draft_step_ms[method]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "CostProfile":
+        data = dict(data)
+        data["nodes"] = [int(n) for n in data["nodes"]]
+        data["contexts"] = [int(c) for c in data["contexts"]]
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "CostProfile":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verification step of a record: what the cost model needs."""
+
+    accepted: int  # tokens committed (accepted nodes + bonus)
+    nodes: int  # tree nodes verified, root included
+    context: int  # committed cache positions the tree was verified on
+    draft_ms: float  # the drafter's measured ms (propose + update) on the recording device
+    # as recorded, to compare the profile with (`recorded_split`); the projection does not read them
+    verify_ms: float | None = None
+    other_ms: float | None = None
+
+
+def turn_steps(turn: Mapping) -> list[Step]:
+    """A turn record's steps, each with its context rebuilt: the prompt, then every token committed by the
+    earlier steps (the first new token comes from the prefill and is the first step's root, not cached)."""
+    context = turn["prompt_tokens"]
+    steps = []
+    recorded = zip(turn["accept_lengths"], turn["nodes"], turn["draft_ms"], turn["verify_ms"], turn["other_ms"])
+    for accepted, nodes, draft, verify, other in recorded:
+        steps.append(Step(accepted, nodes, context, draft, verify, other))
+        context += accepted
+    return steps
+
+
+def run_steps(run: Path) -> dict[str, list[Step]]:
+    """{method: every step of every prompt} of one run directory, the baseline as `ar`."""
+    from graft.analysis import _sides, read_samples
+
+    summary = json.loads((Path(run) / "summary.json").read_text())
+    steps: dict[str, list[Step]] = {}
+    for line in read_samples(Path(run)).splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        record["_method"] = summary.get("method")
+        for method, side in _sides(record).items():
+            for turn in side["turns"]:
+                steps.setdefault(method, []).extend(turn_steps(turn))
+    return steps
+
+
+def recorded_split(steps: Sequence[Step], profile: CostProfile | None = None) -> dict:
+    """Mean recorded ms per step (draft, verify, other) and per committed token, and with a profile the
+    profile's verify and overhead for the same steps: where a projection departs from a run."""
+    n, tokens = len(steps), sum(s.accepted for s in steps)
+    split = {
+        "draft_ms_per_step": sum(s.draft_ms for s in steps) / n,
+        "verify_ms_per_step": sum(s.verify_ms for s in steps) / n,
+        "other_ms_per_step": sum(s.other_ms for s in steps) / n,
+        "ms_per_token": sum(s.draft_ms + s.verify_ms + s.other_ms for s in steps) / tokens,
+    }
+    if profile is not None:
+        split["profile_verify_ms_per_step"] = sum(profile.verify_ms(s.nodes, s.context) for s in steps) / n
+        split["profile_overhead_ms_per_step"] = sum(profile.overhead_ms(s.nodes) for s in steps) / n
+    return split
+
+
+def ar_ms_per_token(steps: Iterable[Step], profile: CostProfile, draft_ms: float) -> float:
+    """The baseline's ms per token over the same tokens: a step that committed `a` tokens at context c stands
+    for `a` one-node steps at contexts c .. c + a - 1."""
+    total, tokens = 0.0, 0
+    for step in steps:
+        for offset in range(step.accepted):
+            total += draft_ms + profile.verify_ms(1, step.context + offset) + profile.overhead_ms(1)
+        tokens += step.accepted
+    return total / tokens
+
+
+def project(
+    steps: Sequence[Step | Mapping],
+    profile: CostProfile,
+    draft_ms: float | None = None,
+    ar_draft_ms: float | None = None,
+) -> dict:
+    """The projected time per committed token of one method's steps and its projected speedup over AR.
+
+    draft_ms: None uses each step's measured draft ms (right when the profile was measured on the device
+    that recorded the run); a number replaces it (a profile's draft cost, to project onto another device).
+    ar_draft_ms: the baseline's draft ms per step (a root-only tree); default the profile's `ar` entry, or 0.
+    """
+    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in Step.__dataclass_fields__}) for s in steps]
+    if not steps:
+        raise ValueError("no steps to project")
+    if ar_draft_ms is None:
+        ar_draft_ms = profile.draft_step_ms.get(AR, 0.0)
+    drafts = [s.draft_ms if draft_ms is None else draft_ms for s in steps]
+    verifies = [profile.verify_ms(s.nodes, s.context) for s in steps]
+    overheads = [profile.overhead_ms(s.nodes) for s in steps]
+    tokens = sum(s.accepted for s in steps)
+    step_ms = (sum(drafts) + sum(verifies) + sum(overheads)) / len(steps)
+    ms_per_token = step_ms * len(steps) / tokens  # = mean(step time) / mean(accepted)
+    baseline = ar_ms_per_token(steps, profile, ar_draft_ms)
+    return {
+        "kind": "projection",
+        "device": profile.device,
+        "steps": len(steps),
+        "tokens": tokens,
+        "tau": tokens / len(steps),
+        "avg_nodes_per_step": sum(s.nodes for s in steps) / len(steps),
+        "draft": "measured" if draft_ms is None else "profile",
+        "draft_ms_per_step": sum(drafts) / len(steps),
+        "verify_ms_per_step": sum(verifies) / len(steps),
+        "overhead_ms_per_step": sum(overheads) / len(steps),
+        "ms_per_step": step_ms,
+        "ms_per_token": ms_per_token,
+        "baseline_ms_per_token": baseline,
+        "speedup": baseline / ms_per_token,
+    }

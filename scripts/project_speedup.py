@@ -1,0 +1,212 @@
+"""Projected speedups from recorded acceptance and a device's cost profile, next to the measured ones.
+
+    python scripts/project_speedup.py RUN_DIR... --profile results/cost_profile_cpu.json [--out table.md]
+    python scripts/project_speedup.py multirun/pareto/smollm2_135m --profile P.json --budgets
+
+For every run directory (a comparison's methods, or a single-method run) and method, the projected speedup
+(graft/costmodel.py: the recorded steps' accepted tokens, node counts and contexts timed by the profile)
+beside the run's measured `speedup_decode` (baseline s per step token / the method's, prefill excluded:
+the quantity the model projects). `--budgets` lays a budget sweep out as rows = (budget, thresholds),
+columns = methods. `--draft profile` takes the drafters' step cost from the profile instead of the run's
+measured draft ms: for projecting onto another device than the one that recorded the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from graft.analysis import run_dirs  # noqa: E402
+from graft.costmodel import AR, CostProfile, project, recorded_split, run_steps  # noqa: E402
+
+WITHIN = 0.10  # "agrees" = projected within 10% of measured
+
+
+def method_summaries(summary: dict) -> dict[str, dict]:
+    """{method: its summary} of a comparison or of a single-method run."""
+    if summary.get("kind") == "comparison":
+        return summary["methods"]
+    return {summary["method"]: summary}
+
+
+def _label(thresholds) -> str:
+    return "/".join(f"{t:g}" for t in thresholds) if thresholds else "-"
+
+
+def job_thresholds(summary: dict) -> str:
+    """The thresholds a sweep job ran with (any of its methods' that has them), so that a method without
+    thresholds (EAGLE-3) can be placed in its job's row."""
+    for method_summary in method_summaries(summary).values():
+        thresholds = (method_summary.get("method_config") or {}).get("thresholds")
+        if thresholds:
+            return _label(thresholds)
+    return "-"
+
+
+def projection_rows(paths, profile: CostProfile, methods: list[str] | None, draft: str) -> list[dict]:
+    """One row per (run, method): the setting, the measured speedup_decode and the projection."""
+    rows = []
+    for run in run_dirs(paths):
+        summary = json.loads((run / "summary.json").read_text())
+        steps = run_steps(run)
+        for method, method_summary in method_summaries(summary).items():
+            if method == AR or (methods and method not in methods) or not steps.get(method):
+                continue
+            config = method_summary.get("method_config") or {}
+            draft_ms = profile.draft_ms(method) if draft == "profile" else None
+            projection = project(steps[method], profile, draft_ms=draft_ms)
+            measured = method_summary.get("speedup_decode")
+            rows.append(
+                {
+                    "run": str(run),
+                    "model": summary.get("model"),
+                    "dataset": summary.get("dataset"),
+                    "method": method,
+                    "budget": config.get("total_tokens"),
+                    "thresholds": _label(config.get("thresholds")),
+                    "job_thresholds": job_thresholds(summary),
+                    "tau": projection["tau"],
+                    "nodes": projection["avg_nodes_per_step"],
+                    "measured": measured,
+                    "projected": projection["speedup"],
+                    "error": projection["speedup"] / measured - 1 if measured else None,
+                    "projection": projection,
+                    "recorded": recorded_split(steps[method], profile),
+                    "baseline_recorded": recorded_split(steps[AR], profile) if steps.get(AR) else None,
+                }
+            )
+    return rows
+
+
+def header(profile_path: Path, profile: CostProfile, draft: str) -> str:
+    measured_at = profile.meta.get("measured_at", "date not recorded")
+    drafts = "the profile's draft costs" if draft == "profile" else "each run's measured draft ms"
+    return (
+        f"Every projected number is a projection from {profile_path} measured on {profile.device} "
+        f"({profile.model}, {measured_at}), with {drafts}; measured = the run's speedup_decode "
+        "(baseline s per step token / the method's, prefill excluded)."
+    )
+
+
+def markdown(columns: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join(out)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def run_table(rows: list[dict]) -> str:
+    columns = ["dataset", "method", "budget", "tau", "nodes/step", "measured", "projected", "projected/measured - 1"]
+    lines = [
+        [
+            str(r["dataset"]),
+            r["method"],
+            "-" if r["budget"] is None else str(r["budget"]),
+            f"{r['tau']:.2f}",
+            f"{r['nodes']:.1f}",
+            _x(r["measured"]),
+            _x(r["projected"]),
+            _pct(r["error"]),
+        ]
+        for r in rows
+    ]
+    return markdown(columns, lines)
+
+
+def budget_table(rows: list[dict]) -> str:
+    """A sweep: rows = (budget, the job's thresholds), columns = methods, cells "projected (measured)". A
+    method without thresholds (EAGLE-3) sits in the row of the job it ran in."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cells: dict[tuple, dict[str, list[str]]] = {}
+    for r in rows:
+        setting = (r["budget"] or 0, r["job_thresholds"])
+        cells.setdefault(setting, {}).setdefault(r["method"], []).append(f"{_x(r['projected'])} ({_x(r['measured'])})")
+    lines = [
+        [str(budget), thresholds, *("; ".join(cells[(budget, thresholds)].get(m, ["-"])) for m in methods)]
+        for budget, thresholds in sorted(cells)
+    ]
+    return markdown(["budget", "thresholds", *(f"{m}: projected (measured)" for m in methods)], lines)
+
+
+def diagnosis_table(rows: list[dict]) -> str:
+    """Where each projection departs from its run: the recorded ms per step beside the profile's for the same
+    steps (method and baseline), and the speedup replayed from the recorded step times (the model's
+    arithmetic on the run's own costs: it differs from the measured speedup_decode only by time outside
+    the steps)."""
+    columns = ["dataset", "method", "verify rec -> profile", "other rec -> profile", "draft rec"]
+    columns += ["AR verify rec -> profile", "AR other rec -> profile", "replayed", "measured", "projected"]
+    lines = []
+    for r in rows:
+        m, b = r["recorded"], r["baseline_recorded"]
+        ms = lambda split, rec, prof: f"{split[rec]:.2f} -> {split[prof]:.2f}"  # noqa: E731
+        replayed = b["ms_per_token"] / m["ms_per_token"] if b else None
+        lines.append(
+            [
+                str(r["dataset"]),
+                r["method"],
+                ms(m, "verify_ms_per_step", "profile_verify_ms_per_step"),
+                ms(m, "other_ms_per_step", "profile_overhead_ms_per_step"),
+                f"{m['draft_ms_per_step']:.2f}",
+                ms(b, "verify_ms_per_step", "profile_verify_ms_per_step") if b else "-",
+                ms(b, "other_ms_per_step", "profile_overhead_ms_per_step") if b else "-",
+                _x(replayed),
+                _x(r["measured"]),
+                _x(r["projected"]),
+            ]
+        )
+    return markdown(columns, lines)
+
+
+def agreement(rows: list[dict]) -> str:
+    checked = [r for r in rows if r["error"] is not None]
+    close = sum(abs(r["error"]) <= WITHIN for r in checked)
+    return f"{close} of {len(checked)} projections within {WITHIN:.0%} of the measured speedup_decode."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="run directories, or folders holding them")
+    parser.add_argument("--profile", type=Path, required=True, help="a CostProfile JSON (scripts/cost_profile.py)")
+    parser.add_argument("--methods", help="comma-separated methods to project (default: all but ar)")
+    parser.add_argument("--draft", choices=["measured", "profile"], default="measured")
+    parser.add_argument("--budgets", action="store_true", help="a budget sweep: rows = (budget, thresholds)")
+    parser.add_argument("--diagnose", action="store_true", help="also the recorded ms per step beside the profile's")
+    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    parser.add_argument("--json", type=Path, help="also write every row with its full projection here")
+    args = parser.parse_args()
+
+    profile = CostProfile.load(args.profile)
+    methods = args.methods.split(",") if args.methods else None
+    rows = projection_rows(args.paths, profile, methods, args.draft)
+    if not rows:
+        sys.exit(f"no run with recorded steps under {' '.join(args.paths)}")
+    table = budget_table(rows) if args.budgets else run_table(rows)
+    parts = [header(args.profile, profile, args.draft), table, agreement(rows)]
+    if args.diagnose:
+        parts += ["Recorded ms per step (rec) beside the profile's for the same steps:", diagnosis_table(rows)]
+    others = sorted({r["model"] for r in rows} - {profile.model})
+    if others:  # acceptance comes from one target, costs from another: say so beside the numbers
+        parts.append(f"Note: the profile times {profile.model}; the runs recorded {', '.join(others)}.")
+    text = "\n\n".join(parts) + "\n"
+    print(text, end="")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

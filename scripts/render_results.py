@@ -1,0 +1,121 @@
+"""Rewrite the generated tables of results/README.md from the committed records, so that no number there is
+typed by hand. A generated block is
+
+    <!-- generated: <kind> <paths ...> -->
+    ...
+    <!-- /generated -->
+
+and its kind says what renders it:
+- `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of scripts/make_tables.py;
+- `forward_profile <json>`: the verify-time table of scripts/bench_forward.py's JSON;
+- `lossless <json ...>`: the per-method counts of scripts/check_lossless.py's JSONs.
+
+    python scripts/render_results.py [results/README.md]           # rewrite the blocks
+    python scripts/render_results.py --check [results/README.md]   # exit 1 if a block is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
+
+
+def forward_profile(path: str) -> str:
+    profile = json.loads((ROOT / path).read_text())
+    paths = profile["paths"]
+    names = list(paths)
+    sizes = sorted({int(k) for p in paths.values() for k in p["verify_ms"]})
+    lines = [
+        f"Verify time in ms for k tokens (k = 1 is the decode step); {profile['model']}, {profile['threads']} threads, "
+        f"context {profile['context_tokens']} tokens; streaming read bandwidth {profile['bandwidth_gbs']:.1f} GB/s, so "
+        f"reading the {profile['weight_bytes'] / 1e6:.0f} MB of fp32 weights once takes {profile['bandwidth_limit_ms']:.1f} ms.",
+        "",
+        "| tokens | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    lines += [f"| {k} | " + " | ".join(f"{paths[n]['verify_ms'][str(k)]:.1f}" for n in names) + " |" for k in sizes]
+    lines.append("")
+    for name in names:
+        p = paths[name]
+        limit = p.get("bandwidth_limit_ms", profile["bandwidth_limit_ms"])
+        ratio16 = p["verify_ms"]["16"] / p["decode_ms"] if "16" in p["verify_ms"] else float("nan")
+        lines.append(
+            f"- `{name}` ({p['dtype'].replace('torch.', '')}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
+            f"its bandwidth limit ({limit:.1f} ms); verify(16) = {ratio16:.2f}x decode"
+        )
+    return "\n".join(lines)
+
+
+def lossless(*paths: str) -> str:
+    columns, methods = {}, []
+    for path in paths:
+        record = json.loads((ROOT / path).read_text())
+        for dataset, by_method in record["datasets"].items():
+            columns[f"{dataset} ({record['max_new_tokens']} tokens)"] = by_method
+            methods += [m for m in by_method if m not in methods]
+    lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for method in methods:
+        cells = []
+        for by_method in columns.values():
+            c = by_method.get(method)
+            if c is None:
+                cells.append("-")
+                continue
+            cell = f"{c['equal']}/{c['prompts']} equal"
+            if c.get("float_tie"):
+                cell += f", {c['float_tie']} float tie"
+            if c.get("divergent"):
+                cell += f", **{len(c['divergent'])} divergent**"
+            cells.append(cell)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tables(*paths: str) -> str:
+    from make_tables import build
+
+    markdown, _, _ = build([str(ROOT / p) for p in paths], "speedup_wall")
+    return markdown.strip()
+
+
+RENDERERS = {"tables": tables, "forward_profile": forward_profile, "lossless": lossless}
+
+
+def render(text: str) -> str:
+    def one(match: re.Match) -> str:
+        kind, *args = match.group("spec").split()
+        if kind not in RENDERERS:
+            raise SystemExit(f"unknown generated block kind {kind!r}; known: {', '.join(RENDERERS)}")
+        return f"{match.group(1)}{RENDERERS[kind](*args)}\n{match.group(4)}"
+
+    return BLOCK.sub(one, text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("readme", nargs="?", type=Path, default=ROOT / "results" / "README.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from its records")
+    args = parser.parse_args()
+    text = args.readme.read_text()
+    fresh = render(text)
+    blocks = len(BLOCK.findall(text))
+    if args.check:
+        if fresh != text:
+            raise SystemExit(f"{args.readme}: generated blocks are stale; run python scripts/render_results.py")
+        print(f"{args.readme}: {blocks} generated blocks match their records")
+        return
+    args.readme.write_text(fresh)
+    print(f"{args.readme}: rewrote {blocks} generated blocks")
+
+
+if __name__ == "__main__":
+    main()

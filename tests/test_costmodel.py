@@ -1,0 +1,143 @@
+"""The cost model on literal numbers: interpolation in the profile's table, a hand-computed projection, and
+project_speedup.py on a hand-written run directory."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from graft.costmodel import CostProfile, Step, interpolate, project, turn_steps
+
+
+def _profile(**changes) -> CostProfile:
+    """verify(1) = 30 ms, verify(8) = 45 ms at context 256; 40 and 65 ms at context 1024; overhead 1 ms."""
+    fields = dict(
+        device="test CPU",
+        model="m",
+        nodes=[1, 8],
+        contexts=[256, 1024],
+        verify_table_ms=[[30.0, 45.0], [40.0, 65.0]],
+        overhead_table_ms=[1.0, 1.0],
+        draft_step_ms={"ar": 0.0, "graft": 2.0},
+        meta={"measured_at": "2026-11-30T03:00Z"},
+    )
+    return CostProfile(**{**fields, **changes})
+
+
+def test_interpolation_is_linear_inside_and_clamped_outside():
+    assert interpolate(4, [1, 8], [30.0, 44.0]) == pytest.approx(36.0)
+    assert interpolate(0, [1, 8], [30.0, 44.0]) == 30.0
+    assert interpolate(200, [1, 8], [30.0, 44.0]) == 44.0
+    assert interpolate(16, [1, 8, 16, 32], [1.0, 2.0, 4.0, 8.0]) == 4.0
+
+
+def test_verify_ms_interpolates_in_nodes_then_in_context():
+    profile = _profile()
+    assert profile.verify_ms(1, 256) == 30.0
+    assert profile.verify_ms(8, 1024) == 65.0
+    assert profile.verify_ms(4.5, 256) == pytest.approx(37.5)  # halfway from 1 to 8 nodes
+    assert profile.verify_ms(8, 640) == pytest.approx(55.0)  # halfway from 256 to 1024
+    assert profile.verify_ms(4.5, 640) == pytest.approx(45.0)  # (37.5 at 256 + 52.5 at 1024) / 2
+    assert profile.verify_ms(8, 64) == 45.0  # below the table: its first context
+    assert profile.verify_ms(128, 8192) == 65.0  # beyond both edges
+
+
+def test_a_profile_survives_its_json(tmp_path):
+    profile = _profile()
+    profile.save(tmp_path / "p.json")
+    assert CostProfile.load(tmp_path / "p.json") == profile
+    with pytest.raises(ValueError):
+        _profile(verify_table_ms=[[30.0, 45.0]])
+
+
+def test_project_matches_a_hand_computed_case():
+    # draft 5 + verify(8) 45 + overhead 1 = 51 ms a step, 6 tokens in 3 steps: 25.5 ms a token;
+    # AR: verify(1) 30 + overhead 1 = 31 ms a token -> 31 / 25.5
+    steps = [Step(accepted=a, nodes=8, context=100, draft_ms=5.0) for a in (3, 1, 2)]
+    result = project(steps, _profile())
+    assert result["kind"] == "projection"
+    assert result["ms_per_token"] == pytest.approx(25.5)
+    assert result["baseline_ms_per_token"] == pytest.approx(31.0)
+    assert result["speedup"] == pytest.approx(31 / 25.5)
+    assert round(result["speedup"], 4) == 1.2157
+    assert result["tau"] == 2.0 and result["draft"] == "measured"
+    # the profile's draft cost instead of the recorded one: (2 + 45 + 1) * 3 / 6 = 24 ms a token
+    assert project(steps, _profile(), draft_ms=_profile().draft_ms("graft"))["ms_per_token"] == pytest.approx(24.0)
+
+
+def test_the_baseline_pays_each_tokens_own_context():
+    # verify(1) is 30 ms at context 256 and 40 ms at 1024: 35 ms at 640, 40 ms at 1024 and beyond
+    assert project([Step(1, 8, 640, 0.0)], _profile())["baseline_ms_per_token"] == pytest.approx(35.0 + 1.0)
+    # a step committing 2 tokens at context 1023 stands for AR steps at 1023 and 1024
+    expected = (_profile().verify_ms(1, 1023) + 40.0) / 2 + 1.0
+    assert project([Step(2, 8, 1023, 0.0)], _profile())["baseline_ms_per_token"] == pytest.approx(expected)
+
+
+def test_turn_steps_rebuild_the_context_from_the_prompt_and_earlier_steps():
+    turn = {"prompt_tokens": 50, "accept_lengths": [3, 1, 2], "nodes": [8, 8, 4], "draft_ms": [5.0, 5.0, 4.0]}
+    turn.update(verify_ms=[40.0, 41.0, 35.0], other_ms=[1.0, 1.0, 0.5])
+    steps = turn_steps(turn)
+    assert [s.context for s in steps] == [50, 53, 54]
+    assert [(s.nodes, s.draft_ms, s.verify_ms) for s in steps] == [(8, 5.0, 40.0), (8, 5.0, 41.0), (4, 4.0, 35.0)]
+
+
+def _run_dir(path):
+    """A comparison run directory: graft's one turn accepts [3, 1, 2] with 8 nodes and 5 ms of draft."""
+    path.mkdir(parents=True)
+    method_config = {"total_tokens": 8, "thresholds": [0.5, 0.25]}
+
+    def turn(accepted, nodes, draft):
+        n = len(accepted)
+        return {
+            "prompt_tokens": 100,
+            "steps": n,
+            "accept_lengths": accepted,
+            "nodes": [nodes] * n,
+            "draft_ms": [draft] * n,
+            "verify_ms": [40.0] * n,
+            "other_ms": [1.0] * n,
+        }
+
+    graft = {"dataset": "mt", "method": "graft", "speedup_decode": 1.25, "method_config": method_config}
+    summary = {
+        "kind": "comparison",
+        "model": "m",
+        "dataset": "mt",
+        "method": "compare",
+        "rows": {"ar": {"speedup_decode": 1.0}, "graft": {"speedup_decode": 1.25}},
+        "methods": {"graft": graft},
+    }
+    record = {
+        "id": "p1",
+        "status": "ok",
+        "baseline": {"turns": [turn([1] * 6, 1, 0.0)]},
+        "methods": {"graft": {"side": {"turns": [turn([3, 1, 2], 8, 5.0)]}}},
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "run.json").write_text(json.dumps({"config_hash": "x"}))
+    (path / "samples.jsonl").write_text(json.dumps(record) + "\n")
+
+
+@pytest.mark.parametrize("budgets", [False, True])
+def test_project_speedup_prints_the_projection_beside_the_measurement(tmp_path, budgets):
+    _run_dir(tmp_path / "runs" / "b8")
+    _profile().save(tmp_path / "profile.json")
+    out = tmp_path / "table.md"
+    command = [sys.executable, "scripts/project_speedup.py", str(tmp_path / "runs"), "--profile"]
+    command += [str(tmp_path / "profile.json"), "--out", str(out)] + (["--budgets"] if budgets else [])
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"Every projected number is a projection from {tmp_path / 'profile.json'}")
+    assert "measured on test CPU" in first
+    if budgets:
+        row = next(line for line in proc.stdout.splitlines() if line.startswith("| 8 |"))
+        assert "| 0.5/0.25 | 1.22x (1.25x) |" in row
+    else:
+        row = next(line for line in proc.stdout.splitlines() if line.startswith("| mt | graft"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells == ["mt", "graft", "8", "2.00", "8.0", "1.25x", "1.22x", "-2.7%"]  # 1.2157 / 1.25 - 1
+    assert "1 of 1 projections within 10%" in proc.stdout
+    assert out.read_text() == proc.stdout
