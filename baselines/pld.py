@@ -45,6 +45,8 @@ def ngram_continuation(last_end: dict, tokens: list[int], min_ngram: int, max_ng
     description="prompt lookup: continue the latest earlier match of the last n-gram",
 )
 class PromptLookup(Retriever):
+    reads_at_any_token = True  # below a draft node: the n-grams ending at the node, over text + its path
+
     def __init__(self, params: PLDParams, target, budget: int):
         self.params, self.device = params, target.device
 
@@ -68,3 +70,13 @@ class PromptLookup(Retriever):
         self._index_until(state.tokens, len(state.tokens) - 1)  # every position but the root: not its own match
         found = ngram_continuation(self._last_end, state.tokens, p.min_ngram, p.max_ngram, min(p.num_pred_tokens, room))
         return Retrieved.chain_of(state.root, found, self.device) if found else None
+
+    def chain_at(self, state: SequenceState, path, length: int) -> Retrieved | None:
+        p = self.params
+        self._index_until(state.tokens, len(state.tokens) - 1)
+        tokens = path.tolist()
+        # the index holds committed positions before the root, so every match continues in the text itself
+        found = ngram_continuation(
+            self._last_end, state.tokens + tokens, p.min_ngram, p.max_ngram, min(p.num_pred_tokens, length - 1)
+        )
+        return Retrieved.chain_of(tokens[-1], found, self.device) if found else None

@@ -47,8 +47,9 @@ class RecyclingRetriever(Retriever):
     def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved:
         return Retrieved(*self.recycler.subtree(anchor_token, min(room + tree_nodes, self.read_limit)))
 
-    def chain_at(self, token, length: int) -> Retrieved:
-        return Retrieved(*self.recycler.subtree(token, length, shape="chain"))
+    def chain_at(self, state: SequenceState, path, length: int) -> Retrieved:
+        # the table is keyed by one token: the path above the node does not change what follows it
+        return Retrieved(*self.recycler.subtree(path[-1], length, shape="chain"))
 
     @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:

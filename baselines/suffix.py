@@ -32,6 +32,8 @@ class SuffixParams:
     description="suffix automaton over prompt + output, longest earlier match",
 )
 class SuffixRetriever(Retriever):
+    reads_at_any_token = True  # below a draft node: the automaton walked along the node's path
+
     def __init__(self, params: SuffixParams, target, budget: int):
         self.params, self.device = params, target.device
         self._match: int | None = None
@@ -49,6 +51,14 @@ class SuffixRetriever(Retriever):
             min(self.params.suffix_tokens, room), self.params.suffix_min_match
         )
         return Retrieved.chain_of(int(anchor_token), found, self.device) if found else None
+
+    def chain_at(self, state: SequenceState, path, length: int) -> Retrieved | None:
+        self.automaton.sync(state.tokens)
+        tokens = path.tolist()
+        self._match, found = self.automaton.continuation_after(
+            tokens, min(self.params.suffix_tokens, length - 1), self.params.suffix_min_match
+        )
+        return Retrieved.chain_of(tokens[-1], found, self.device) if found else None
 
     def note(self) -> dict:
         match, self._match = self._match, None

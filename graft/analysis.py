@@ -173,33 +173,38 @@ def is_sweep(rows: pd.DataFrame) -> bool:
 def sweep_table(rows: pd.DataFrame, metric: str = "speedup_wall", order: list[str] | None = None) -> pd.DataFrame:
     """One dataset's sweep: rows = (budget, thresholds), columns = methods, cells "<speedup>x / <tau> /
     <nodes per step>"; the baseline is left out (1.00x by definition). A method without thresholds (EAGLE-3)
-    sits in the "-" row of each budget, the mean of its runs in that budget's jobs."""
+    sits in the "-" row of each budget: the mean of its runs in that budget's jobs, which are repeats, with
+    their range in brackets (the run-to-run noise of the measurement)."""
     rows = rows[rows["method"] != "ar"].copy()
     rows["thresholds"] = rows["thresholds"].fillna("-")
     methods = [m for m in (order or []) if m in set(rows["method"])]
     methods += sorted(set(rows["method"]) - set(methods))
     cells = {}
     for (budget, thresholds), group in rows.groupby(["budget", "thresholds"]):
-        by_method = group.groupby("method")[[metric, "tau", "avg_nodes_per_step"]].mean()
-        cells[(int(budget), thresholds)] = {
-            m: f"{by_method.loc[m, metric]:.2f}x / {by_method.loc[m, 'tau']:.2f} / {by_method.loc[m, 'avg_nodes_per_step']:.1f}"
-            if m in by_method.index
-            else "-"
-            for m in methods
-        }
+        row = {}
+        for method in methods:
+            runs = group[group["method"] == method]
+            if runs.empty:
+                row[method] = "-"
+                continue
+            speed = f"{runs[metric].mean():.2f}x"
+            if len(runs) > 1:
+                speed += f" ({runs[metric].min():.2f}-{runs[metric].max():.2f})"
+            row[method] = f"{speed} / {runs['tau'].mean():.2f} / {runs['avg_nodes_per_step'].mean():.1f}"
+        cells[(int(budget), thresholds)] = row
     table = pd.DataFrame.from_dict(cells, orient="index")[methods]
     table.index.names = ["budget", "thresholds"]
     return table
 
 
 def best_settings(rows: pd.DataFrame, metric: str = "speedup_wall") -> pd.DataFrame:
-    """Each method's best (budget, thresholds) by `metric`, per dataset."""
+    """Each method's best (budget, thresholds) by `metric` (repeats of a setting averaged), per dataset."""
     rows = rows[rows["method"] != "ar"].copy()
     rows["thresholds"] = rows["thresholds"].fillna("-")
-    best = rows.loc[rows.groupby(["dataset", "method"])[metric].idxmax()]
-    return best[["dataset", "method", "budget", "thresholds", metric, "tau", "avg_nodes_per_step"]].reset_index(
-        drop=True
-    )
+    keys = ["dataset", "method", "budget", "thresholds"]
+    means = rows.groupby(keys)[[metric, "tau", "avg_nodes_per_step"]].mean().reset_index()
+    best = means.loc[means.groupby(["dataset", "method"])[metric].idxmax()]
+    return best[[*keys, metric, "tau", "avg_nodes_per_step"]].reset_index(drop=True)
 
 
 def stage_table(rows: pd.DataFrame, settings: bool = False) -> pd.DataFrame:

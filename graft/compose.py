@@ -108,7 +108,7 @@ register("split", "dense", description="keep the best total_tokens - 1 draft nod
 
 
 class Retriever(Proposer, ABC):
-    """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any token (the
+    """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any draft node (the
     attach policies that continue the draft's leaves need one)."""
 
     reads_at_any_token = False
@@ -117,7 +117,10 @@ class Retriever(Proposer, ABC):
     def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
         """A subtree below `anchor_token` worth up to `room` new nodes in a tree of `tree_nodes` nodes."""
 
-    def chain_at(self, token, length: int) -> Retrieved | None:
+    def chain_at(self, state: SequenceState, path: Tensor, length: int) -> Retrieved | None:
+        """A chain of up to `length` nodes below a draft node (node 0: that node's token, path[-1]), read as
+        if the text were the committed tokens followed by `path`, the draft tokens [d] from the root's child
+        down to the node. None: nothing found."""
         return None
 
     def note(self) -> dict:

@@ -14,7 +14,7 @@ method's, prefill excluded): the same tokens, timed by a profile instead of by t
 
 A `CostProfile` holds verify(N, context) as a table measured by scripts/cost_profile.py on one device,
 the per-step overhead of the decode loop (topology, acceptance, cache commit, bookkeeping: it grows with
-N) and, where measured, each drafter's ms per step. A projection is a model: it replays recorded
+N, and moving an accepted path in the cache adds to it) and, where measured, each drafter's ms per step. A projection is a model: it replays recorded
 acceptance (which does not depend on the device) against costs measured elsewhere; it is not a run.
 Pure functions: no torch.
 """
@@ -55,6 +55,9 @@ class CostProfile:
     contexts: list[int]  # ascending committed-context lengths (cache positions before the tree)
     verify_table_ms: list[list[float]]  # [len(contexts)][len(nodes)] median verify forward ms
     overhead_table_ms: list[float]  # [len(nodes)] loop ms per step outside the forward and the drafter
+    # extra ms when the accepted path must be moved down in the cache (every layer's keys and values gathered):
+    # a tree's path of 2+ tokens off its first nodes; a step that keeps only the root moves nothing
+    commit_move_ms: float = 0.0
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # {method or "ar": mean draft ms per step}
     meta: dict = field(default_factory=dict)  # how it was measured (repeats, fast path, date, versions)
 
@@ -74,8 +77,12 @@ class CostProfile:
         per_context = [interpolate(nodes, self.nodes, row) for row in self.verify_table_ms]
         return interpolate(context, self.contexts, per_context)
 
-    def overhead_ms(self, nodes: float) -> float:
-        return interpolate(nodes, self.nodes, self.overhead_table_ms)
+    def overhead_ms(self, nodes: float, accepted: int = 1) -> float:
+        """The loop's ms per step outside the forward and the drafter. Records do not say whether a step's
+        accepted path sat in place, so a step of 3+ nodes that committed 2+ tokens is taken to be a tree's,
+        whose path is moved (a chain's is not: there this overstates by commit_move_ms)."""
+        moved = accepted >= 2 and nodes >= 3
+        return interpolate(nodes, self.nodes, self.overhead_table_ms) + (self.commit_move_ms if moved else 0.0)
 
     def draft_ms(self, method: str) -> float:
         if method not in self.draft_step_ms:
@@ -157,7 +164,7 @@ def recorded_split(steps: Sequence[Step], profile: CostProfile | None = None) ->
     }
     if profile is not None:
         split["profile_verify_ms_per_step"] = sum(profile.verify_ms(s.nodes, s.context) for s in steps) / n
-        split["profile_overhead_ms_per_step"] = sum(profile.overhead_ms(s.nodes) for s in steps) / n
+        split["profile_overhead_ms_per_step"] = sum(profile.overhead_ms(s.nodes, s.accepted) for s in steps) / n
     return split
 
 
@@ -191,7 +198,7 @@ def project(
         ar_draft_ms = profile.draft_step_ms.get(AR, 0.0)
     drafts = [s.draft_ms if draft_ms is None else draft_ms for s in steps]
     verifies = [profile.verify_ms(s.nodes, s.context) for s in steps]
-    overheads = [profile.overhead_ms(s.nodes) for s in steps]
+    overheads = [profile.overhead_ms(s.nodes, s.accepted) for s in steps]
     tokens = sum(s.accepted for s in steps)
     step_ms = (sum(drafts) + sum(verifies) + sum(overheads)) / len(steps)
     ms_per_token = step_ms * len(steps) / tokens  # = mean(step time) / mean(accepted)

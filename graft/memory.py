@@ -246,7 +246,10 @@ def draft_head_shape(method_keys: dict, target: ModelShape) -> tuple[HeadShape, 
         return estimated_head_shape(kind, target, draft_vocab=target.vocab_size), f"random {kind} head"
     config_path = Path(source).expanduser() / "config.json"
     if config_path.is_file():
-        return head_shape_from_config(json.loads(config_path.read_text()), target), f"{source}/config.json"
+        try:
+            return head_shape_from_config(json.loads(config_path.read_text()), target), f"{source}/config.json"
+        except (ValueError, KeyError, TypeError):
+            pass  # a broken head config is the head loader's to report, with its file name; estimate here
     kind = head_kind_from_name(source)
     return estimated_head_shape(kind, target, draft_vocab=None), f"{kind} head estimated from the target's shape"
 

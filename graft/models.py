@@ -136,6 +136,11 @@ def _pretrained(cfg: ModelConfig, hardware: HardwareConfig, dtype: torch.dtype, 
         raise ModelLoadError(
             f"model.path={cfg.path}: no such directory. Point model.path at a local checkpoint or use a Hub id."
         )
+    if local and Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise ModelLoadError(
+            f"model.path={cfg.path} has no config.json: not a Hugging Face model folder "
+            "(it needs config.json, the weights and the tokenizer files)"
+        )
     kwargs = dict(dtype=dtype, attn_implementation=cfg.attn_implementation, **placement(cfg, hardware, device))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

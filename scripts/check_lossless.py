@@ -48,18 +48,23 @@ def main() -> None:
     from graft.runner import PromptTooLong, compare, run_conversation
 
     methods = args.methods.split(",")
-    base_cfg = validate(compose(["logger=none", *args.base]))
+    # method=ar: the model and hardware alone, so a model without a draft head does not fail the default comparison
+    base_cfg = validate(compose(["method=ar", "logger=none", *args.base]))
+    configs = method_configs(methods, args.base, args.set)
+    heads = {name: head_of(method) for name, method in configs.items()}
+    for name, head in heads.items():
+        if head is not None:
+            print(f"{name}: draft head {head}")
     model = load_model(base_cfg.model, base_cfg.hardware, progress=False)
-    drafters = {}
-    for name in methods:
-        cfg = validate(compose([f"method={name}", "logger=none", *args.base, *args.set]))
-        drafters[name] = build_drafter(cfg.method, model.target)
+    drafters = {name: build_drafter(method, model.target) for name, method in configs.items()}
     baseline = Autoregressive(model.target)
     greedy = SamplingConfig()
     results = {
         "model": base_cfg.model.name,
         "max_new_tokens": args.max_new_tokens,
         "overrides": args.set,
+        "base": args.base,
+        "heads": heads,
         "datasets": {},
         "checked": {},
     }
@@ -108,6 +113,20 @@ def main() -> None:
     sys.exit(0 if lossless else 1)
 
 
+def method_configs(methods: list[str], base: list[str], overrides: list[str]) -> dict:
+    """Each method's validated config, composed as run.py composes `method=<name> <base> <overrides>`: the
+    one rule for its draft head is the validated config's (method.head if given, else model.draft_head, so
+    `--base model.draft_head=random` and `--set method.head=random` both reach every EAGLE method)."""
+    from graft.config import compose, validate
+
+    return {name: validate(compose([f"method={name}", "logger=none", *base, *overrides])).method for name in methods}
+
+
+def head_of(method) -> str | None:
+    """The draft head a validated method config resolved (None for methods without one)."""
+    return next((params.head for params in method.parts.values() if hasattr(params, "head")), None)
+
+
 def _save(results: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=1))
@@ -119,7 +138,8 @@ def _earlier_results(path: Path, fresh: dict, methods: list[str]) -> dict:
     if not path.exists():
         return {"datasets": {}, "checked": {}}
     old = json.loads(path.read_text())
-    same = all(old.get(k) == fresh[k] for k in ("model", "max_new_tokens", "overrides"))
+    # the heads too: a check of other heads (e.g. --base model.draft_head=random) must not resume this one
+    same = all(old.get(k) == fresh[k] for k in ("model", "max_new_tokens", "overrides", "base", "heads"))
     usable = {
         d: t for d, t in old.get("datasets", {}).items() if same and list(t) == methods and d in old.get("checked", {})
     }

@@ -12,9 +12,12 @@ drafters' step cost.
   with CUDA events around the forward, the CPU with perf_counter.
 - overhead: the decode loop itself (graft/decode.py `generate`) with a drafter that proposes a fixed
   k-node chain; the loop's own `other` time per step (topology, acceptance, cache commit, bookkeeping),
-  median over steps. On CUDA the loop synchronises at each phase boundary (hardware.timing=sync, the
-  default there), so its split is the device's; with timing=async it is not (kernels run asynchronously),
-  and the overhead is then the step's non-draft time minus the event-timed verify at the same context.
+  median over steps; the baseline's with its top-2 gap recording, as runs time it. On CUDA the loop
+  synchronises at each phase boundary (hardware.timing=sync, the default there), so its split is the
+  device's; with timing=async it is not (kernels run asynchronously), and the overhead is then the step's
+  non-draft time minus the event-timed verify at the same context.
+- commit move: those chains are rejected, so their commits keep only the root; a tree step that accepts
+  2+ tokens also moves its path down in the cache (every layer's keys and values gathered), timed directly.
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
 """
@@ -121,11 +124,13 @@ class FixedChainDrafter(Drafter):
         return Proposal(chain_tree(state.root, self.nodes, self.target.vocab_size, self.target.device))
 
 
-def loop_run(target, drafter, prompt: list[int], steps: int):
-    """The decode loop for `steps` steps of `drafter` (no stop token): its per-step draft / verify / other."""
+def loop_run(target, drafter, prompt: list[int], steps: int, baseline: bool):
+    """The decode loop for `steps` steps of `drafter` (no stop token): its per-step draft / verify / other.
+    The baseline runs as runs run it: recording the top-2 logit gaps of its tokens for the lossless check
+    (graft/runner.py), a cost in its `other` that the measured speedup_decode includes."""
     from graft.decode import generate
 
-    return generate(target, drafter, prompt, max_new_tokens=steps + 1, stop_ids=set())
+    return generate(target, drafter, prompt, max_new_tokens=steps + 1, stop_ids=set(), record_gaps=baseline)
 
 
 def measure_overhead(target, nodes: list[int], context: int, steps: int, verify_at) -> tuple[list[float], float]:
@@ -134,11 +139,11 @@ def measure_overhead(target, nodes: list[int], context: int, steps: int, verify_
 
     prompt = filler_tokens(context, target.vocab_size, seed=101)
     drafters = {k: Autoregressive(target) if k == 1 else FixedChainDrafter(target, k) for k in nodes}
-    for drafter in drafters.values():  # warm-up, untimed
-        loop_run(target, drafter, prompt, 3)
+    for k, drafter in drafters.items():  # warm-up, untimed
+        loop_run(target, drafter, prompt, 3, baseline=k == 1)
     overhead, ar_draft = [], 0.0
     for k, drafter in drafters.items():
-        gen = loop_run(target, drafter, prompt, steps)
+        gen = loop_run(target, drafter, prompt, steps, baseline=k == 1)
         if target.device.type == "cuda" and not getattr(target, "sync_timing", False):
             # with hardware.timing=async the host's split is not the device's: the step's non-draft time
             # minus the event-timed forward at the same context
@@ -149,6 +154,29 @@ def measure_overhead(target, nodes: list[int], context: int, steps: int, verify_
         if k == 1:
             ar_draft = 1e3 * statistics.fmean(gen.draft_s)
     return overhead, ar_draft
+
+
+@torch.inference_mode()
+def measure_commit_move(target, repeats: int) -> float:
+    """Extra ms of a commit whose accepted path must be moved down in the cache (a tree's path off its first
+    nodes: every layer's keys and values gathered) over one that keeps only the root, median of repeats."""
+    cache = ContextCache(target, 256, 32)
+    tree = chain_tree(17, 32, target.vocab_size, target.device)
+    target.cache = cache.cache
+    target.verify(tree, topology(tree.parents, cache.committed))  # 32 rows to move from
+    path = [0, 3, 9, 20]  # root, then three nodes off their place
+    path_index = torch.tensor(path, device=target.device)
+
+    def commit_ms(keep: list[int], index) -> float:
+        for layer in cache.cache.layers:  # the tree's rows back in place, as after a verify
+            layer.length = cache.committed + 32
+        return elapsed_ms(lambda: target.commit(cache.committed, keep, index), target.device)
+
+    moved, in_place = [], []
+    for _ in range(repeats + 2):
+        moved.append(commit_ms(path, path_index))
+        in_place.append(commit_ms([0], None))
+    return max(0.0, statistics.median(moved[2:]) - statistics.median(in_place[2:]))
 
 
 def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float]:
@@ -210,6 +238,7 @@ def main() -> None:
     verify = measure_verify(target, nodes, contexts, args.repeats, args.warmup)
     verify_only = CostProfile("", cfg.model.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
     overhead, ar_draft = measure_overhead(target, nodes, args.loop_context, args.loop_steps, verify_only.verify_ms)
+    commit_move = measure_commit_move(target, 4 * args.repeats)
     drafts = {AR: ar_draft}
     if args.methods:
         drafts.update(measure_drafts(model, cfg, args.methods.split(","), args.draft_tokens))
@@ -221,6 +250,7 @@ def main() -> None:
         contexts=contexts,
         verify_table_ms=verify,
         overhead_table_ms=overhead,
+        commit_move_ms=commit_move,
         draft_step_ms=drafts,
         meta={
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
@@ -240,7 +270,8 @@ def main() -> None:
     print("nodes " + "".join(f"{c:>9}" for c in contexts) + "   overhead")
     for ni, k in enumerate(nodes):
         print(f"{k:>5} " + "".join(f"{row[ni]:>9.2f}" for row in verify) + f"   {overhead[ni]:>8.2f}")
-    print(f"ar draft {ar_draft:.3f} ms/step; {profile.meta['seconds']} s in all")
+    print(f"moving an accepted path in the cache {commit_move:.3f} ms; ar draft {ar_draft:.3f} ms/step")
+    print(f"{profile.meta['seconds']} s in all")
     out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}.json")
     profile.save(out)
     print(f"wrote {out}")

@@ -141,26 +141,34 @@ def budget_table(rows: list[dict]) -> str:
 
 def diagnosis_table(rows: list[dict]) -> str:
     """Where each projection departs from its run: the recorded ms per step beside the profile's for the same
-    steps (method and baseline), and the speedup replayed from the recorded step times (the model's
-    arithmetic on the run's own costs: it differs from the measured speedup_decode only by time outside
-    the steps)."""
-    columns = ["dataset", "method", "verify rec -> profile", "other rec -> profile", "draft rec"]
-    columns += ["AR verify rec -> profile", "AR other rec -> profile", "replayed", "measured", "projected"]
+    steps (method and baseline; "drift" = recorded / profile - 1: a run slowed by other load shows here),
+    and the speedup replayed from the recorded step times (the model's arithmetic on the run's own costs:
+    it differs from the measured speedup_decode only by time outside the steps)."""
+    columns = ["dataset", "method", "budget", "thresholds", "verify rec -> profile (drift)"]
+    columns += ["AR verify rec -> profile (drift)", "other rec -> profile", "AR other rec -> profile", "draft rec"]
+    columns += ["replayed", "measured", "projected"]
+
+    def versus(split: dict | None, recorded: str, profiled: str, drift: bool = False) -> str:
+        if split is None:
+            return "-"
+        text = f"{split[recorded]:.2f} -> {split[profiled]:.2f}"
+        return text + f" ({_pct(split[recorded] / split[profiled] - 1)})" if drift else text
+
     lines = []
     for r in rows:
         m, b = r["recorded"], r["baseline_recorded"]
-        ms = lambda split, rec, prof: f"{split[rec]:.2f} -> {split[prof]:.2f}"  # noqa: E731
-        replayed = b["ms_per_token"] / m["ms_per_token"] if b else None
         lines.append(
             [
                 str(r["dataset"]),
                 r["method"],
-                ms(m, "verify_ms_per_step", "profile_verify_ms_per_step"),
-                ms(m, "other_ms_per_step", "profile_overhead_ms_per_step"),
+                "-" if r["budget"] is None else str(r["budget"]),
+                r["job_thresholds"],
+                versus(m, "verify_ms_per_step", "profile_verify_ms_per_step", drift=True),
+                versus(b, "verify_ms_per_step", "profile_verify_ms_per_step", drift=True),
+                versus(m, "other_ms_per_step", "profile_overhead_ms_per_step"),
+                versus(b, "other_ms_per_step", "profile_overhead_ms_per_step"),
                 f"{m['draft_ms_per_step']:.2f}",
-                ms(b, "verify_ms_per_step", "profile_verify_ms_per_step") if b else "-",
-                ms(b, "other_ms_per_step", "profile_overhead_ms_per_step") if b else "-",
-                _x(replayed),
+                _x(b["ms_per_token"] / m["ms_per_token"] if b else None),
                 _x(r["measured"]),
                 _x(r["projected"]),
             ]

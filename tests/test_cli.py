@@ -216,6 +216,18 @@ def test_failed_starts_are_one_line_errors_and_do_not_block_the_corrected_rerun(
     assert proc.returncode == 2 and f"run.out_dir={a_file} is a file, not a folder" in proc.stderr
     assert "Traceback" not in proc.stderr
 
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    proc = run_cli(
+        "model=pretrained",
+        f"model.path={empty}",
+        "methods=[pld]",
+        "logger=none",
+        f"run.out_dir={tmp_path / 'p'}",
+        check=False,
+    )
+    assert proc.returncode == 2 and "has no config.json: not a Hugging Face model folder" in proc.stderr
+
     out = tmp_path / "run"
     common = ("model=tiny_llama", "method=eagle3", "logger=none", "run.num_prompts=1", "run.max_new_tokens=4")
     proc = run_cli(*common, f"method.head={tmp_path / 'no_head'}", f"run.out_dir={out}", check=False)

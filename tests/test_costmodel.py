@@ -67,6 +67,16 @@ def test_project_matches_a_hand_computed_case():
     assert project(steps, _profile(), draft_ms=_profile().draft_ms("graft"))["ms_per_token"] == pytest.approx(24.0)
 
 
+def test_a_tree_step_that_accepts_moves_its_path():
+    # 2 ms to move a path: only for steps of 3+ nodes that committed 2+ tokens (a chain of 2 stays in place)
+    profile = _profile(commit_move_ms=2.0)
+    assert profile.overhead_ms(8, accepted=1) == 1.0
+    assert profile.overhead_ms(8, accepted=3) == 3.0
+    assert profile.overhead_ms(2, accepted=2) == 1.0
+    steps = [Step(accepted=a, nodes=8, context=100, draft_ms=5.0) for a in (3, 1, 2)]
+    assert project(steps, profile)["ms_per_token"] == pytest.approx((3 * 51 + 2 * 2) / 6)
+
+
 def test_the_baseline_pays_each_tokens_own_context():
     # verify(1) is 30 ms at context 256 and 40 ms at 1024: 35 ms at 640, 40 ms at 1024 and beyond
     assert project([Step(1, 8, 640, 0.0)], _profile())["baseline_ms_per_token"] == pytest.approx(35.0 + 1.0)

@@ -4,7 +4,9 @@ small KV cache of its own (a `graft.kv.KVBuffer`), so only newly accepted tokens
 
 Module and parameter names follow the published checkpoints, so their state dicts load as they are:
 EAGLE-3: fc, midlayer.{self_attn,mlp,hidden_norm,input_layernorm,post_attention_layernorm}, norm,
-lm_head, d2t, t2d. EAGLE-1: fc (with bias), layers.0.{self_attn,mlp,post_attention_layernorm}.
+lm_head, d2t, t2d (and embed_tokens when the head is narrower than its target, so it cannot share the
+target's table). EAGLE-1: fc (with bias), layers.0.{self_attn,mlp,post_attention_layernorm}.
+How each field of the published configs is honoured: docs/published_heads.md.
 """
 
 from __future__ import annotations
@@ -35,23 +37,70 @@ class HeadConfig:
     layer_ids: list[int] = field(default_factory=list)  # eagle3: target layers whose inputs are fused
     # per-head width; None means hidden / heads. Qwen3 heads set it apart (235B: hidden 4096, 64 heads, 128)
     attention_head_dim: int | None = None
+    # the config's rope_scaling without rope_theta, rope_type always named ("llama3", "linear", "yarn");
+    # None: plain rotary embedding. The frequencies come from transformers' own functions (rotary_frequencies)
+    rope_scaling: dict | None = None
+    max_position_embeddings: int | None = None  # read only by yarn without a factor (see rotary_frequencies)
+    attention_bias: bool = False  # q, k, v and o projections with bias, as transformers' LlamaAttention
+    qkv_bias: bool = False  # q, k and v only (EAGLE-1 heads for Qwen2 targets, as EAGLE's cnets1.py reads it)
+    mlp_bias: bool = False  # gate, up and down projections with bias, as transformers' LlamaMLP
 
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def own_embeddings(self) -> bool:
+        """An EAGLE-3 head narrower (or wider) than its target cannot read the target's token embeddings;
+        it carries its own table (embed_tokens), which EAGLE's loader then takes from the checkpoint
+        (EAGLE3-LLaMA3.3-Instruct-70B is narrower than Llama-3.3-70B)."""
+        return self.kind == "eagle3" and self.hidden_size != self.target_hidden_size
+
+
+def rotary_frequencies(cfg: HeadConfig) -> tuple[Tensor, float]:
+    """(inverse frequencies [head_dim / 2], attention scaling) of the head's rotary embedding.
+
+    Without scaling this is the plain formula (what transformers computes for rope_type "default"); with
+    scaling the frequencies come from transformers' own init function for the rope type, called on a
+    LlamaConfig holding the head's fields, so llama3 / linear / yarn heads rotate exactly as transformers'
+    Llama layer with that config. The scaling multiplies cos and sin (1.0 except for yarn)."""
+    d = cfg.head_dim
+    if cfg.rope_scaling is None:
+        return 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2).float() / d)), 1.0
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta}
+    max_positions = cfg.max_position_embeddings or 2048  # LlamaConfig's default
+    original = rope.get("original_max_position_embeddings")
+    if original and rope.get("factor") is not None:
+        # transformers warns when the original length exceeds max_position_embeddings, which only yarn
+        # without a factor reads (factor = max / original): with a factor, raising it changes nothing
+        max_positions = max(max_positions, int(original))
+    config = LlamaConfig(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=d,
+        max_position_embeddings=max_positions,
+        rope_parameters=rope,
+    )
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
+    return inv_freq.float(), float(scaling)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: HeadConfig, in_features: int):
         super().__init__()
         self.cfg = cfg
-        d = cfg.head_dim
-        self.q_proj = nn.Linear(in_features, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2).float() / d))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        d, qkv_bias = cfg.head_dim, cfg.attention_bias or cfg.qkv_bias
+        self.q_proj = nn.Linear(in_features, cfg.num_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
+        # a plain float32 attribute, not a buffer: head.to(bfloat16) would round a buffer's frequencies (by up
+        # to 2^-8 relative; 2^-11 in float16), and the angle error grows with the position
+        self.inv_freq, self.attention_scaling = rotary_frequencies(cfg)
 
     def _rope(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
         """Rotate by `positions`, all below `limit` (a bound known on the host: reading the largest position
@@ -65,9 +114,13 @@ class Attention(nn.Module):
         table = getattr(self, "_table", None)
         if table is None or table[0].shape[0] < needed or table[0].dtype != x.dtype or table[0].device != x.device:
             size = max(needed, 2 * (table[0].shape[0] if table is not None else 1024))
-            freqs = torch.arange(size, device=x.device).float()[:, None] * self.inv_freq[None, :]  # [size, d/2]
+            inv_freq = self.inv_freq.to(x.device)
+            freqs = torch.arange(size, device=x.device).float()[:, None] * inv_freq[None, :]  # [size, d/2]
             emb = torch.cat([freqs, freqs], dim=-1)
-            self._table = table = (emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+            cos, sin = emb.cos(), emb.sin()
+            if self.attention_scaling != 1.0:  # yarn's attention factor, applied in float32 as transformers does
+                cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+            self._table = table = (cos.to(x.dtype), sin.to(x.dtype))
         return table
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
@@ -91,9 +144,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        bias = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -143,12 +197,18 @@ class DraftHead(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+            if cfg.own_embeddings:
+                self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         elif cfg.kind == "eagle1":
             self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
             self.layers = nn.ModuleList([Eagle1Layer(cfg)])
             self._target_lm_head = [target_lm_head]  # a list: not a submodule, not in the state dict
         else:
             raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
+
+    def embedder(self, target_embed):
+        """The token embedding the head reads: its own table when it has one, else the target's."""
+        return self.embed_tokens if self.cfg.own_embeddings else target_embed
 
     def new_cache(self, capacity: int) -> KVBuffer:
         return KVBuffer(capacity)

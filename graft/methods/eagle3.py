@@ -297,6 +297,7 @@ class HeadOnCache:
             else (HiddenTap(-1, "final"),)
         )
         self.needs = TargetNeeds(taps=taps, embeddings=True, lm_head=cfg.kind == "eagle1")
+        self.embed = self.head.embedder(target.embed)  # a head narrower than its target has its own table
 
     def reset(self, prefill: PrefillInfo) -> None:
         tokens = prefill.state.tokens
@@ -309,14 +310,14 @@ class HeadOnCache:
 
     def _extend(self, tokens: list[int], hidden: Tensor) -> Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
-        return extend(self.head, self.cache, self.target.embed(ids), hidden)[-1]
+        return extend(self.head, self.cache, self.embed(ids), hidden)[-1]
 
 
 class _HeadSource(DraftSource):
     def __init__(self, params: HeadParams, target: TargetBackend):
         self.params = params
         self.runner = HeadOnCache(params, target)
-        self.embed = target.embed
+        self.embed = self.runner.embed
         self.needs = self.runner.needs
 
     @torch.inference_mode()

@@ -9,9 +9,9 @@ and the policy below that grafts its subtree at the root, so that one step reads
 Policies (method.attach):
 - root:   the paper's form: every retriever's subtree hangs from the root, in the order of method.retrieval;
 - tail:   Graft(TAIL): below the deepest draft node (the end of a confident draft chain);
-- leaves: beyond the paper: the best draft leaves (by cumulative log-prob) continued with rank-0 chains
-          from a retriever that reads below any token (the recycling table), `leaf_count` leaves sharing
-          the budget;
+- leaves: beyond the paper: the best draft leaves (by cumulative log-prob) continued with chains read
+          below them by the retrievers of method.retrieval (recycling: the rank-0 chain of the leaf's token;
+          suffix and pld: what followed the text + the leaf's path), up to `leaf_count` leaves sharing the budget;
 - both:   leaves first with `leaf_share` of the budget, then the root.
 """
 
@@ -64,8 +64,34 @@ class LeafParams:
             raise ValueError(f"need leaf_count >= 1 and 0 <= leaf_share <= 1; got {self.leaf_count}, {self.leaf_share}")
 
 
-@register("attach", "leaves", params=LeafParams, description="rank-0 chains below the best draft leaves")
+def best_leaves(tree, count: int) -> list[int]:
+    """The `count` best leaves of `tree` by score (cumulative log-prob), best first: nodes other than the root
+    with no children. Fewer when the tree has fewer; internal nodes never stand in for missing leaves."""
+    has_child = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.tokens.device)  # [num_nodes]
+    has_child[tree.parents[1:]] = True
+    has_child[0] = True  # the root is never a leaf to continue
+    scores = tree.scores if tree.scores is not None else torch.zeros(tree.num_nodes, device=tree.tokens.device)
+    leaves = torch.nonzero(~has_child).squeeze(1)  # [num_leaves]
+    order = torch.sort(scores[leaves], descending=True, stable=True).indices  # ties: the earlier node first
+    return leaves[order[:count]].tolist()
+
+
+def path_to(node: int, parents: list[int], tokens: list[int]) -> list[int]:
+    """The tokens from the root's child down to `node` (what the node adds to the committed text)."""
+    path = []
+    while node > 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
+
+
+@register("attach", "leaves", params=LeafParams, description="chains below the best draft leaves")
 class AtLeaves(AttachPolicy):
+    """Continue the best draft leaves with chains read below them, from every retriever in method.retrieval
+    that can read below a draft node (in that order: a later one fills what an earlier one left of the
+    leaf's share). The share is split over the leaves that exist, best leaves taking the remainder, and what
+    one leaf leaves unused (a short or unknown chain) passes to the next."""
+
     needs_reader = True
     share_of_room = 1.0
 
@@ -74,29 +100,34 @@ class AtLeaves(AttachPolicy):
 
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
         if grafted.tree.num_nodes > 1:
-            reader = next(r for r in retrievers if r.reads_at_any_token)
-            self._continue_leaves(grafted, reader, int(grafted.room * self.share_of_room))
+            self._continue_leaves(grafted, retrievers, state, int(grafted.room * self.share_of_room))
 
-    def _continue_leaves(self, grafted: Grafted, reader: Retriever, share: int) -> None:
-        tree = grafted.tree
-        has_child = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.tokens.device)  # [num_nodes]
-        has_child[tree.parents[1:]] = True
-        leaf_scores = torch.where(has_child, float("-inf"), tree.scores)  # [num_nodes]
-        leaf_scores[0] = float("-inf")
-        leaves = torch.topk(leaf_scores, min(self.params.leaf_count, tree.num_nodes - 1)).indices.tolist()
-        per_leaf = max(1, share // len(leaves))
-        for leaf in leaves:
-            budget = min(per_leaf, grafted.room)
+    def _continue_leaves(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState, share: int) -> None:
+        readers = [r for r in retrievers if r.reads_at_any_token]
+        tree = grafted.tree  # the draft before any chain: the leaves are the draft's own
+        leaves = best_leaves(tree, self.params.leaf_count)
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()  # paths walked on the host: a few nodes
+        left = min(share, grafted.room)
+        for i, leaf in enumerate(leaves):
+            budget = -(-left // (len(leaves) - i))  # ceil: the better leaves take the remainder
             if budget <= 0:
                 break
-            found = reader.chain_at(tree.tokens[leaf], budget + 1)
-            grafted.attach(leaf, found.tokens, found.parents, room=budget)
+            path = torch.tensor(path_to(leaf, parents, tokens), dtype=torch.long, device=tree.tokens.device)
+            room_before = grafted.room
+            for reader in readers:
+                used = room_before - grafted.room
+                if used >= budget:
+                    break
+                # read the whole share below the leaf: nodes an earlier reader already put there merge for free
+                found = reader.chain_at(state, path, budget + 1)
+                if found is not None:
+                    grafted.attach(leaf, found.tokens, found.parents, room=budget - used)
+            left -= room_before - grafted.room
 
 
 @register("attach", "both", params=LeafParams, description="leaves first (leaf_share of the budget), then the root")
 class AtLeavesAndRoot(AtLeaves):
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
         if grafted.tree.num_nodes > 1:
-            reader = next(r for r in retrievers if r.reads_at_any_token)
-            self._continue_leaves(grafted, reader, int(grafted.room * self.params.leaf_share))
+            self._continue_leaves(grafted, retrievers, state, int(grafted.room * self.params.leaf_share))
         graft_at(0, grafted, retrievers, state)

@@ -68,6 +68,27 @@ class SuffixAutomaton:
             return length, []
         return length, self.text[start : start + max_tokens]
 
+    def continuation_after(self, extra: list[int], max_tokens: int, min_match: int = 1) -> tuple[int, list[int]]:
+        """As continuation(), for the text followed by `extra` (tokens not added, e.g. a draft path): the
+        longest suffix of text + extra that occurs in the text, and what followed its first occurrence.
+        The automaton is walked from the whole text along `extra`, falling back by suffix links where the
+        text never continued that way; nothing is added to it."""
+        if not extra:
+            return self.continuation(max_tokens, min_match)
+        state, length = self.last, len(self.text)
+        for token in extra:
+            while state > 0 and token not in self.next[state]:
+                state = self.link[state]
+                length = self.length[state]
+            if token in self.next[state]:
+                state, length = self.next[state][token], length + 1
+            else:
+                state, length = 0, 0
+        if length < min_match or state <= 0:
+            return length, []
+        start = self.first_end[state] + 1  # every occurrence ends inside the text: the match ends in `extra`
+        return length, self.text[start : start + max_tokens]
+
     def sync(self, tokens: list[int]) -> None:
         """Extend with whatever of `tokens` (the whole committed text) the automaton has not seen yet."""
         if len(tokens) > len(self.text):
