@@ -191,7 +191,8 @@ def project(
     that recorded the run); a number replaces it (a profile's draft cost, to project onto another device).
     ar_draft_ms: the baseline's draft ms per step (a root-only tree); default the profile's `ar` entry, or 0.
     """
-    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in Step.__dataclass_fields__}) for s in steps]
+    needed = ("accepted", "nodes", "context", "draft_ms")
+    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in needed}) for s in steps]
     if not steps:
         raise ValueError("no steps to project")
     if ar_draft_ms is None:

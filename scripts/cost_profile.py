@@ -2,7 +2,7 @@
 function of tree nodes and context length, the decode loop's per-step overhead, and optionally the
 drafters' step cost.
 
-    python scripts/cost_profile.py [model=smollm2_135m hardware=cpu] [--out results/cost_profile_cpu.json]
+    python scripts/cost_profile.py [model=smollm2_135m hardware=cpu] [--out results/cost_model/cost_profile_cpu.json]
     python scripts/cost_profile.py hardware=gpu --methods eagle3,pruned,graft --repeats 9
 
 - verify: the forward the decode loop runs (a k-node tree on top of a C-token cache, the tree mask built

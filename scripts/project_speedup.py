@@ -1,6 +1,6 @@
 """Projected speedups from recorded acceptance and a device's cost profile, next to the measured ones.
 
-    python scripts/project_speedup.py RUN_DIR... --profile results/cost_profile_cpu.json [--out table.md]
+    python scripts/project_speedup.py RUN_DIR... --profile results/cost_model/cost_profile_cpu.json [--out table.md]
     python scripts/project_speedup.py multirun/pareto/smollm2_135m --profile P.json --budgets
 
 For every run directory (a comparison's methods, or a single-method run) and method, the projected speedup
@@ -196,7 +196,10 @@ def main() -> None:
 
     profile = CostProfile.load(args.profile)
     methods = args.methods.split(",") if args.methods else None
-    rows = projection_rows(args.paths, profile, methods, args.draft)
+    try:
+        rows = projection_rows(args.paths, profile, methods, args.draft)
+    except KeyError as err:  # --draft profile, and the profile did not measure a method's drafter
+        sys.exit(f"{args.profile}: {err.args[0]}; measure it with cost_profile.py --methods, or use --draft measured")
     if not rows:
         sys.exit(f"no run with recorded steps under {' '.join(args.paths)}")
     table = budget_table(rows) if args.budgets else run_table(rows)

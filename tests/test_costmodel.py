@@ -63,6 +63,8 @@ def test_project_matches_a_hand_computed_case():
     assert result["speedup"] == pytest.approx(31 / 25.5)
     assert round(result["speedup"], 4) == 1.2157
     assert result["tau"] == 2.0 and result["draft"] == "measured"
+    rows = [{"accepted": a, "nodes": 8, "context": 100, "draft_ms": 5.0} for a in (3, 1, 2)]  # plain rows do too
+    assert project(rows, _profile())["speedup"] == pytest.approx(31 / 25.5)
     # the profile's draft cost instead of the recorded one: (2 + 45 + 1) * 3 / 6 = 24 ms a token
     assert project(steps, _profile(), draft_ms=_profile().draft_ms("graft"))["ms_per_token"] == pytest.approx(24.0)
 
