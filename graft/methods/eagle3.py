@@ -331,7 +331,7 @@ class _HeadSource(DraftSource):
 
 @register("source", "eagle", params=EagleParams, description="EAGLE-3 / EAGLE-1/2 head, EAGLE-2/3 dynamic tree")
 class EagleSource(_HeadSource):
-    splits = ("dense", "stage", "fixed", "confident")
+    splits = ("dense", "stage", "fixed", "confident", "auto")
     params: EagleParams
 
     @torch.inference_mode()
