@@ -102,40 +102,47 @@ def _sides(record: dict) -> dict[str, dict]:
     return sides
 
 
+def run_sides(run: Path):
+    """(summary, record, method, side) for every prompt record of one run directory and every side in it
+    (the baseline as `ar`)."""
+    summary = json.loads((Path(run) / "summary.json").read_text())
+    for line in read_samples(Path(run)).splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        record["_method"] = summary.get("method")
+        for method, side in _sides(record).items():
+            yield summary, record, method, side
+
+
 def step_rows(paths) -> pd.DataFrame:
     rows = []
     for run in run_dirs(paths):
-        summary = json.loads((run / "summary.json").read_text())
-        for line in read_samples(run).splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            record["_method"] = summary.get("method")
-            for method, side in _sides(record).items():
-                for turn in side["turns"]:
-                    infos = turn.get("step_info") or [{}] * turn["steps"]
-                    sources = turn.get("step_sources") or [[0, 0, 0, 0]] * turn["steps"]
-                    for k in range(turn["steps"]):
-                        info = infos[k] if k < len(infos) else {}
-                        rows.append(
-                            {
-                                "run": str(run),
-                                "model": summary["model"],
-                                "dataset": summary["dataset"],
-                                "method": method,
-                                "prompt": record["id"],
-                                "accepted": turn["accept_lengths"][k],
-                                "nodes": turn["nodes"][k],
-                                "stage": info.get("stage"),
-                                "draft_nodes": sources[k][0],
-                                "retrieved_nodes": sources[k][1],
-                                "accepted_draft": sources[k][2],
-                                "accepted_retrieved": sources[k][3],
-                                "draft_ms": turn["draft_ms"][k],
-                                "verify_ms": turn["verify_ms"][k],
-                                "other_ms": turn["other_ms"][k],
-                            }
-                        )
+        for summary, record, method, side in run_sides(run):
+            for turn in side["turns"]:
+                infos = turn.get("step_info") or [{}] * turn["steps"]
+                sources = turn.get("step_sources") or [[0, 0, 0, 0]] * turn["steps"]
+                for k in range(turn["steps"]):
+                    info = infos[k] if k < len(infos) else {}
+                    rows.append(
+                        {
+                            "run": str(run),
+                            "model": summary["model"],
+                            "dataset": summary["dataset"],
+                            "method": method,
+                            "prompt": record["id"],
+                            "accepted": turn["accept_lengths"][k],
+                            "nodes": turn["nodes"][k],
+                            "stage": info.get("stage"),
+                            "draft_nodes": sources[k][0],
+                            "retrieved_nodes": sources[k][1],
+                            "accepted_draft": sources[k][2],
+                            "accepted_retrieved": sources[k][3],
+                            "draft_ms": turn["draft_ms"][k],
+                            "verify_ms": turn["verify_ms"][k],
+                            "other_ms": turn["other_ms"][k],
+                        }
+                    )
     return pd.DataFrame(rows)
 
 

@@ -137,18 +137,12 @@ def turn_steps(turn: Mapping) -> list[Step]:
 
 def run_steps(run: Path) -> dict[str, list[Step]]:
     """{method: every step of every prompt} of one run directory, the baseline as `ar`."""
-    from graft.analysis import _sides, read_samples
+    from graft.analysis import run_sides
 
-    summary = json.loads((Path(run) / "summary.json").read_text())
     steps: dict[str, list[Step]] = {}
-    for line in read_samples(Path(run)).splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        record["_method"] = summary.get("method")
-        for method, side in _sides(record).items():
-            for turn in side["turns"]:
-                steps.setdefault(method, []).extend(turn_steps(turn))
+    for _, _, method, side in run_sides(Path(run)):
+        for turn in side["turns"]:
+            steps.setdefault(method, []).extend(turn_steps(turn))
     return steps
 
 
