@@ -22,6 +22,15 @@ from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults
 __all__ = ["ConfigError", "ExperimentConfig", "compose", "validate", "check_overrides", "group_options"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def from_cwd_or_repo(path: str) -> Path:
+    """A user-given path: as given when it exists (or is absolute), else relative to the repository, where
+    the shipped data, heads and cost profiles live."""
+    found = Path(path).expanduser()
+    return found if found.is_absolute() or found.exists() else CONFIG_DIR.parent / found
+
+
 GROUPS = ("model", "method", "dataset", "logger", "hardware", "experiment")
 
 

@@ -80,6 +80,11 @@ def _top2(logits: torch.Tensor, count: int) -> torch.Tensor:
 TIE_ULPS = {torch.float32: 16, torch.bfloat16: 4, torch.float16: 4}
 
 
+def tie_ulps(dtype: torch.dtype, ulps: int | None = None) -> int:
+    """The float-tie tolerance in ulps: `ulps` when the run sets one (run.float_tie_ulps), else the dtype's."""
+    return TIE_ULPS.get(dtype, 16) if ulps is None else ulps
+
+
 def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None = None) -> bool:
     """A top-2 gap within `ulps` units in the last place of the top logit, in the logits' dtype: a
     difference that batched and one-row products can produce from the same inputs.
@@ -93,9 +98,8 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None
     this suite's bfloat16 runs (batched tree verification against one-row decoding, same inputs) was 2 ulps,
     and 4 is twice that. A larger gap is reported as a divergence for a person to read, never excused; a
     float32 run of the same prompt settles any doubt."""
-    ulps = TIE_ULPS.get(dtype, 16) if ulps is None else ulps
     ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(top_logit), 1e-30)))
-    return gap <= ulps * ulp
+    return gap <= tie_ulps(dtype, ulps) * ulp
 
 
 def _source_counts(tree, acceptance) -> torch.Tensor:

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from graft.config import ExperimentConfig
 from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
-from graft.decode import TIE_ULPS, Generation, SamplingConfig, float_tie, generate
+from graft.decode import Generation, SamplingConfig, float_tie, generate, tie_ulps
 from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
 from graft.loggers import make_logger
@@ -118,7 +118,7 @@ def compare(method: Conversation, baseline: Conversation, dtype: torch.dtype, ul
                 "baseline_top2_gap": gap,
                 "baseline_top_logit": top,
                 "float_tie": gap is not None and float_tie(gap, top, dtype, ulps),
-                "tie_rule": f"gap <= {TIE_ULPS.get(dtype, 16) if ulps is None else ulps} ulps of the top logit in {str(dtype).removeprefix('torch.')}",
+                "tie_rule": f"gap <= {tie_ulps(dtype, ulps)} ulps of the top logit in {str(dtype).removeprefix('torch.')}",
             },
         }
     return {"checked": True, "equal": True, "first_divergence": None}

@@ -89,6 +89,12 @@ class DraftTree:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {tuple(self.tokens.shape)}")
 
 
+def prefix_causal(n: int, start: int, device: torch.device | str = "cpu") -> Tensor:
+    """bool [n, start + n]: n new positions after `start` cached ones see every cached position and are
+    causal among themselves (a prompt chunk, a draft head's extend)."""
+    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
 def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """bool [n, S] (True = may attend) -> additive [1, 1, n, S] in `dtype` (0 or the dtype's minimum)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)

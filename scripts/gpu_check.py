@@ -52,33 +52,23 @@ import torch  # noqa: E402
 PART_NAMES = {1: "environment", 2: "lossless", 3: "host_syncs", 4: "llama8b", 5: "moe235b_layers", 6: "head235b"}
 RANDOM_NOTE = "random weights: acceptance and tau are meaningless; only timings, memory and shapes count"
 
-# Published shapes (transformers config fields). The 8B and 235B targets are only ever built in part.
-LLAMA31_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=131072,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
-QWEN3_235B = dict(
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    moe_intermediate_size=1536,
-    num_experts=128,
-    num_experts_per_tok=8,
-    num_hidden_layers=94,
-    num_attention_heads=64,
-    num_key_value_heads=4,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-)
+
+def published_shape(model: str, **extra) -> dict:
+    """A model config's declared `shape` (configs/model/<model>.yaml: the published config.json fields the
+    memory plan reads) as transformers config fields, plus `extra`. head_dim is left to the config class when
+    it is hidden / heads, so that the tiny variants below, which shrink hidden and heads, keep it consistent."""
+    import yaml
+
+    shape = yaml.safe_load((ROOT / "configs" / "model" / f"{model}.yaml").read_text())["shape"]
+    shape = {k: v for k, v in shape.items() if k != "model_type"}
+    if shape.get("head_dim") == shape["hidden_size"] // shape["num_attention_heads"]:
+        del shape["head_dim"]
+    return {**shape, **extra}
+
+
+# Published shapes. The 8B and 235B targets are only ever built in part.
+LLAMA31_8B = published_shape("llama31_8b", rms_norm_eps=1e-5)
+QWEN3_235B = published_shape("qwen3_235b", rms_norm_eps=1e-6)
 # SpecForge's configs/qwen3-235B-A22B-eagle3.json (the layout of lmsys/Qwen3-235B-A22B-EAGLE3)
 SPECFORGE_235B_HEAD = {
     "architectures": ["LlamaForCausalLMEagle3"],

@@ -21,7 +21,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from graft.kv import KVBuffer
-from graft.tree import DraftTree, Topology, additive_mask
+from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,7 @@ class TargetBackend(ABC):
 
     def _chunk_mask(self, n: int, start: int) -> Tensor:
         """[1, 1, n, start + n] additive: a prompt chunk sees the cached prefix and is causal within itself."""
-        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-        allowed[:, start:] = torch.tril(allowed[:, start:])
-        return additive_mask(allowed, self.dtype)
+        return additive_mask(prefix_causal(n, start, self.device), self.dtype)
 
     def _cache_hint(self) -> str:
         return "check the transformers version"

@@ -8,9 +8,8 @@ first N of each category, in the set's order), then `dataset.num_prompts`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from graft.config import CONFIG_DIR, DatasetConfig
+from graft.config import DatasetConfig, from_cwd_or_repo
 from graft.data import long_context, sources
 from graft.data.builtin import BUILTIN
 from graft.data.prompt import DatasetError, Prompt
@@ -44,10 +43,7 @@ def resolve_data_root(data_root: str | None) -> str | None:
     data_root = os.environ.get("GRAFT_DATA") or data_root
     if not data_root:
         return None
-    path = Path(data_root).expanduser()
-    if not path.is_absolute() and not path.exists():
-        path = CONFIG_DIR.parent / path
-    return str(path)
+    return str(from_cwd_or_repo(data_root))
 
 
 def unique_ids(prompts: list[Prompt]) -> list[Prompt]:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from graft.kv import KVBuffer
 from graft.nn import RMSNorm, apply_rotary, grouped_sdpa
+from graft.tree import prefix_causal
 
 
 @dataclass
@@ -133,8 +134,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         if mask is None and n > 1:  # causal over the new positions, all of the cached prefix visible
-            total = k.shape[2]
-            mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)[None, None]
+            mask = prefix_causal(n, k.shape[2] - n, x.device)[None, None]
         # grouped_sdpa folds the query heads that share a key/value head instead of passing enable_gqa with a
         # mask, which CUDA serves only with the math kernel (an [heads, n, S] float32 score matrix)
         out, _ = grouped_sdpa(None, q, k, v, mask)  # [1, n, heads, d]

@@ -4,8 +4,8 @@ draft's own confidence, instead of a fixed total_tokens.
 After the draft is expanded, keeping the best N - 1 candidates (root included: N nodes) is expected to
 commit E(N) = 1 + (sum of the N - 1 largest path probabilities exp(score)) tokens, the head's own estimate
 of each node's chance to lie on the accepted path, plus the bonus token. The step then costs
-draft + verify(N, context) + overhead(N) milliseconds, from the profile (scripts/cost_profile.py) at the
-step's context, and the split keeps the N that maximises E(N) / cost(N), up to total_tokens. Where a node
+draft + verify(N, context) + overhead(N) milliseconds, from the profile (scripts/cost_profile.py) at
+`method.auto_context` cached positions (the draft's own time is measured as it runs), and the split keeps the N that maximises E(N) / cost(N), up to total_tokens. Where a node
 costs almost nothing (a GPU) that is the whole budget; where it costs compute (a 2-core CPU) it is a small
 tree on uncertain steps and a larger one when the head is confident.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from graft.compose import Split
+from graft.config import from_cwd_or_repo
 from graft.costmodel import CostProfile
 from graft.registry import register
 from graft.schema import ConfigError
@@ -46,9 +46,7 @@ class AutoSplit(Split):
     def __init__(self, params: AutoParams):
         if not params.cost_profile:
             raise ConfigError("split auto needs method.cost_profile=<a cost profile JSON (scripts/cost_profile.py)>")
-        path = Path(params.cost_profile).expanduser()
-        if not path.is_absolute() and not path.exists():
-            path = Path(__file__).resolve().parents[2] / path  # profiles committed under results/
+        path = from_cwd_or_repo(params.cost_profile)  # profiles committed under results/ resolve anywhere
         if not path.is_file():
             raise ConfigError(f"method.cost_profile={params.cost_profile}: no such file")
         self.profile = CostProfile.load(path)
@@ -64,7 +62,7 @@ class AutoSplit(Split):
         """verify(N) + overhead(N) ms for N = 1..total_tokens, computed once per budget."""
         if total_tokens not in self._costs:
             self._costs[total_tokens] = [
-                self.profile.verify_ms(n, self.context) + self.profile.overhead_ms(n, accepted=2 if n >= 3 else 1)
+                self.profile.verify_ms(n, self.context) + self.profile.overhead_ms(n, accepted=2)  # a tree's path moves
                 for n in range(1, total_tokens + 1)
             ]
         return self._costs[total_tokens]

@@ -31,7 +31,7 @@ from graft.eagle.head import DraftHead
 from graft.kv import KVBuffer
 from graft.registry import register
 from graft.schema import ConfigError
-from graft.tree import DraftTree, NodeSource, RankTree, additive_mask
+from graft.tree import DraftTree, NodeSource, RankTree, additive_mask, prefix_causal
 
 
 @dataclass
@@ -97,11 +97,7 @@ def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chu
         part = slice(lo, lo + chunk)
         n, start = embeds[part].shape[0], cache.length
         positions = torch.arange(start, start + n, device=embeds.device)
-        mask = None
-        if n > 1:
-            allowed = torch.ones(n, start + n, dtype=torch.bool, device=embeds.device)
-            allowed[:, start:] = torch.tril(allowed[:, start:])
-            mask = additive_mask(allowed, head.fc.weight.dtype)
+        mask = additive_mask(prefix_causal(n, start, embeds.device), head.fc.weight.dtype) if n > 1 else None
         outputs.append(head.step(embeds[part], hidden[part], positions, mask, cache))
     return torch.cat(outputs)
 
