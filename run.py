@@ -7,9 +7,11 @@ import sys
 import time
 
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-# Keep OpenMP workers spinning between the many small ops of a decode step instead of sleeping; must be
-# set before torch loads libgomp (measured in scripts/bench_forward.py; see results/README.md).
-os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
+# OpenMP workers spin between the many small ops of a decode step when the cores are ours, and sleep when
+# another process is busy on them; decided before torch loads libgomp (graft/threads.py)
+from graft.threads import choose_before_torch  # noqa: E402
+
+choose_before_torch()
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

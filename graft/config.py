@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 
 from graft.memory import check_declared_shape
-from graft.registry import MethodConfig, method_config
+from graft.registry import PUBLISHED, MethodConfig, method_config
 from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults, suggest
 
 __all__ = ["ConfigError", "ExperimentConfig", "compose", "validate", "check_overrides", "group_options"]
@@ -79,6 +79,7 @@ class ModelConfig:
     arch_config: dict = field(default_factory=dict)  # random: config fields
     seed: int = 0  # random: weight seed
     draft_head: str | None = None  # the model's published EAGLE head (Hub id or local directory)
+    block_drafter: str | None = None  # the model's DFlash-style block drafter (Hub id or local directory)
     hardware_hint: str = ""  # what it needs, for people choosing a node
     num_gpus: int = 1  # GPUs a job needs (the SLURM launcher asks for this many)
     # The published config.json sizes (graft/memory.SHAPE_KEYS) that the memory plan reads before loading;
@@ -241,9 +242,9 @@ def validate(cfg: dict) -> ExperimentConfig:
                 "give one of them"
             )
         shared = {k: v for k, v in raw_method.items() if k not in ("name", "drafter")}
-        methods = compared_methods(cfg["methods"], shared, typed["model"].draft_head)
+        methods = compared_methods(cfg["methods"], shared, typed["model"])
         raw_method = {k: v for k, v in raw_method.items() if k in ("name", "drafter")}
-    method = method_config(raw_method, typed["model"].draft_head)
+    method = method_config(raw_method, typed["model"].draft_head, typed["model"].block_drafter)
     return ExperimentConfig(method=method, methods=methods, **typed)
 
 
@@ -262,7 +263,7 @@ def load_method_yaml(name: str) -> dict:
     return merged
 
 
-def compared_methods(names, shared: dict, draft_head: str | None) -> list[MethodConfig]:
+def compared_methods(names, shared: dict, model: "ModelConfig") -> list[MethodConfig]:
     """The methods of a comparison, each from its YAML; `shared` keys (method.<key>=... given with
     methods=[...]) apply to every compared method that has the key."""
     if isinstance(names, str) or not names:
@@ -273,16 +274,17 @@ def compared_methods(names, shared: dict, draft_head: str | None) -> list[Method
     for name in names:
         raw = load_method_yaml(name)
         choosing = {k: v for k, v in shared.items() if k in PART_KEYS}
-        keys = method_config({**raw, **choosing}, draft_head="random").keys()
+        keys = method_config({**raw, **choosing}, draft_head="random", block_drafter="random").keys()
         applied = {k: v for k, v in shared.items() if k in keys}
         used |= set(applied)
-        if "head" in keys and applied.get("head", raw.get("head")) is None and draft_head is None:
-            raise ConfigError(
-                f"the compared method {name} drafts with a head, and the model config names no draft_head; "
-                "give one with method.head=<Hub id or local directory> or compare methods without a head, "
-                "e.g. methods=[pld] or methods=[pld,recycling,suffix]"
-            )
-        methods.append(method_config({**raw, **applied}, draft_head))
+        for key, (model_field, what) in PUBLISHED.items():
+            if key in keys and applied.get(key, raw.get(key)) is None and getattr(model, model_field) is None:
+                raise ConfigError(
+                    f"the compared method {name} drafts with {what}, and the model config names no {model_field}; "
+                    f"give one with method.{key}=<Hub id or local directory> or compare methods without one, "
+                    "e.g. methods=[pld] or methods=[pld,recycling,suffix]"
+                )
+        methods.append(method_config({**raw, **applied}, model.draft_head, model.block_drafter))
     unused = sorted(set(shared) - used)
     if unused:
         raise ConfigError(f"method.{unused[0]} is a key of none of the compared methods {list(names)}")
@@ -438,7 +440,7 @@ def _check_method_keys(methods: list[str], method_args: list[tuple[str, str]]) -
         if method not in group_options("method"):
             continue
         raw = compose([f"method={method}", *choosing])["method"]
-        keys = method_config(raw, draft_head="random").keys()
+        keys = method_config(raw, draft_head="random", block_drafter="random").keys()
         for key, _ in method_args:
             if key not in keys:
                 raise ConfigError(

@@ -197,8 +197,9 @@ def check_no_offload(device_map: dict, name: str) -> None:
 
 
 def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True) -> LoadedModel:
-    if hardware.num_threads:
-        torch.set_num_threads(hardware.num_threads)
+    from graft import threads
+
+    threads.apply(hardware.num_threads)
     device = resolve_device(hardware)
     dtype = _dtype(cfg.dtype, device)
     if cfg.source == "random":

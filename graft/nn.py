@@ -30,6 +30,36 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+class Rotary:
+    """A rotary embedding's cos / sin table for positions 0.., built once and regrown by doubling (a draft
+    step would otherwise recompute it per level). The inverse frequencies stay a plain float32 attribute,
+    not a buffer: module.to(bfloat16) would round them (by up to 2^-8 relative), and the angle error grows
+    with the position. `scaling` multiplies cos and sin (yarn's attention factor; 1.0 otherwise)."""
+
+    def __init__(self, inv_freq: Tensor, scaling: float = 1.0):
+        self.inv_freq, self.scaling = inv_freq.float(), scaling
+        self._table: tuple[Tensor, Tensor] | None = None
+
+    def table(self, needed: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin [positions >= needed, head_dim] in x's dtype and device."""
+        table = self._table
+        if table is None or table[0].shape[0] < needed or table[0].dtype != x.dtype or table[0].device != x.device:
+            size = max(needed, 2 * (table[0].shape[0] if table is not None else 1024))
+            freqs = torch.arange(size, device=x.device).float()[:, None] * self.inv_freq.to(x.device)[None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)  # [size, head_dim]
+            cos, sin = emb.cos(), emb.sin()
+            if self.scaling != 1.0:  # applied in float32, as transformers does
+                cos, sin = cos * self.scaling, sin * self.scaling
+            self._table = table = (cos.to(x.dtype), sin.to(x.dtype))
+        return table
+
+    def __call__(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
+        """Rotate x [..., n, head_dim] by `positions` [n], all below `limit` (a bound known on the host:
+        reading the largest position off a CUDA tensor would stall the host every draft level)."""
+        cos, sin = self.table(limit or int(positions.max()) + 1, x)
+        return apply_rotary(x, cos[positions], sin[positions])
+
+
 def grouped_sdpa(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, mask_tiled=False, **kwargs
 ):

@@ -58,6 +58,14 @@ def token_hash(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
 
 
+def _thread_policy() -> dict | None:
+    from graft import threads
+
+    policy = threads.CHOSEN
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    return {**policy.as_record(), "reason": policy.reason} if policy else {"fixed": True, "GOMP_SPINCOUNT": spin}
+
+
 def hardware_info(device: str, attention: str | None = None) -> dict:
     import torch
     import transformers
@@ -68,6 +76,7 @@ def hardware_info(device: str, attention: str | None = None) -> dict:
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "thread_policy": _thread_policy(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -107,9 +107,15 @@ class MethodConfig:
         return values
 
 
-def method_config(raw: dict, draft_head: str | None = None) -> MethodConfig:
+# a part's key that names a trained drafter, and the model config field naming the model's own one
+PUBLISHED = {"head": ("draft_head", "an EAGLE head"), "checkpoint": ("block_drafter", "a block drafter")}
+
+
+def method_config(raw: dict, draft_head: str | None = None, block_drafter: str | None = None) -> MethodConfig:
     """Route a method's flat keys to its drafter and the parts that drafter composes, check each against
-    its params dataclass, and resolve `head: null` to the model's published head (`draft_head`)."""
+    its params dataclass, and resolve `head: null` to the model's published EAGLE head (`draft_head`) and
+    `checkpoint: null` to its block drafter (`block_drafter`)."""
+    published = {"head": draft_head, "checkpoint": block_drafter}
     raw = dict(raw)
     name = raw.pop("name", None)
     if not name:
@@ -130,13 +136,14 @@ def method_config(raw: dict, draft_head: str | None = None) -> MethodConfig:
     parts = {}
     for kind, p in chosen:
         values = {k: v for k, v in raw.items() if k in field_names(p.params)}
-        if "head" in field_names(p.params) and values.get("head") is None:
-            if draft_head is None:
-                raise ConfigError(
-                    f"method {name} drafts with a head, but neither method.head nor the model's draft_head names one; "
-                    "set method.head=<Hub id, local directory or 'random'>"
-                )
-            values["head"] = draft_head
+        for key, (model_field, what) in PUBLISHED.items():
+            if key in field_names(p.params) and values.get(key) is None:
+                if published[key] is None:
+                    raise ConfigError(
+                        f"method {name} drafts with {what}, but neither method.{key} nor the model's {model_field} "
+                        f"names one; set method.{key}=<Hub id, local directory or 'random'>"
+                    )
+                values[key] = published[key]
         parts[(kind, p.name)] = coerce_dataclass(p.params, values, f"{section}, {kind} {p.name}")
     config = MethodConfig(name=name, drafter=drafter.name, params=params, parts=parts)
     getattr(drafter.factory, "check", lambda c: None)(config)

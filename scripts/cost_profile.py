@@ -189,7 +189,7 @@ def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float
     prompt = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[0]
     ids = model.chat.prompt_ids([{"role": "user", "content": prompt.turns[0]}])
     costs = {}
-    for method in compared_methods(names, {}, cfg.model.draft_head):
+    for method in compared_methods(names, {}, cfg.model):
         drafter = build_drafter(method, model.target)
         generate(model.target, drafter, ids, 16, model.stop_ids)  # warm-up, untimed
         gen = generate(model.target, drafter, ids, tokens, model.stop_ids)

@@ -56,7 +56,7 @@ def make_drafter(method: str, target, **overrides):
     from graft.registry import build_drafter, method_config
 
     raw = {**dict(method_yaml(method)), **overrides}
-    return build_drafter(method_config(raw, draft_head="random"), target)
+    return build_drafter(method_config(raw, draft_head="random", block_drafter="random"), target)
 
 
 def pytest_collection_modifyitems(config, items):

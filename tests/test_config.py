@@ -23,8 +23,13 @@ def test_models_and_methods_compose_in_every_pairing():
     for model, method in itertools.product(group_options("model"), group_options("method")):
         raw = compose([f"model={model}", f"method={method}"])
         keys = validate(compose([f"method={method}"])).method.keys()
-        if "head" in keys and raw["model"]["draft_head"] is None:  # pretrained: no published head to default to
-            with pytest.raises(ConfigError, match="method.head"):
+        missing = [  # pretrained (and models without a block drafter): nothing published to default to
+            key
+            for key, field in (("head", "draft_head"), ("checkpoint", "block_drafter"))
+            if key in keys and raw["model"][field] is None
+        ]
+        if missing:
+            with pytest.raises(ConfigError, match=f"method.{missing[0]}"):
                 validate(raw)
             continue
         cfg = validate(raw)

@@ -72,8 +72,17 @@ def test_paper_experiments_cover_the_papers_models_sets_and_methods():
     pareto = sweep_points("pareto")
     assert len(pareto) == 6 * 3
     cfg = validate(compose(["experiment=pareto", *pareto[-1]]))
-    assert [m.params.total_tokens for m in cfg.methods] == [128, 128, 128]
+    assert [m.params.total_tokens for m in cfg.methods] == [128] * 6
     assert cfg.methods[2].of("split", "stage").thresholds == [0.2, 0.1, 0.05]
+    assert cfg.methods[5].of("split", "stage").thresholds == [0.2, 0.1, 0.05]  # dflash_tree shares them
+    dflash = validate(compose(["experiment=paper_dflash", *sweep_points("paper_dflash")[0]]))
+    assert dflash.model.name == "qwen3_8b" and [m.name for m in dflash.methods] == [
+        "dflash",
+        "dflash_graft",
+        "dflash_tree",
+    ]
+    assert dflash.methods[0].of("source", "dflash").checkpoint == "z-lab/Qwen3-8B-DFlash-b16"
+    assert len(sweep_points("paper_dflash")) == 5
 
 
 def test_the_slurm_launcher_config_composes_and_sizes_jobs_from_the_model():

@@ -88,6 +88,9 @@ VARIANTS = {
     "graft_noprune": [{"thresholds": [0.0, 1.0, 1.0]}],
     "graft_tail": [{}, {"tail_threshold": 0.0, "total_tokens": 16}],
     "samd": [{}, {"suffix_min_match": 1, "total_tokens": 16}],
+    "dflash": [{}, {"block_size": 4}, {"random_layers": 2, "total_tokens": 6}],
+    "dflash_graft": [{}, {"prefix_threshold": 0.0, "total_tokens": 12}],
+    "dflash_tree": [{}, {"top_k": 2, "thresholds": [0.0, 0.0, 0.0], "total_tokens": 24}],
 }
 
 
@@ -96,6 +99,7 @@ FAST_PATH_METHODS = {
     "pld": [{}],
     "eagle3": [{}],
     "graft": [{"attach": "both", "retrieval": "both", "thresholds": [0.0, 1.0, 1.0]}],
+    "dflash_graft": [{}],
 }
 
 

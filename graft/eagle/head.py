@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graft.kv import KVBuffer
-from graft.nn import RMSNorm, apply_rotary, grouped_sdpa
+from graft.nn import RMSNorm, Rotary, grouped_sdpa
 from graft.tree import prefix_causal
 
 
@@ -99,30 +99,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
         self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
-        # a plain float32 attribute, not a buffer: head.to(bfloat16) would round a buffer's frequencies (by up
-        # to 2^-8 relative; 2^-11 in float16), and the angle error grows with the position
-        self.inv_freq, self.attention_scaling = rotary_frequencies(cfg)
+        self.rotary = Rotary(*rotary_frequencies(cfg))
 
     def _rope(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
-        """Rotate by `positions`, all below `limit` (a bound known on the host: reading the largest position
-        off a CUDA tensor would stall the host every draft level)."""
-        cos, sin = self._rotary_table(limit or int(positions.max()) + 1, x)
-        return apply_rotary(x, cos[positions], sin[positions])
+        return self.rotary(x, positions, limit)
 
     def _rotary_table(self, needed: int, x: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin [positions, d] for positions 0.., computed once and regrown by doubling (each draft level
-        would otherwise recompute them)."""
-        table = getattr(self, "_table", None)
-        if table is None or table[0].shape[0] < needed or table[0].dtype != x.dtype or table[0].device != x.device:
-            size = max(needed, 2 * (table[0].shape[0] if table is not None else 1024))
-            inv_freq = self.inv_freq.to(x.device)
-            freqs = torch.arange(size, device=x.device).float()[:, None] * inv_freq[None, :]  # [size, d/2]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            cos, sin = emb.cos(), emb.sin()
-            if self.attention_scaling != 1.0:  # yarn's attention factor, applied in float32 as transformers does
-                cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
-            self._table = table = (cos.to(x.dtype), sin.to(x.dtype))
-        return table
+        return self.rotary.table(needed, x)
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
         n, d = x.shape[1], self.cfg.head_dim

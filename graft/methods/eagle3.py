@@ -327,7 +327,7 @@ class _HeadSource(DraftSource):
 
 @register("source", "eagle", params=EagleParams, description="EAGLE-3 / EAGLE-1/2 head, EAGLE-2/3 dynamic tree")
 class EagleSource(_HeadSource):
-    splits = ("dense", "stage", "fixed", "confident", "auto")
+    splits = ("dense", "stage", "fixed", "confident", "prefix", "auto")
     params: EagleParams
 
     @torch.inference_mode()

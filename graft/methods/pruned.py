@@ -10,6 +10,9 @@
 - fixed (Graft(ROOT) ablation): no checkpoints; always `fixed_draft_tokens` of `reference_budget`.
 - confident (Graft(TAIL)): drafting stops once the frontier's confidence falls below `tail_threshold`;
   the draft keeps every node at least that confident.
+- prefix (Graft(TAIL) on blocks): per position, the best frontier node's own probability (its score
+  less the previous level's best); the draft keeps the leading positions where it is >= `prefix_threshold`
+  and stops at the first below it. For a chain (a DFlash block) that is each token's own probability.
 """
 
 from __future__ import annotations
@@ -151,3 +154,40 @@ class ConfidentSplit(Split):
 
     def label(self) -> str:
         return f"tail{self.kept}"
+
+
+@dataclass
+class PrefixParams:
+    prefix_threshold: float = 0.3  # keep the leading draft positions whose own probability is at least this
+
+    def __post_init__(self):
+        if not 0.0 <= self.prefix_threshold <= 1.0:
+            raise ValueError(f"prefix_threshold is a probability in [0, 1]; got {self.prefix_threshold}")
+
+
+@register(
+    "split",
+    "prefix",
+    params=PrefixParams,
+    description="keep the leading draft positions whose own probability is at least prefix_threshold",
+)
+class PrefixSplit(Split):
+    def __init__(self, params: PrefixParams):
+        self.floor = math.log(max(params.prefix_threshold, 1e-30))
+        self.kept, self.previous = 0, 0.0
+
+    def start(self) -> None:
+        self.kept, self.previous = 0, 0.0
+
+    def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
+        best = float(frontier_scores.max())
+        if best - self.previous < self.floor:
+            return True
+        self.kept, self.previous = level + 1, best
+        return False
+
+    def keep(self, scores: Tensor, total_tokens: int) -> int:
+        return min(self.kept, total_tokens - 1) + 1
+
+    def label(self) -> str:
+        return f"prefix{self.kept}"

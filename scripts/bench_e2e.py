@@ -1,0 +1,225 @@
+"""Side by side in one process: transformers `generate` (plain and with prompt lookup) against this
+project's AR and its speculative methods, on the same prompts, greedy, every output checked against the
+baseline's tokens.
+
+    python scripts/bench_e2e.py [--new-tokens 128] [--repeats 1] [--out FILE.json] [--neighbour]
+
+Prompts: 8 from EAGLE's question sets (3 MT-Bench, 2 CNN/DM, 2 HumanEval, 1 GSM8K; ../shared/data), or
+the built-in prompts where those files are absent. Each system runs once untimed on the first prompt
+(warm-up), then per prompt every system runs in an order that rotates with the prompt index. tokens/s =
+all new tokens / all generation seconds (prefill included, as `generate` includes it). `--neighbour`
+runs the same with one busy process beside it (a competing load on the machine), to measure the thread
+and spin policy of graft/threads.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from graft.threads import choose_before_torch  # noqa: E402
+
+POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
+
+import torch  # noqa: E402
+
+SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eagle_gsm8k", 1)]
+SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
+    "hf_generate": None,
+    "hf_prompt_lookup": None,
+    "ar": ("ar", {}),
+    "pld": ("pld", {}),
+    "graft@8": ("graft", {"total_tokens": 8}),
+    "graft@16": ("graft", {"total_tokens": 16}),
+    "eagle3@8": ("eagle3", {"total_tokens": 8}),
+    "dflash": ("dflash", {}),
+}
+
+
+def _group_yaml(group: str, name: str) -> dict:
+    import yaml
+
+    from graft.config import CONFIG_DIR
+
+    raw = yaml.safe_load((CONFIG_DIR / group / f"{name}.yaml").read_text()) or {}
+    raw.pop("defaults", None)
+    return raw
+
+
+def load_prompts(chat, data_root: str | None) -> list[tuple[str, list[int]]]:
+    from graft.config import DatasetConfig
+    from graft.data import BUILTIN
+    from graft.data import load_prompts as load
+    from graft.schema import coerce_dataclass
+
+    prompts = []
+    for name, count in SETS:
+        try:
+            found = load(coerce_dataclass(DatasetConfig, _group_yaml("dataset", name), "dataset"), data_root, chat)
+        except Exception as err:  # the shared data is absent: the built-in prompts stand in
+            print(f"note: {name} unavailable ({type(err).__name__}); using the built-in prompts")
+            prompts = []
+            break
+        prompts += [(f"{name}/{p.id}", p.turns[0]) for p in found[:count]]
+    if len(prompts) < 8:
+        prompts = [(f"builtin/{p.id}", p.turns[0]) for p in BUILTIN[:8]]
+    return [(pid, chat.prompt_ids([{"role": "user", "content": text}])) for pid, text in prompts]
+
+
+def hf_runner(plain, lookup: bool, new_tokens: int):
+    """transformers' own generate on the unmodified model, greedy, exactly new_tokens tokens."""
+    hf = plain.target.model
+    kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
+
+    @torch.inference_mode()
+    def run(ids: list[int]) -> tuple[list[int], float]:
+        x = torch.tensor([ids])
+        start = time.perf_counter()
+        out = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            **kwargs,
+        )
+        return out[0, len(ids) :].tolist(), time.perf_counter() - start
+
+    return run
+
+
+def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: int):
+    from graft.config import load_method_yaml
+    from graft.decode import generate
+    from graft.registry import build_drafter, method_config
+
+    raw = {**load_method_yaml(method), **overrides}
+    drafter = build_drafter(method_config(raw, model_cfg.draft_head, model_cfg.block_drafter), fast.target)
+
+    def run(ids: list[int]) -> tuple[list[int], float]:
+        start = time.perf_counter()
+        gen = generate(fast.target, drafter, ids, new_tokens, set())
+        return gen.new_tokens, time.perf_counter() - start
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2_135m", help="a config under configs/model/")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--data-root", default=os.environ.get("GRAFT_DATA", str(ROOT.parent / "shared" / "data")))
+    parser.add_argument("--neighbour", action="store_true", help="run beside one busy process")
+    parser.add_argument("--out", help="write the table and per-prompt records as JSON")
+    args = parser.parse_args()
+
+    from graft.config import HardwareConfig, ModelConfig
+    from graft.models import load_model
+    from graft.records import hardware_info
+    from graft.schema import coerce_dataclass
+
+    model_cfg = coerce_dataclass(ModelConfig, _group_yaml("model", args.model), "model")
+    fast = load_model(model_cfg, coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware"))
+    plain = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
+    names = [n for n in args.systems.split(",") if n]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
+    runners = {}
+    for name in names:
+        spec = SYSTEMS[name]
+        runners[name] = (
+            hf_runner(plain, name == "hf_prompt_lookup", args.new_tokens)
+            if spec is None
+            else harness_runner(fast, model_cfg, *spec, args.new_tokens)
+        )
+    prompts = load_prompts(fast.chat, args.data_root)[: args.prompts]
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.neighbour else None
+    try:
+        for run in runners.values():  # warm-up, untimed
+            run(prompts[0][1][:64])
+        records = []
+        for index, (pid, ids) in enumerate(prompts):
+            order = names[index % len(names) :] + names[: index % len(names)]
+            row = {"prompt": pid, "prompt_tokens": len(ids)}
+            for name in order:
+                tokens, seconds = runners[name](ids)
+                row[name] = {"tokens": tokens, "seconds": seconds}
+            records.append(row)
+            print(f"{pid}: " + ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names))
+    finally:
+        if neighbour:
+            neighbour.kill()
+    table = summarise(records, names)
+    hw = hardware_info("cpu")
+    print(
+        f"\n{hw['cpu']}, {hw['torch_threads']} threads, {args.new_tokens} new tokens, {len(prompts)} prompts, "
+        f"greedy{', one busy neighbour process' if neighbour else ''}; policy: {POLICY.reason if POLICY else 'fixed by the environment'}"
+    )
+    print("tokens/s = new tokens / generation seconds (prefill included), summed over prompts")
+    print("| system | tokens/s | x HF generate | x this project's AR | equal to its baseline |")
+    print("|---|---|---|---|---|")
+    for row in table:
+        print(
+            f"| {row['system']} | {row['tokens_per_s']:.1f} | {row.get('x_hf', float('nan')):.2f} | "
+            f"{row.get('x_ar', float('nan')):.2f} | {row['equal']} |"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "hardware": hw,
+                    "new_tokens": args.new_tokens,
+                    "neighbour": bool(neighbour),
+                    "policy": POLICY.as_record() if POLICY else None,
+                    "table": table,
+                    "records": [
+                        {
+                            k: (
+                                v
+                                if k in ("prompt", "prompt_tokens")
+                                else {"n": len(v["tokens"]), "seconds": v["seconds"]}
+                            )
+                            for k, v in r.items()
+                        }
+                        for r in records
+                    ],
+                },
+                indent=2,
+            )
+        )
+
+
+def summarise(records: list[dict], names: list[str]) -> list[dict]:
+    """Per system: tokens/s over all prompts, ratios to HF generate and to AR, and whether every output
+    equals its baseline's (transformers systems against hf_generate, this project's against ar)."""
+    rate = {}
+    for name in names:
+        tokens = sum(len(r[name]["tokens"]) for r in records)
+        rate[name] = tokens / sum(r[name]["seconds"] for r in records)
+    rows = []
+    for name in names:
+        base = "hf_generate" if SYSTEMS[name] is None else "ar"
+        equal = all(r[name]["tokens"] == r[base]["tokens"] for r in records) if base in names else None
+        row = {"system": name, "tokens_per_s": rate[name], "equal": equal}
+        if "hf_generate" in rate:
+            row["x_hf"] = rate[name] / rate["hf_generate"]
+        if "ar" in rate:
+            row["x_ar"] = rate[name] / rate["ar"]
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

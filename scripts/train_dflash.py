@@ -1,0 +1,227 @@
+"""Train a DFlash-style block drafter for a target of this harness (Hydra config: configs/train_dflash.yaml).
+
+    python scripts/train_dflash.py [model=smollm2_135m] [train.stage=all] [train.fit.max_minutes=60]
+
+Stages, each resumable (rerun the same command to continue):
+- generate: the EAGLE-3 trainer's data stage (scripts/train_eagle3.py): the target answers non-evaluation
+  prompts itself, greedily; skipped when train.data.conversations names an existing file;
+- features: one target pass per conversation records the outputs of the drafter's target layers;
+- fit: random anchor blocks of block_min .. block_max positions, loss weights decaying with the position
+  in the block (graft/dflash/train.py), checkpointing;
+- export: the drafter in the published DFlash layout (config.json + model.safetensors), loadable by
+  method=dflash with method.checkpoint=<dir>.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from graft.backends import HiddenTap  # noqa: E402
+from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
+from graft.schema import coerce_dataclass  # noqa: E402
+from scripts.train_eagle3 import _jsonl, _padded, _wandb, stage_generate  # noqa: E402
+
+
+def conversations_path(cfg, out: Path) -> Path:
+    given = cfg.train.data.conversations
+    return Path(given) if given else out / "conversations.jsonl"
+
+
+def drafter_config(cfg, target):
+    from graft.dflash.checkpoint import block_config_for
+
+    d = cfg.train.drafter
+    return block_config_for(
+        target.config,
+        num_layers=d.num_layers,
+        block_size=d.block_size,
+        layer_ids=list(d.layer_ids) if d.layer_ids else None,
+        num_features=d.num_features,
+        mask_token_id=d.mask_token_id,
+    )
+
+
+@torch.inference_mode()
+def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
+    convs = _jsonl(conversations_path(cfg, out))
+    shard_dir = out / "features"
+    shard_dir.mkdir(exist_ok=True)
+    target = loaded.target
+    taps = tuple(HiddenTap(i, "output") for i in layer_ids)
+    per_shard = 64
+    for s, start in enumerate(tqdm(range(0, len(convs), per_shard), desc="target features")):
+        chunk = convs[start : start + per_shard]
+        shard = shard_dir / f"shard_{s:04d}.pt"
+        if shard.exists() and len(torch.load(shard)) == len(chunk):
+            continue
+        records = []
+        for c in chunk:
+            ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
+            target.reset(len(ids) + 8)
+            encoded = target.prefill(ids, taps)
+            valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
+            records.append(
+                {
+                    "tokens": torch.tensor(ids),
+                    "valid": torch.tensor(valid[: len(ids)]),
+                    "features": encoded.hidden.half(),
+                }
+            )
+        torch.save(records, shard)
+    (shard_dir / "layers.json").write_text(json.dumps({"target_layer_ids": layer_ids, "where": "output"}))
+
+
+def stage_fit(cfg, loaded, plain, out: Path) -> dict:
+    from graft.dflash.model import BlockDrafter
+    from graft.dflash.train import block_losses, expected_accepted, sample_anchors
+
+    fit = cfg.train.fit
+    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
+    torch.manual_seed(cfg.train.seed)
+    model = BlockDrafter(drafter_config(cfg, loaded.target))
+    with torch.no_grad():  # Qwen3's initialisation: normal(0, 0.02) weights, unit norms
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+    for p in plain.target.model.parameters():  # the target's embeddings and LM head are read, never trained
+        p.requires_grad_(False)
+    embed, lm_head = plain.target.embed, plain.target.lm_head
+    optimizer = torch.optim.AdamW(model.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = math.ceil(len(records) / fit.batch_sequences)
+    total_steps = per_epoch * fit.epochs
+    by_time = fit.anneal == "time" and fit.max_minutes is not None
+    time_share = [0.0]
+
+    def schedule(step: int) -> float:
+        done = max(step / total_steps, time_share[0])
+        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    ckpt_path = out / "checkpoint.pt"
+    state = {"step": 0, "seconds": 0.0}
+    if ckpt_path.exists():
+        saved = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+        print(f"resumed at step {state['step']} of {total_steps}")
+    if state.get("annealed"):
+        total_steps = state["step"]
+    log_path = out / "metrics.jsonl"
+    logger = _wandb(cfg, out)
+    time_share[0] = state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0
+    started = time.time()
+    bar = tqdm(total=total_steps, initial=state["step"], desc="fit (blocks)")
+    model.train()
+    while state["step"] < total_steps:
+        epoch, position = divmod(state["step"], per_epoch)
+        order = list(range(len(records)))
+        random.Random(cfg.train.seed + epoch).shuffle(order)
+        batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
+        width = max(r["tokens"].shape[0] for r in batch)
+        tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
+        feats = _padded(batch, "features", width, torch.float32)
+        generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + state["step"])
+        block = int(torch.randint(fit.block_min, fit.block_max + 1, (1,), generator=generator))
+        anchors = sample_anchors(valid, fit.anchors, generator)
+        loss, accs, counts = block_losses(model, embed, lm_head, feats, tokens, valid, anchors, block, fit.gamma)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), fit.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        state["step"] += 1
+        record = {
+            "step": state["step"],
+            "epoch": epoch,
+            "block": block,
+            "loss": float(loss.detach()),
+            "lr": scheduler.get_last_lr()[0],
+            "expected_tau": expected_accepted(accs),
+        }
+        record.update({f"acc_{k + 1}": acc for k, acc in enumerate(accs)})
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if logger:
+            logger.log(record, step=state["step"])
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{accs[0]:.2f}", acc3=f"{accs[2]:.2f}")
+        elapsed = state["seconds"] + time.time() - started
+        time_share[0] = elapsed / (60 * fit.max_minutes) if by_time else 0.0
+        if time_share[0] >= 1.0:
+            total_steps, state["annealed"] = state["step"], True
+        out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
+        if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
+            saved_state = dict(state, seconds=elapsed)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "state": saved_state,
+                },
+                ckpt_path,
+            )
+        if out_of_time:
+            print(
+                f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue"
+            )
+            break
+    bar.close()
+    if logger:
+        logger.finish()
+    model.eval()
+    return {"model": model, "steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+
+
+def stage_export(cfg, fitted: dict) -> Path:
+    from graft.dflash.checkpoint import save_block_drafter
+
+    model = fitted["model"].to(getattr(torch, cfg.train.export.dtype))
+    directory = save_block_drafter(model, ROOT / cfg.train.export.dir)
+    print(f"exported {directory} ({fitted['steps']} of {fitted['total_steps']} steps, {fitted['sequences']} sequences)")
+    return directory
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train_dflash")
+def main(cfg: DictConfig) -> None:
+    from graft.models import load_model
+
+    model_cfg = coerce_dataclass(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
+    hardware_cfg = coerce_dataclass(HardwareConfig, OmegaConf.to_container(cfg.hardware, resolve=True), "hardware")
+    out = Path(cfg.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stage = cfg.train.stage
+    plain_hardware = HardwareConfig(name="cpu_plain", fast_path="none", num_threads=hardware_cfg.num_threads)
+    plain = load_model(model_cfg, plain_hardware)  # autograd and HF generate need the unmodified modules
+    if stage in ("generate", "all") and not (cfg.train.data.conversations and conversations_path(cfg, out).exists()):
+        stage_generate(cfg, plain, out)
+    if stage in ("features", "all"):
+        loaded = load_model(model_cfg, hardware_cfg)
+        stage_features(cfg, loaded, out, drafter_config(cfg, loaded.target).target_layer_ids)
+        del loaded
+    if stage in ("fit", "export", "all"):
+        fitted = stage_fit(cfg, plain, plain, out)
+        if stage in ("export", "all") or fitted["steps"] > 0:
+            stage_export(cfg, fitted)
+
+
+if __name__ == "__main__":
+    register_schemas()
+    main()

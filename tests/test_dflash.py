@@ -1,0 +1,299 @@
+"""The DFlash-style block drafter: its forward against a hand computation, the published layout, the
+block's tree, the prefix split, and the trainer."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import load_tiny, make_drafter
+from graft.backends import HiddenTap
+from graft.dflash.checkpoint import (
+    BlockLoadError,
+    block_config,
+    load_block_drafter,
+    random_block_drafter,
+    save_block_drafter,
+)
+from graft.dflash.model import spread_layer_ids
+from graft.dflash.train import block_hidden, block_losses, sample_anchors
+from graft.methods.dflash import block_candidates
+from graft.methods.eagle3 import select
+from graft.methods.pruned import PrefixParams, PrefixSplit
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_tiny("tiny_qwen3")
+
+
+def _drafter(target, **shape):
+    model = random_block_drafter(target, 3, **shape).float()
+    with torch.no_grad():  # smaller weights keep the hidden states in a range where errors would show
+        for p in model.parameters():
+            if p.ndim > 1:
+                p.mul_(0.3)
+    return model
+
+
+def _features(target, model, ids):
+    target.reset(len(ids) + 8)
+    taps = tuple(HiddenTap(i, "output") for i in model.cfg.target_layer_ids)
+    return target.prefill(ids, taps).hidden
+
+
+def test_spread_layer_ids_follow_the_published_rule():
+    assert spread_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # z-lab's Qwen3-8B drafters read these layers
+    assert spread_layer_ids(64, 2) == [1, 61]
+    assert spread_layer_ids(24, 1) == [12]
+
+
+def test_block_forward_equals_a_hand_computation(qwen):
+    """One layer written out with explicit softmax attention: the block attends to every context entry and
+    to all of its own positions (no causal mask), with Qwen3's q / k norms and the rotary embedding."""
+    target = qwen.target
+    model = _drafter(target, num_layers=1, block_size=4)
+    cfg = model.cfg
+    ids = list(range(3, 23))
+    feats = _features(target, model, ids)  # [20, F]
+    block_ids = torch.tensor([ids[-1], cfg.mask_token_id, cfg.mask_token_id, cfg.mask_token_id])
+    with torch.no_grad():
+        caches = model.new_caches(4)
+        model.encode(feats[:12], caches)  # in two parts: the cache carries across steps
+        model.encode(feats[12:], caches)
+        got = model.block(target.embed(block_ids), caches)
+
+        layer, attn = model.layers[0], model.layers[0].self_attn
+        h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        ctx = model.hidden_norm(model.fc(feats.float()))  # [20, H]
+        x = target.embed(block_ids).float()  # [4, H]
+        normed = layer.input_layernorm(x)
+        positions = torch.arange(24)
+        inv = model.rotary.inv_freq
+        angles = positions[:, None].float() * inv[None, :]
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+        def rope(v, pos):  # v [n, heads, d]
+            half = d // 2
+            rotated = torch.cat([-v[..., half:], v[..., :half]], -1)
+            return v * cos[pos][:, None] + rotated * sin[pos][:, None]
+
+        q = rope(attn.q_norm(attn.q_proj(normed).view(4, h, d)), positions[20:])
+        kv_in = torch.cat([ctx, normed])  # context first, then the block
+        k = rope(attn.k_norm(attn.k_proj(kv_in).view(24, kvh, d)), positions)
+        v = attn.v_proj(kv_in).view(24, kvh, d)
+        out = torch.zeros(4, h, d)
+        for head in range(h):
+            kv = head // (h // kvh)
+            weights = torch.softmax(q[:, head] @ k[:, kv].T / math.sqrt(d), dim=-1)  # [4, 24]: nothing masked
+            out[:, head] = weights @ v[:, kv]
+        x = x + attn.o_proj(out.reshape(4, h * d))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        expected = model.norm(x)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_training_blocks_see_what_inference_blocks_see(qwen):
+    """block_hidden lays many anchors side by side behind one mask; each must equal the inference forward
+    over the context before its anchor."""
+    target = qwen.target
+    model = _drafter(target, num_layers=2, block_size=5)
+    ids = list(range(5, 45))
+    feats = _features(target, model, ids)
+    anchors = torch.tensor([[7, 20, 33]])
+    with torch.no_grad():
+        batched = block_hidden(model, target.embed, feats[None].float(), torch.tensor([ids]), anchors, 5)
+        for j, a in enumerate(anchors[0].tolist()):
+            caches = model.new_caches(8)
+            model.encode(feats[:a], caches)
+            block = torch.tensor([ids[a]] + [model.cfg.mask_token_id] * 4)
+            torch.testing.assert_close(model.block(target.embed(block), caches), batched[0, j], atol=1e-5, rtol=1e-4)
+
+
+def test_block_losses_train_the_drafter(qwen):
+    """A few optimiser steps on one sequence lower the loss (the gradient reaches every part)."""
+    target = qwen.target
+    model = _drafter(target, num_layers=1, block_size=6).train()
+    ids = [5, 6, 7, 8, 9, 10, 11, 12] * 4
+    feats = _features(target, model, ids)[None].clone()  # a normal tensor: autograd saves it
+    tokens, valid = torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)
+    anchors = sample_anchors(valid, 6, torch.Generator().manual_seed(0))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss, accs, counts = block_losses(model, target.embed, target.lm_head, feats, tokens, valid, anchors, 6, 4.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert len(accs) == 5 and sum(counts) > 0
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_anchors_have_a_label_after_them():
+    valid = torch.tensor([[False] * 5 + [True] * 5, [False] * 10])
+    anchors = sample_anchors(valid, 3, torch.Generator().manual_seed(0))
+    assert anchors.shape == (2, 3)
+    assert all(valid[0, a + 1] for a in anchors[0].tolist())
+    assert anchors[1].tolist() == [0, 0, 0]
+
+
+def test_a_chain_from_literal_log_probs():
+    logp = torch.log(torch.tensor([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]]))
+    found = block_candidates(logp, 1)
+    tree = select(found, 9, 3)
+    assert tree.tokens.tolist() == [9, 1, 0, 2] and tree.parents.tolist() == [-1, 0, 1, 2]
+    torch.testing.assert_close(tree.scores[1:].exp(), torch.tensor([0.7, 0.42, 0.252]))
+
+
+def test_a_tree_from_each_positions_top_k():
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.1], [0.6, 0.3, 0.1]]))
+    found = block_candidates(logp, 2)
+    tree = select(found, 9, 6)
+    # depth 1: tokens 0 (0.5) and 1 (0.4); depth 2: 0 and 1 below each
+    assert tree.tokens.tolist() == [9, 0, 1, 0, 1, 0, 1]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 1, 2, 2]
+    torch.testing.assert_close(tree.scores[1:].exp(), torch.tensor([0.5, 0.4, 0.3, 0.15, 0.24, 0.12]))
+    best4 = select(found, 9, 4)  # the best 4 by cumulative probability, ancestor-closed
+    assert best4.tokens.tolist() == [9, 0, 1, 0, 0] and best4.parents.tolist() == [-1, 0, 0, 1, 2]
+
+
+def test_prefix_split_keeps_the_leading_confident_positions():
+    logp = torch.log(torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.2, 0.8], [0.05, 0.95], [0.5, 0.5]]))
+    split = PrefixSplit(PrefixParams(prefix_threshold=0.85))
+    split.start()
+    found = block_candidates(logp, 1, split.stop_after)
+    # per position 0.9, 0.8, 0.8, 0.95, 0.5: the second is below 0.85, so one position is kept
+    assert split.keep(torch.cat(found.scores), 16) == 2 and split.label() == "prefix1"
+    split = PrefixSplit(PrefixParams(prefix_threshold=0.75))
+    split.start()
+    found = block_candidates(logp, 1, split.stop_after)
+    assert split.keep(torch.cat(found.scores), 16) == 5  # four positions >= 0.75, the fifth (0.5) stops it
+    assert split.keep(torch.cat(found.scores), 3) == 3  # never more than the budget
+
+
+def test_published_layout_round_trips_with_every_key_checked(qwen, tmp_path):
+    target = qwen.target
+    model = random_block_drafter(target, 1, num_layers=2, block_size=6)
+    save_block_drafter(model, tmp_path / "ok")
+    raw = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and raw["block_size"] == 6
+    assert raw["dflash_config"]["target_layer_ids"] == model.cfg.target_layer_ids
+    assert raw["num_target_layers"] == target.num_layers
+    loaded = load_block_drafter(str(tmp_path / "ok"), target)
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "ok" / "model.safetensors"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps(raw))
+    dropped = dict(state)
+    del dropped["layers.1.self_attn.k_norm.weight"]
+    save_file(dropped, str(broken / "model.safetensors"))
+    with pytest.raises(BlockLoadError, match=r"missing \['layers.1.self_attn.k_norm.weight'\]"):
+        load_block_drafter(str(broken), target)
+    save_file(
+        {**state, "candidate_selector.hidden_projection.weight": torch.zeros(2, 2)}, str(broken / "model.safetensors")
+    )
+    with pytest.raises(BlockLoadError, match="unexpected \\['candidate_selector.hidden_projection.weight'\\]"):
+        load_block_drafter(str(broken), target)
+    save_file({**state, "fc.weight": torch.zeros(3, 3)}, str(broken / "model.safetensors"))
+    with pytest.raises(BlockLoadError, match="fc.weight: expected"):
+        load_block_drafter(str(broken), target)
+
+
+def test_published_configs_are_read_field_by_field(qwen):
+    config = qwen.target.config
+    raw = {
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,  # not hidden / heads, as in Qwen3 checkpoints
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "block_size": 16,
+        "num_target_layers": config.num_hidden_layers,
+        "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 7},
+        "rope_theta": 1000000,
+    }
+    cfg = block_config(raw, config)
+    assert (cfg.head_dim, cfg.block_size, cfg.mask_token_id, cfg.target_layer_ids) == (32, 16, 7, [1, 2])
+    top_level = {**raw, "target_layer_ids": [0, 2], "mask_token_id": 5}  # some checkpoints put them here
+    del top_level["dflash_config"]
+    assert block_config(top_level, config).target_layer_ids == [0, 2]
+    with pytest.raises(BlockLoadError, match="trained for a 36-layer target"):
+        block_config({**raw, "num_target_layers": 36}, config)
+    with pytest.raises(BlockLoadError, match="mask_token_id=None"):
+        block_config({**raw, "dflash_config": {"target_layer_ids": [1]}}, config)
+    with pytest.raises(BlockLoadError, match="only full-attention"):
+        block_config({**raw, "layer_types": ["sliding_attention"] * 3}, config)
+
+
+def test_dflash_methods_draft_blocks_of_the_configured_size(qwen):
+    target = qwen.target
+    ids = qwen.chat.prompt_ids([{"role": "user", "content": "Count to ten."}])
+    from graft.decode import generate
+
+    for method, params, most in [
+        ("dflash", {"block_size": 6}, 6),
+        ("dflash", {"block_size": 6, "total_tokens": 4}, 4),
+        ("dflash_graft", {"block_size": 6, "total_tokens": 12}, 12),
+        ("dflash_tree", {"block_size": 6, "total_tokens": 12}, 12),
+    ]:
+        drafter = make_drafter(method, target, **params)
+        out = generate(target, drafter, ids, 12, qwen.stop_ids)
+        assert max(out.nodes) <= most, (method, params)
+        if method == "dflash":
+            assert set(out.nodes) == {most}, (method, out.nodes)  # the dense chain: every position verified
+
+
+def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
+    """scripts/train_dflash.py on a tiny target: generate, features, fit, export, resume; then method=dflash
+    runs the exported drafter losslessly."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "train"
+    args = [
+        sys.executable,
+        "scripts/train_dflash.py",
+        "model=tiny_llama",
+        f"train.out_dir={out}",
+        "train.data.num_gsm8k=4",
+        "train.data.num_self_questions=4",
+        "train.data.num_templated=6",
+        "train.data.num_followups=3",
+        "train.data.max_new_tokens=24",
+        "train.fit.epochs=1",
+        "train.fit.batch_sequences=4",
+        "train.fit.block_min=4",
+        "train.fit.block_max=6",
+        "train.drafter.block_size=5",
+        f"train.export.dir={out}/drafter",
+        f"paths.data_root={tmp_path}",
+    ]
+    env = dict(os.environ, WANDB_MODE="disabled")
+    proc = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and {"loss", "acc_1", "acc_3", "expected_tau"} <= set(metrics[-1])
+    assert 4 <= metrics[-1]["block"] <= 6
+    again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)
+
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+
+    tiny = load_tiny("tiny_llama")
+    drafter = make_drafter("dflash", tiny.target, checkpoint=str(out / "drafter"))
+    ids = tiny.chat.prompt_ids([{"role": "user", "content": "Hello there."}])
+    base = generate(tiny.target, Autoregressive(tiny.target), ids, 24, tiny.stop_ids)
+    assert generate(tiny.target, drafter, ids, 24, tiny.stop_ids).new_tokens == base.new_tokens
+    assert set(generate(tiny.target, drafter, ids, 24, tiny.stop_ids).nodes) <= {1, 2, 3, 4, 5}
