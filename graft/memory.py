@@ -254,6 +254,42 @@ def draft_head_shape(method_keys: dict, target: ModelShape) -> tuple[HeadShape, 
     return estimated_head_shape(kind, target, draft_vocab=None), f"{kind} head estimated from the target's shape"
 
 
+ESTIMATED_BLOCK_LAYERS = 5  # z-lab's published block drafters have 1 to 10 layers; 5 when no config says
+
+
+def block_drafter_size(method_keys: dict, target: ModelShape) -> tuple[int, int, str]:
+    """(parameters, KV entries per context token, where the figures came from) of a method's block drafter
+    (graft/dflash/model.py: target-width Qwen3-style layers and fc over the target's features; embeddings
+    and LM head are the target's)."""
+    source = method_keys["checkpoint"]
+    raw = {}
+    config_path = Path(str(source)).expanduser() / "config.json"
+    if source != "random" and config_path.is_file():
+        try:
+            raw = json.loads(config_path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            raw = {}
+    h = target.hidden_size
+    layers = raw.get("num_hidden_layers") or (
+        method_keys.get("random_layers") or 1 if source == "random" else ESTIMATED_BLOCK_LAYERS
+    )
+    heads = raw.get("num_attention_heads") or target.num_heads
+    kv_heads = raw.get("num_key_value_heads") or target.num_kv_heads
+    d = raw.get("head_dim") or target.head_dim
+    inter = raw.get("intermediate_size") or target.intermediate_size or 4 * h
+    if source == "random":  # graft/dflash/checkpoint.random_block_drafter's taps
+        from graft.dflash.model import spread_layer_ids
+
+        features = len(set(spread_layer_ids(target.num_layers, min(3, max(1, target.num_layers - 2)))))
+    else:  # the published drafters read as many target layers as they have layers (z-lab's rule)
+        published_ids = (raw.get("dflash_config") or {}).get("target_layer_ids") or raw.get("target_layer_ids")
+        features = len(published_ids or [0] * layers)
+    layer = h * (heads + 2 * kv_heads) * d + heads * d * h + 3 * h * inter + 2 * h + 2 * d
+    params = layers * layer + features * h * h + 2 * h
+    note = f"{source}/config.json" if raw else f"block drafter estimated as {layers} target-shaped layers"
+    return params, layers * 2 * kv_heads * d, note
+
+
 # --- the plan -----------------------------------------------------------------------------------------
 
 
@@ -297,7 +333,7 @@ class MemoryPlan:
             parts.append(f"fast-path weight layouts {gb(self.weight_layouts)} ({self.weight_layouts_note})")
         parts.append(f"KV cache {gb(self.kv_cache)} for {self.kv_tokens:,} tokens ({self.kv_tokens_note})")
         if self.draft_head:
-            label = "draft head" if self.draft_heads == 1 else f"{self.draft_heads} draft heads (one per method)"
+            label = "draft model" if self.draft_heads == 1 else f"{self.draft_heads} draft models (one per method)"
             parts.append(f"{label} {gb(self.draft_head)} ({self.draft_head_note})")
         parts.append(f"tree and activations {gb(self.tree)} ({self.tree_nodes} tree nodes)")
         return ", ".join(parts)
@@ -430,6 +466,11 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
         head_shape, head_note = draft_head_shape(head_methods[0], shape)
         head_kv = 2 * head_shape.num_kv_heads * head_shape.head_dim * dtype_bytes * tokens  # one layer
         head = len(head_methods) * (head_params(head_shape) * dtype_bytes + head_kv)
+    block_methods = [m for m in methods if m.get("checkpoint")]  # each loads its own block drafter
+    for method in block_methods:
+        block_params, block_kv_per_token, block_note = block_drafter_size(method, shape)
+        head += (block_params + block_kv_per_token * tokens) * dtype_bytes
+        head_note = f"{head_note}; {block_note}" if head_note else block_note
     params = shape.total_params
     return MemoryPlan(
         shape=shape,
@@ -446,7 +487,7 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
         tree_nodes=tree_nodes,
         draft_head=head,
         draft_head_note=head_note,
-        draft_heads=len(head_methods),
+        draft_heads=len(head_methods) + len(block_methods),
         **common,
     )
 

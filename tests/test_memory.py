@@ -142,9 +142,25 @@ def test_the_weight_layouts_are_what_the_lean_backend_builds(tiny, fast_path, co
 
 def test_a_comparison_counts_one_head_per_method_that_drafts_with_one():
     single = plan_memory(config("model=llama31_8b", "method=eagle3", "hardware=cpu_plain"), "cpu")
-    compared = plan_memory(config("model=llama31_8b", "hardware=cpu_plain"), "cpu")  # pld, eagle3, pruned, graft
+    compared = plan_memory(config("model=llama31_8b", "hardware=cpu_plain", "methods=[pld,eagle3,pruned,graft]"), "cpu")
     assert (single.draft_heads, compared.draft_heads) == (1, 3)
-    assert compared.draft_head == 3 * single.draft_head and "3 draft heads" in compared.breakdown()
+    assert compared.draft_head == 3 * single.draft_head and "3 draft models" in compared.breakdown()
+
+
+def test_a_block_drafter_is_counted_at_its_size(tiny):
+    """The plan's parameters for method=dflash's random drafter equal the module's, and its cache grows with
+    the context like one KV entry per layer and token."""
+    from graft.dflash.checkpoint import random_block_drafter
+    from graft.memory import block_drafter_size, model_shape
+
+    cfg = config("model=tiny_qwen3", "method=dflash", "method.random_layers=2")
+    shape, _ = model_shape(cfg.model)
+    params, kv_per_token, note = block_drafter_size(cfg.method.flat(), shape)
+    built = random_block_drafter(tiny("tiny_qwen3").target, num_layers=2)
+    assert params == sum(p.numel() for p in built.parameters()) and note.startswith("block drafter")
+    assert kv_per_token == 2 * 2 * built.cfg.num_kv_heads * built.cfg.head_dim
+    plan = plan_memory(cfg, "cpu")
+    assert plan.draft_heads == 1 and plan.draft_head == (params + kv_per_token * plan.kv_tokens) * 4
 
 
 def test_the_prompt_allowance_follows_the_dataset_and_the_context():
