@@ -27,6 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from graft.threads import choose_before_torch  # noqa: E402
 
+# the busy neighbour starts first, so that the thread policy sees it as run.py would on a busy machine
+NEIGHBOUR = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "--neighbour" in sys.argv else None
+if NEIGHBOUR:
+    time.sleep(0.5)
 POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 
 import torch  # noqa: E402
@@ -145,7 +149,7 @@ def main() -> None:
             else harness_runner(fast, model_cfg, *spec, args.new_tokens)
         )
     prompts = load_prompts(fast.chat, args.data_root)[: args.prompts]
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.neighbour else None
+    neighbour = NEIGHBOUR
     try:
         for run in runners.values():  # warm-up, untimed
             run(prompts[0][1][:64])
