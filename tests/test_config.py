@@ -51,7 +51,7 @@ def test_every_experiment_composes(experiment):
 def test_defaults_are_the_embedded_model_on_builtin_prompts():
     cfg = validate(compose([]))
     assert (cfg.model.name, cfg.dataset.name, cfg.model.source) == ("smollm2_135m", "builtin_quick", "embedded")
-    assert [m.name for m in cfg.methods] == ["pld", "eagle3", "pruned", "graft", "dflash", "dflash_graft", "dflash_tree"]
+    assert [m.name for m in cfg.methods] == ["pld", "eagle3", "pruned", "graft"]
     assert cfg.run.max_new_tokens == 64
 
 
