@@ -15,11 +15,8 @@ Stages, each resumable (rerun the same command to continue):
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
@@ -35,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from graft.backends import HiddenTap  # noqa: E402
 from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
 from graft.schema import coerce_dataclass  # noqa: E402
-from scripts.train_eagle3 import _jsonl, _padded, _wandb, stage_generate  # noqa: E402
+from scripts.train_eagle3 import _jsonl, _padded, fit_loop, stage_generate  # noqa: E402
 
 
 def conversations_path(cfg, out: Path) -> Path:
@@ -87,107 +84,35 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
     (shard_dir / "layers.json").write_text(json.dumps({"target_layer_ids": layer_ids, "where": "output"}))
 
 
-def stage_fit(cfg, loaded, plain, out: Path) -> dict:
+def stage_fit(cfg, plain, out: Path) -> dict:
     from graft.dflash.model import BlockDrafter
     from graft.dflash.train import block_losses, expected_accepted, sample_anchors
 
     fit = cfg.train.fit
     records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
     torch.manual_seed(cfg.train.seed)
-    model = BlockDrafter(drafter_config(cfg, loaded.target))
+    model = BlockDrafter(drafter_config(cfg, plain.target))
     with torch.no_grad():  # Qwen3's initialisation: normal(0, 0.02) weights, unit norms
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
     for p in plain.target.model.parameters():  # the target's embeddings and LM head are read, never trained
         p.requires_grad_(False)
     embed, lm_head = plain.target.embed, plain.target.lm_head
-    optimizer = torch.optim.AdamW(model.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = math.ceil(len(records) / fit.batch_sequences)
-    total_steps = per_epoch * fit.epochs
-    by_time = fit.anneal == "time" and fit.max_minutes is not None
-    time_share = [0.0]
 
-    def schedule(step: int) -> float:
-        done = max(step / total_steps, time_share[0])
-        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    ckpt_path = out / "checkpoint.pt"
-    state = {"step": 0, "seconds": 0.0}
-    if ckpt_path.exists():
-        saved = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
-        print(f"resumed at step {state['step']} of {total_steps}")
-    if state.get("annealed"):
-        total_steps = state["step"]
-    log_path = out / "metrics.jsonl"
-    logger = _wandb(cfg, out)
-    time_share[0] = state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0
-    started = time.time()
-    bar = tqdm(total=total_steps, initial=state["step"], desc="fit (blocks)")
-    model.train()
-    while state["step"] < total_steps:
-        epoch, position = divmod(state["step"], per_epoch)
-        order = list(range(len(records)))
-        random.Random(cfg.train.seed + epoch).shuffle(order)
-        batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
+    def step(batch: list[dict], index: int):
         width = max(r["tokens"].shape[0] for r in batch)
         tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
         feats = _padded(batch, "features", width, torch.float32)
-        generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + state["step"])
+        generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + index)
         block = int(torch.randint(fit.block_min, fit.block_max + 1, (1,), generator=generator))
         anchors = sample_anchors(valid, fit.anchors, generator)
         loss, accs, counts = block_losses(model, embed, lm_head, feats, tokens, valid, anchors, block, fit.gamma)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), fit.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        state["step"] += 1
-        record = {
-            "step": state["step"],
-            "epoch": epoch,
-            "block": block,
-            "loss": float(loss.detach()),
-            "lr": scheduler.get_last_lr()[0],
-            "expected_tau": expected_accepted(accs),
-        }
-        record.update({f"acc_{k + 1}": acc for k, acc in enumerate(accs)})
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if logger:
-            logger.log(record, step=state["step"])
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{accs[0]:.2f}", acc3=f"{accs[2]:.2f}")
-        elapsed = state["seconds"] + time.time() - started
-        time_share[0] = elapsed / (60 * fit.max_minutes) if by_time else 0.0
-        if time_share[0] >= 1.0:
-            total_steps, state["annealed"] = state["step"], True
-        out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
-        if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
-            saved_state = dict(state, seconds=elapsed)
-            torch.save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "state": saved_state,
-                },
-                ckpt_path,
-            )
-        if out_of_time:
-            print(
-                f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue"
-            )
-            break
-    bar.close()
-    if logger:
-        logger.finish()
-    model.eval()
-    return {"model": model, "steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+        metrics = {"block": block, "expected_tau": expected_accepted(accs)}
+        metrics.update({f"acc_{k + 1}": acc for k, acc in enumerate(accs)})
+        return loss, metrics, {"acc1": f"{accs[0]:.2f}", "acc3": f"{accs[2]:.2f}"}
+
+    fitted = fit_loop(cfg, model, "model", records, out, step, "fit (blocks)")
+    return {"model": model, **fitted}
 
 
 def stage_export(cfg, fitted: dict) -> Path:
@@ -217,7 +142,7 @@ def main(cfg: DictConfig) -> None:
         stage_features(cfg, loaded, out, drafter_config(cfg, loaded.target).target_layer_ids)
         del loaded
     if stage in ("fit", "export", "all"):
-        fitted = stage_fit(cfg, plain, plain, out)
+        fitted = stage_fit(cfg, plain, out)
         if stage in ("export", "all") or fitted["steps"] > 0:
             stage_export(cfg, fitted)
 

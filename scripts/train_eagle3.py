@@ -296,95 +296,79 @@ def _padded(batch: list[dict], key: str, width: int, dtype: torch.dtype | None =
     return torch.stack([torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, width - x.shape[0])) for x in rows])
 
 
-def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
-    from graft.eagle.train import ttt_losses
-
+def fit_loop(cfg, module, key: str, records: list[dict], out: Path, step, desc: str, init_from=None) -> dict:
+    """The fit both trainers share: AdamW, warm-up then a cosine over all epochs (or over
+    train.fit.max_minutes with anneal=time), sequences shuffled per epoch, resume from out/checkpoint.pt
+    (the module's weights under `key`), a metrics.jsonl line per step, checkpoints every
+    `checkpoint_every` steps and at a time budget. step(batch, index) -> (loss, metrics, progress) trains on
+    one batch of records: the scalar loss to minimise, the metrics to log after step/epoch/loss/lr, and the
+    figures for the progress bar. `init_from`: a checkpoint whose weights start a fit that has none yet."""
     fit = cfg.train.fit
-    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
-    counts = torch.load(out / "token_counts.pt")
-    torch.manual_seed(cfg.train.seed)
-    head = _new_head(cfg, loaded, layer_ids, counts)
-    embed = loaded.target.embed
-    optimizer = torch.optim.AdamW(head.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = math.ceil(len(records) / fit.batch_sequences)
     total_steps = per_epoch * fit.epochs
     by_time = fit.anneal == "time" and fit.max_minutes is not None
     time_share = [0.0]  # share of max_minutes used, when the cosine anneals over time
 
-    def schedule(step: int) -> float:
-        done = max(step / total_steps, time_share[0])
-        return min(1.0, (step + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+    def schedule(index: int) -> float:
+        done = max(index / total_steps, time_share[0])
+        return min(1.0, (index + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt_path = out / "checkpoint.pt"
     state = {"step": 0, "seconds": 0.0}
     if ckpt_path.exists():
         saved = torch.load(ckpt_path, weights_only=False)
-        head.load_state_dict(saved["head"])
+        module.load_state_dict(saved[key])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         print(f"resumed at step {state['step']} of {total_steps}")
-    elif fit.init_from:  # warm start: weights (and draft vocabulary) of an earlier run, fresh optimizer
-        saved = torch.load(fit.init_from, weights_only=False)
-        head.load_state_dict(saved["head"] if "head" in saved else saved)
-        print(f"warm start from {fit.init_from}")
+    elif init_from:  # warm start: weights of an earlier run, fresh optimizer
+        saved = torch.load(init_from, weights_only=False)
+        module.load_state_dict(saved[key] if key in saved else saved)
+        print(f"warm start from {init_from}")
     log_path = out / "metrics.jsonl"
     logger = _wandb(cfg, out)
-    weights = [fit.step_weight**j for j in range(fit.ttt_steps)]
-    soft = fit.soft_labels and "soft_ids" in records[0]
-    if fit.soft_labels and not soft:
-        print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")
     if state.get("annealed"):  # a time-annealed fit that already reached its end
         total_steps = state["step"]
     time_share[0] = state["seconds"] / (60 * fit.max_minutes) if by_time else 0.0
     started = time.time()
-    bar = tqdm(total=total_steps, initial=state["step"], desc="fit (TTT)")
-    head.train()
+    bar = tqdm(total=total_steps, initial=state["step"], desc=desc)
+    module.train()
     while state["step"] < total_steps:
         epoch, position = divmod(state["step"], per_epoch)
         order = list(range(len(records)))
         random.Random(cfg.train.seed + epoch).shuffle(order)
         batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
-        width = max(r["tokens"].shape[0] for r in batch)
-        tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
-        feats = _padded(batch, "features", width, torch.float32)
-        soft_args = {}
-        if soft:
-            soft_args = {
-                "soft_ids": _padded(batch, "soft_ids", width, torch.long),
-                "soft_probs": _padded(batch, "soft_probs", width, torch.float32),
-            }
-        losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps, **soft_args)
-        loss = sum(w * step_loss for w, step_loss in zip(weights, losses))
+        loss, metrics, progress = step(batch, state["step"])
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), fit.grad_clip)
+        torch.nn.utils.clip_grad_norm_(module.parameters(), fit.grad_clip)
         optimizer.step()
         scheduler.step()
         state["step"] += 1
         record = {"step": state["step"], "epoch": epoch, "loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0]}
-        record.update({f"loss_{j}": float(step_loss) for j, step_loss in enumerate(losses)})
-        record.update({f"acc_{j}": a for j, a in enumerate(accs)})
+        record.update(metrics)
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if logger:
             logger.log(record, step=state["step"])
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc3=f"{accs[min(3, len(accs) - 1)]:.2f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **progress)
         elapsed = state["seconds"] + time.time() - started
         time_share[0] = elapsed / (60 * fit.max_minutes) if by_time else 0.0
         if time_share[0] >= 1.0:  # annealed to zero at the time budget: the run is complete
             total_steps, state["annealed"] = state["step"], True
         out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
-            state_to_save = dict(state, seconds=elapsed)
+            saved_state = dict(state, seconds=elapsed)
             torch.save(
                 {
-                    "head": head.state_dict(),
+                    key: module.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
-                    "state": state_to_save,
+                    "state": saved_state,
                 },
                 ckpt_path,
             )
@@ -396,8 +380,42 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
     bar.close()
     if logger:
         logger.finish()
-    head.eval()
-    return {"head": head, "steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+    module.eval()
+    return {"steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+
+
+def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
+    from graft.eagle.train import ttt_losses
+
+    fit = cfg.train.fit
+    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
+    counts = torch.load(out / "token_counts.pt")
+    torch.manual_seed(cfg.train.seed)
+    head = _new_head(cfg, loaded, layer_ids, counts)
+    embed = loaded.target.embed
+    weights = [fit.step_weight**j for j in range(fit.ttt_steps)]
+    soft = fit.soft_labels and "soft_ids" in records[0]
+    if fit.soft_labels and not soft:
+        print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")
+
+    def step(batch: list[dict], index: int):
+        width = max(r["tokens"].shape[0] for r in batch)
+        tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
+        feats = _padded(batch, "features", width, torch.float32)
+        soft_args = {}
+        if soft:
+            soft_args = {
+                "soft_ids": _padded(batch, "soft_ids", width, torch.long),
+                "soft_probs": _padded(batch, "soft_probs", width, torch.float32),
+            }
+        losses, accs = ttt_losses(head, embed, feats, tokens, valid, fit.ttt_steps, **soft_args)
+        loss = sum(w * step_loss for w, step_loss in zip(weights, losses))
+        metrics = {f"loss_{j}": float(step_loss) for j, step_loss in enumerate(losses)}
+        metrics.update({f"acc_{j}": a for j, a in enumerate(accs)})
+        return loss, metrics, {"acc0": f"{accs[0]:.2f}", "acc3": f"{accs[min(3, len(accs) - 1)]:.2f}"}
+
+    fitted = fit_loop(cfg, head, "head", records, out, step, "fit (TTT)", init_from=fit.init_from)
+    return {"head": head, **fitted}
 
 
 def _wandb(cfg, out: Path):
