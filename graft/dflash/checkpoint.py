@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from graft.dflash.model import BlockConfig, BlockDrafter, spread_layer_ids
-from graft.eagle.checkpoint import HeadLoadError, _local_dir, read_state_dict, rope_fields
+from graft.eagle.checkpoint import HeadLoadError, _local_dir, load_checked, read_state_dict, rope_fields
 
 DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -91,21 +91,7 @@ def block_config(raw: dict, target_config) -> BlockConfig:
 def load_into(model: BlockDrafter, state: dict[str, torch.Tensor]) -> None:
     """Copy `state` into `model`, refusing missing, unexpected and wrongly shaped weights by name."""
     state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith(DERIVED_SUFFIXES)}
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise BlockLoadError(
-            f"block drafter weights do not match its config: missing {missing}, unexpected {unexpected}"
-        )
-    wrong = [
-        f"{k}: expected {tuple(expected[k].shape)}, got {tuple(v.shape)}"
-        for k, v in state.items()
-        if v.shape != expected[k].shape
-    ]
-    if wrong:
-        raise BlockLoadError("block drafter weights have the wrong shape: " + "; ".join(wrong))
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+    load_checked(model, state, BlockLoadError, "block drafter weights do not match its config", "block drafter weights")
 
 
 def load_block_drafter(source: str, target, dtype=None) -> BlockDrafter:

@@ -177,24 +177,27 @@ def load_into(head: DraftHead, state: dict[str, torch.Tensor]) -> None:
         state.setdefault("t2d", torch.ones_like(expected["t2d"]))
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
+    biases = [k for k in missing + unexpected if k.endswith(".bias") and not k.startswith("fc.")]
+    hint = " (attention_bias, qkv_bias and mlp_bias in config.json say which projections have biases)" if biases else ""
+    load_checked(head, state, HeadLoadError, f"head weights do not match a {head.cfg.kind} head", "head weights", hint)
+
+
+def load_checked(module, state: dict, error: type, mismatch: str, what: str, hint: str = "") -> None:
+    """Load `state` into `module` strictly, in the module's dtypes, after raising `error` that names every
+    missing, unexpected ("<mismatch>: missing [...], unexpected [...]<hint>") or wrongly shaped key."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        biases = [k for k in missing + unexpected if k.endswith(".bias") and not k.startswith("fc.")]
-        hint = (
-            " (attention_bias, qkv_bias and mlp_bias in config.json say which projections have biases)"
-            if biases
-            else ""
-        )
-        raise HeadLoadError(
-            f"head weights do not match a {head.cfg.kind} head: missing {missing}, unexpected {unexpected}{hint}"
-        )
+        raise error(f"{mismatch}: missing {missing}, unexpected {unexpected}{hint}")
     wrong = [
         f"{k}: expected {tuple(expected[k].shape)}, got {tuple(v.shape)}"
         for k, v in state.items()
         if v.shape != expected[k].shape
     ]
     if wrong:
-        raise HeadLoadError("head weights have the wrong shape: " + "; ".join(wrong))
-    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+        raise error(f"{what} have the wrong shape: " + "; ".join(wrong))
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
 def load_head(source: str, target, dtype=None) -> DraftHead:
