@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graft.eagle.head import MLP, rotary_frequencies
 from graft.kv import KVBuffer
 from graft.nn import RMSNorm, Rotary, grouped_sdpa
 
@@ -46,6 +46,7 @@ class BlockConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int | None = None
     attention_bias: bool = False
+    mlp_bias: bool = False  # read by the shared SwiGLU MLP (graft/eagle/head.py); published drafters have none
     extra: dict = field(default_factory=dict)  # config fields kept for the round trip (dtype, eos, ...)
 
     @property
@@ -106,17 +107,6 @@ class BlockAttention(nn.Module):
         return self.o_proj(out.reshape(1, x.shape[1], -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: BlockConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class BlockLayer(nn.Module):
     def __init__(self, cfg: BlockConfig):
         super().__init__()
@@ -132,8 +122,6 @@ class BlockDrafter(nn.Module):
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
-        from graft.eagle.head import rotary_frequencies
-
         self.cfg = cfg
         self.layers = nn.ModuleList([BlockLayer(cfg) for _ in range(cfg.num_layers)])
         self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
