@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from graft.backends import HiddenTap  # noqa: E402
 from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
 from graft.schema import coerce_dataclass  # noqa: E402
-from scripts.train_eagle3 import _jsonl, _padded, fit_loop, stage_generate  # noqa: E402
+from scripts.train_eagle3 import _jsonl, _padded, fit_loop, soft_labels, stage_generate  # noqa: E402
 
 
 def conversations_path(cfg, out: Path) -> Path:
@@ -62,34 +62,49 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
     target = loaded.target
     taps = tuple(HiddenTap(i, "output") for i in layer_ids)
     per_shard = 64
+    top_k = cfg.train.data.soft_top_k
     for s, start in enumerate(tqdm(range(0, len(convs), per_shard), desc="target features")):
         chunk = convs[start : start + per_shard]
         shard = shard_dir / f"shard_{s:04d}.pt"
-        if shard.exists() and len(torch.load(shard)) == len(chunk):
-            continue
+        if shard.exists():  # a short last shard, or one without the soft labels asked for, is redone
+            old = torch.load(shard)
+            if len(old) == len(chunk) and (top_k == 0 or "soft_ids" in old[0]):
+                continue
         records = []
         for c in chunk:
             ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
             target.reset(len(ids) + 8)
-            encoded = target.prefill(ids, taps)
+            encoded = target.prefill(ids, taps, all_logits=top_k > 0)
             valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
-            records.append(
-                {
-                    "tokens": torch.tensor(ids),
-                    "valid": torch.tensor(valid[: len(ids)]),
-                    "features": encoded.hidden.half(),
-                }
-            )
+            record = {
+                "tokens": torch.tensor(ids),
+                "valid": torch.tensor(valid[: len(ids)]),
+                "features": encoded.hidden.half(),
+            }
+            if top_k > 0:
+                record.update(soft_labels(encoded.logits, top_k))
+            records.append(record)
         torch.save(records, shard)
     (shard_dir / "layers.json").write_text(json.dumps({"target_layer_ids": layer_ids, "where": "output"}))
 
 
+def split_heldout(records: list[dict], count: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held out): a seeded choice of `count` records kept out of the fit to choose its weights by."""
+    order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed)).tolist()
+    kept = set(order[: min(count, len(records) - 1)])
+    return [r for i, r in enumerate(records) if i not in kept], [r for i, r in enumerate(records) if i in kept]
+
+
 def stage_fit(cfg, plain, out: Path) -> dict:
     from graft.dflash.model import BlockDrafter
-    from graft.dflash.train import block_losses, expected_accepted, sample_anchors
+    from graft.dflash.train import block_accepted, block_losses, expected_accepted, sample_anchors
 
     fit = cfg.train.fit
     records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
+    records, heldout = split_heldout(records, fit.heldout, cfg.train.seed)
+    soft = fit.soft_labels and "soft_ids" in records[0]
+    if fit.soft_labels and not soft:
+        print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")
     torch.manual_seed(cfg.train.seed)
     model = BlockDrafter(drafter_config(cfg, plain.target))
     with torch.no_grad():  # Qwen3's initialisation: normal(0, 0.02) weights, unit norms
@@ -106,12 +121,42 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + index)
         block = int(torch.randint(fit.block_min, fit.block_max + 1, (1,), generator=generator))
         anchors = sample_anchors(valid, fit.anchors, generator)
-        loss, accs, counts = block_losses(model, embed, lm_head, feats, tokens, valid, anchors, block, fit.gamma)
+        soft_args = {}
+        if soft:
+            soft_args = {
+                "soft_ids": _padded(batch, "soft_ids", width, torch.long),
+                "soft_probs": _padded(batch, "soft_probs", width, torch.float32),
+            }
+        loss, accs, counts = block_losses(
+            model, embed, lm_head, feats, tokens, valid, anchors, block, fit.gamma, **soft_args
+        )
         metrics = {"block": block, "expected_tau": expected_accepted(accs)}
         metrics.update({f"acc_{k + 1}": acc for k, acc in enumerate(accs)})
         return loss, metrics, {"acc1": f"{accs[0]:.2f}", "acc3": f"{accs[2]:.2f}"}
 
-    fitted = fit_loop(cfg, model, "model", records, out, step, "fit (blocks)")
+    def evaluate() -> dict:
+        """Chain acceptance on the held-out conversations at the exported block size, fixed anchors."""
+        generator = torch.Generator().manual_seed(cfg.train.seed)
+        accepted = []
+        for start in range(0, len(heldout), fit.batch_sequences):
+            batch = heldout[start : start + fit.batch_sequences]
+            width = max(r["tokens"].shape[0] for r in batch)
+            tokens, valid = _padded(batch, "tokens", width), _padded(batch, "valid", width)
+            feats = _padded(batch, "features", width, torch.float32)
+            anchors = sample_anchors(valid, fit.anchors, generator)
+            accepted.append(
+                block_accepted(
+                    model, embed, lm_head, feats, tokens, valid, anchors, cfg.train.drafter.block_size
+                ).flatten()
+            )
+        tau = 1.0 + float(torch.cat(accepted).float().mean())
+        return {"score": tau, "tau": tau}
+
+    fitted = fit_loop(cfg, model, "model", records, out, step, "fit (blocks)", evaluate=evaluate if heldout else None)
+    if fit.keep == "best" and (out / "best.pt").exists():
+        saved = torch.load(out / "best.pt", weights_only=False)
+        model.load_state_dict(saved["model"])
+        print(f"kept the weights of step {saved['best']['step']} (held-out tau {saved['best']['score']:.3f})")
     return {"model": model, **fitted}
 
 

@@ -143,6 +143,14 @@ FOLLOWUPS = [
     "Rewrite your answer so that it would fit in a short text message.",
     "Now argue the opposite point of view.",
 ]
+# Single turns that paste one of the target's own first answers back with a request to rework it: the
+# summarise / restate / explain-this-text turns of chat benchmarks, where the answer leans on the prompt.
+REWORKS = [
+    "Summarise the following text in two or three sentences.\n\n{text}",
+    "List the main points of this text as bullet points.\n\n{text}",
+    "Give this text a title and explain its main idea in one paragraph.\n\n{text}",
+    "Rewrite the following text in simpler words.\n\n{text}",
+]
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -222,6 +230,14 @@ def stage_generate(cfg, loaded, out: Path) -> None:
             turns = [{"role": "user", "content": text}, {"role": "assistant", "content": first_answer}]
             followups.append((f"followup-{jid}", turns + [{"role": "user", "content": FOLLOWUPS[i % len(FOLLOWUPS)]}]))
     _answer_all(cfg, loaded, path, followups, "target answers follow-ups")
+    # reworks: a seeded choice of the same first turns' answers, pasted into a new single turn
+    random.Random(cfg.train.seed + 1).shuffle(candidates)
+    reworks = []
+    for i, (jid, _) in enumerate(candidates[: data.num_reworks]):
+        if f"rework-{jid}" not in answered:
+            request = REWORKS[i % len(REWORKS)].format(text=chat.decode(answered[jid]).strip())
+            reworks.append((f"rework-{jid}", [{"role": "user", "content": request}]))
+    _answer_all(cfg, loaded, path, reworks, "target answers reworks")
 
 
 def _answer_all(cfg, loaded, path: Path, todo: list[tuple[str, list[dict]]], desc: str) -> None:
@@ -269,12 +285,18 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
                 "valid": torch.tensor(valid[: len(ids)]),
                 "features": encoded.hidden.half(),
             }
-            if top_k > 0:  # the target's own next-token distribution, top-k of it: soft labels for the fit
-                probs, soft_ids = torch.softmax(encoded.logits, dim=-1).topk(top_k, dim=-1)
-                record.update(soft_ids=soft_ids.int(), soft_probs=probs.half())
+            if top_k > 0:
+                record.update(soft_labels(encoded.logits, top_k))
             records.append(record)
         torch.save(records, shard)
     torch.save(counts, out / "token_counts.pt")
+
+
+def soft_labels(logits: torch.Tensor, top_k: int) -> dict:
+    """The target's own next-token distribution at every position, its top-k (logits [T, V]): the soft
+    labels of a fit, stored as soft_ids [T, k] int32 and soft_probs [T, k] float16."""
+    probs, ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    return {"soft_ids": ids.int(), "soft_probs": probs.half()}
 
 
 def _new_head(cfg, loaded, layer_ids, counts):
@@ -296,15 +318,22 @@ def _padded(batch: list[dict], key: str, width: int, dtype: torch.dtype | None =
     return torch.stack([torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, width - x.shape[0])) for x in rows])
 
 
-def fit_loop(cfg, module, key: str, records: list[dict], out: Path, step, desc: str, init_from=None) -> dict:
+def fit_loop(
+    cfg, module, key: str, records: list[dict], out: Path, step, desc: str, init_from=None, evaluate=None
+) -> dict:
     """The fit both trainers share: AdamW, warm-up then a cosine over all epochs (or over
     train.fit.max_minutes with anneal=time), sequences shuffled per epoch, resume from out/checkpoint.pt
     (the module's weights under `key`), a metrics.jsonl line per step, checkpoints every
     `checkpoint_every` steps and at a time budget. step(batch, index) -> (loss, metrics, progress) trains on
     one batch of records: the scalar loss to minimise, the metrics to log after step/epoch/loss/lr, and the
-    figures for the progress bar. `init_from`: a checkpoint whose weights start a fit that has none yet."""
+    figures for the progress bar. `init_from`: a checkpoint whose weights start a fit that has none yet.
+    `evaluate()` -> {"score": higher is better, ...}: run every `fit.eval_every` steps and at the end on
+    held-out data; its figures are logged with a `heldout_` prefix and the best-scoring weights are kept in
+    out/best.pt (returned as "best": {"step", "score"})."""
     fit = cfg.train.fit
-    optimizer = torch.optim.AdamW(module.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        module.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=fit.get("weight_decay", 0.0)
+    )
     per_epoch = math.ceil(len(records) / fit.batch_sequences)
     total_steps = per_epoch * fit.epochs
     by_time = fit.anneal == "time" and fit.max_minutes is not None
@@ -361,6 +390,9 @@ def fit_loop(cfg, module, key: str, records: list[dict], out: Path, step, desc: 
         if time_share[0] >= 1.0:  # annealed to zero at the time budget: the run is complete
             total_steps, state["annealed"] = state["step"], True
         out_of_time = fit.max_minutes is not None and elapsed > 60 * fit.max_minutes and not by_time
+        if evaluate is not None and (state["step"] % fit.eval_every == 0 or state["step"] == total_steps):
+            _evaluate_and_keep(module, key, evaluate, state, out, log_path, logger)
+            module.train()
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
             saved_state = dict(state, seconds=elapsed)
             torch.save(
@@ -381,7 +413,25 @@ def fit_loop(cfg, module, key: str, records: list[dict], out: Path, step, desc: 
     if logger:
         logger.finish()
     module.eval()
-    return {"steps": state["step"], "total_steps": total_steps, "sequences": len(records)}
+    return {"steps": state["step"], "total_steps": total_steps, "sequences": len(records), "best": state.get("best")}
+
+
+def _evaluate_and_keep(module, key: str, evaluate, state: dict, out: Path, log_path: Path, logger) -> None:
+    """One held-out evaluation: logged, and the weights kept in out/best.pt when they score best so far."""
+    module.eval()
+    with torch.no_grad():
+        figures = evaluate()
+    record = {"step": state["step"], **{f"heldout_{k}": v for k, v in figures.items()}}
+    best = state.get("best")
+    if best is None or figures["score"] > best["score"]:
+        state["best"] = {"step": state["step"], "score": figures["score"]}
+        torch.save({key: module.state_dict(), "best": state["best"]}, out / "best.pt")
+    record["heldout_best_step"] = state["best"]["step"]
+    with open(log_path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if logger:
+        logger.log(record, step=state["step"])
+    print(f"step {state['step']}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
 
 
 def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:

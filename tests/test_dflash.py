@@ -17,7 +17,7 @@ from graft.dflash.checkpoint import (
     save_block_drafter,
 )
 from graft.dflash.model import spread_layer_ids
-from graft.dflash.train import block_hidden, block_losses, sample_anchors
+from graft.dflash.train import block_accepted, block_hidden, block_losses, sample_anchors
 from graft.methods.dflash import block_candidates
 from graft.methods.eagle3 import select
 from graft.methods.pruned import PrefixParams, PrefixSplit
@@ -129,6 +129,57 @@ def test_block_losses_train_the_drafter(qwen):
         losses.append(float(loss.detach()))
     assert len(accs) == 5 and sum(counts) > 0
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_soft_labels_that_are_one_hot_give_the_hard_loss(qwen):
+    """The soft-label loss reads the target's distribution at the position before each label: with all
+    mass on the text's next token it is the hard cross-entropy; with mass elsewhere it differs."""
+    target = qwen.target
+    model = _drafter(target, num_layers=1, block_size=5)
+    ids = list(range(5, 35))
+    feats = _features(target, model, ids)[None].float()
+    tokens, valid = torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)
+    anchors = torch.tensor([[3, 11, 20]])
+    soft_ids = torch.zeros(1, len(ids), 2, dtype=torch.long)
+    soft_ids[0, :-1, 0] = tokens[0, 1:]  # position p's distribution predicts token p + 1
+    soft_ids[0, :, 1] = 1
+    one_hot = torch.tensor([1.0, 0.0]).expand(1, len(ids), 2)
+    args = (model, target.embed, target.lm_head, feats, tokens, valid, anchors, 5, 4.0)
+    with torch.no_grad():
+        hard, accs, _ = block_losses(*args)
+        soft, soft_accs, _ = block_losses(*args, soft_ids=soft_ids, soft_probs=one_hot)
+        spread, _, _ = block_losses(
+            *args, soft_ids=soft_ids, soft_probs=torch.tensor([0.5, 0.5]).expand(1, len(ids), 2)
+        )
+    torch.testing.assert_close(soft, hard)
+    assert accs == soft_accs and abs(float(spread) - float(hard)) > 1e-3
+
+
+def test_block_accepted_counts_the_leading_right_positions(qwen):
+    """Chain acceptance per anchor, on literal predictions: the leading block positions whose argmax is the
+    text's token, a miss or a position without a label ending the run."""
+    target = qwen.target
+    model = _drafter(target, num_layers=1, block_size=4)
+    ids = list(range(100, 120))
+    feats = _features(target, model, ids)[None].float()
+    tokens, valid = torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)
+    valid[0, 16:] = False
+    anchors = torch.tensor([[2, 6, 10, 14]])
+    predictions = torch.tensor(
+        [
+            [103, 104, 105],  # all three right
+            [107, 200, 109],  # a miss at position 2 ends the run, whatever follows
+            [0, 12, 13],  # wrong at once
+            [115, 116, 117],  # right, but 16 and 17 carry no label
+        ]
+    )
+
+    def literal_head(hidden):  # [1, A, 3, H] -> one-hot logits of the predictions
+        return torch.nn.functional.one_hot(predictions, target.vocab_size).float()[None]
+
+    with torch.no_grad():
+        accepted = block_accepted(model, target.embed, literal_head, feats, tokens, valid, anchors, 4)
+    assert accepted.tolist() == [[3, 1, 0, 1]]
 
 
 def test_anchors_have_a_label_after_them():
@@ -270,8 +321,11 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
         "train.data.num_self_questions=4",
         "train.data.num_templated=6",
         "train.data.num_followups=3",
+        "train.data.num_reworks=2",
         "train.data.max_new_tokens=24",
         "train.fit.epochs=1",
+        "train.fit.heldout=4",
+        "train.fit.eval_every=2",
         "train.fit.batch_sequences=4",
         "train.fit.block_min=4",
         "train.fit.block_max=6",
@@ -283,8 +337,15 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     proc = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert metrics and {"loss", "acc_1", "acc_3", "expected_tau"} <= set(metrics[-1])
-    assert 4 <= metrics[-1]["block"] <= 6
+    assert metrics and {"loss", "acc_1", "acc_3", "expected_tau"} <= set(metrics[0])
+    steps = [m for m in metrics if "loss" in m]
+    assert 4 <= steps[-1]["block"] <= 6
+    heldout = [m for m in metrics if "heldout_tau" in m]
+    assert heldout and all(1.0 <= m["heldout_tau"] <= 5.0 for m in heldout)  # 1 + at most block_size - 1
+    assert torch.load(out / "best.pt", weights_only=False)["best"]["step"] in {m["step"] for m in heldout}
+    assert "soft_ids" in torch.load(next((out / "features").glob("shard_*.pt")))[0]
+    conversations = (out / "conversations.jsonl").read_text()
+    assert conversations.count('"rework-') == 2
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)
 

@@ -96,11 +96,16 @@ def block_losses(
     anchors: Tensor,
     block_size: int,
     gamma: float,
+    soft_ids: Tensor | None = None,
+    soft_probs: Tensor | None = None,
 ) -> tuple[Tensor, list[float], list[int]]:
     """Weighted loss, top-1 accuracy per block position 1 .. B - 1, and label counts per position.
 
     features [b, T, F] (target features at each position), tokens [b, T], valid [b, T] (positions whose
     token is a label), anchors [b, A]. embed: ids -> [.., H] (the target's, frozen); lm_head: [.., H] -> logits.
+    soft_ids / soft_probs [b, T, K]: the target's top-K next-token distribution at each position; with them
+    the loss at a label is the cross-entropy against the target's distribution at the position before it
+    (renormalised over its top K) instead of against the token alone: more signal per label, the same argmax.
     """
     b, t, _ = features.shape
     a = anchors.shape[1]
@@ -124,10 +129,43 @@ def block_losses(
             continue
         logits = lm_head(hidden[:, :, k][rows]).float()  # [count, V]
         target = labels[:, :, k][rows]
-        total = total + float(weights[k]) * F.cross_entropy(logits, target, reduction="sum")
+        if soft_ids is None:
+            loss_k = F.cross_entropy(logits, target, reduction="sum")
+        else:
+            before = (label_pos.view(b, a, block_size)[:, :, k] - 1)[rows]  # [count] position predicting the label
+            row_of = torch.arange(b)[:, None].expand(b, a)[rows]
+            ids_k = soft_ids[row_of, before].long()  # [count, K]
+            probs = soft_probs[row_of, before].float()
+            probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-9)
+            loss_k = -(probs * torch.log_softmax(logits, dim=-1).gather(-1, ids_k)).sum()
+        total = total + float(weights[k]) * loss_k
         norm += float(weights[k]) * count
         accuracies.append(float((logits.argmax(-1) == target).float().mean()))
     return total / max(norm, 1.0), accuracies, counts
+
+
+def block_accepted(
+    model: BlockDrafter,
+    embed,
+    lm_head,
+    features: Tensor,
+    tokens: Tensor,
+    valid: Tensor,
+    anchors: Tensor,
+    block_size: int,
+) -> Tensor:
+    """[b, A] draft tokens a chain verification would accept at each anchor when the text is the target's
+    own greedy output: the number of leading block positions whose argmax equals the text's token (a
+    position without a label ends the count). 1 + its mean is the chain's tau on that text."""
+    b, t, _ = features.shape
+    a = anchors.shape[1]
+    positions = anchors[:, :, None] + torch.arange(1, block_size)  # [b, A, B - 1]
+    label_pos = positions.clamp(max=t - 1).view(b, -1)
+    labels = tokens.gather(1, label_pos).view(b, a, block_size - 1)
+    has_label = valid.gather(1, label_pos).view(b, a, block_size - 1) & (positions < t)
+    hidden = block_hidden(model, embed, features, tokens, anchors, block_size)[:, :, 1:]
+    right = (lm_head(hidden).argmax(-1) == labels) & has_label  # [b, A, B - 1]
+    return right.long().cumprod(-1).sum(-1)
 
 
 def expected_accepted(accuracies: list[float]) -> float:
