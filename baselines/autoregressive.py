@@ -11,4 +11,5 @@ from graft.tree import DraftTree
 @register("drafter", "ar", description="autoregressive baseline: the same loop, one token per step")
 class Autoregressive(Drafter):
     def propose(self, state: SequenceState) -> Proposal:
-        return Proposal(DraftTree.root_only(state.root, device=self.target.device))
+        device = self.target.device
+        return Proposal(DraftTree.root_only(state.root_on(device), device=device))

@@ -32,6 +32,7 @@ class RecyclingParams:
 )
 class RecyclingRetriever(Retriever):
     reads_at_any_token = True
+    static_read = True  # retrieve(room=None) reads a fixed-size template (fixed-size trees)
 
     def __init__(self, params: RecyclingParams, target, budget: int):
         self.recycler = Recycler(
@@ -44,8 +45,9 @@ class RecyclingRetriever(Retriever):
         state = prefill.state
         self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits)
 
-    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved:
-        return Retrieved(*self.recycler.subtree(anchor_token, min(room + tree_nodes, self.read_limit)))
+    def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved:
+        size = self.read_limit if room is None else min(room + tree_nodes, self.read_limit)
+        return Retrieved(*self.recycler.subtree(anchor_token, size))
 
     def chain_at(self, state: SequenceState, path, length: int) -> Retrieved:
         # the table is keyed by one token: the path above the node does not change what follows it

@@ -22,6 +22,7 @@ class Acceptance:
     path: list[int]  # node indices from the root to the deepest accepted node (root included)
     tokens: list[int]  # committed this step: the accepted nodes' tokens, then the bonus token
     path_index: Tensor | None = None  # [len(path)] the same indices on the target's device (no copy back)
+    token_ids: Tensor | None = None  # [len(tokens)] the committed tokens on the target's device
 
     @property
     def num_accepted(self) -> int:
@@ -42,7 +43,7 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance
     target = logits.argmax(-1)  # [num_nodes]
     n = tree.num_nodes
     if n == 1:
-        return Acceptance(path=[0], tokens=target.tolist())
+        return Acceptance(path=[0], tokens=target.tolist(), token_ids=target)
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
     on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
@@ -56,7 +57,8 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance
     length = host[0] + 1
     path_list = host[1 : 1 + length]
     tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
-    return Acceptance(path=path_list, tokens=tokens, path_index=path[:length])
+    token_ids = torch.cat([tree.tokens[path[1:length]], target[deepest].view(1)])
+    return Acceptance(path=path_list, tokens=tokens, path_index=path[:length], token_ids=token_ids)
 
 
 def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
@@ -100,6 +102,8 @@ def accept_sampling(
         chosen = None
         for child in children.get(node, ()):
             token = tokens[child]
+            if token < 0:  # an empty slot of a fixed-size tree
+                continue
             p_token = float(residual[token])
             if p_token <= 0.0:
                 continue

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from graft.backends import TargetBackend
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
+from graft.drafter import Deferred, Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
 from graft.grafting import Grafted
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
@@ -89,7 +89,17 @@ class Split:
 
     Per step: start(); the source calls stop_after(level, frontier scores) after each expansion level and
     stops when it returns True; keep(candidate scores, total_tokens) -> draft tokens to keep, root
-    included; label() names the step's stage for the records (None: nothing to record)."""
+    included; label() names the step's stage for the records (None: nothing to record).
+
+    A split with `decides_on_device` can run with `static = True` (fixed-size trees): stop_after then never
+    stops, keep() returns a 0-d tensor, level_cap() the deepest level whose candidates count, and label()
+    a graft.drafter.Deferred, so that no decision is read back to the host."""
+
+    decides_on_device = False
+    static = False
+
+    def level_cap(self) -> Tensor | None:
+        return None
 
     def start(self) -> None:
         pass
@@ -104,18 +114,25 @@ class Split:
         return None
 
 
-register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: Split())
+class DenseSplit(Split):
+    decides_on_device = True  # keep() is the whole budget: nothing to decide
+
+
+register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: DenseSplit())
 
 
 class Retriever(Proposer, ABC):
     """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any draft node (the
-    attach policies that continue the draft's leaves need one)."""
+    attach policies that continue the draft's leaves need one). `static_read`: retrieve(room=None) returns
+    a subtree whose size does not depend on the data, from device tensors only (fixed-size trees)."""
 
     reads_at_any_token = False
+    static_read = False
 
     @abstractmethod
-    def retrieve(self, state: SequenceState, anchor_token, room: int, tree_nodes: int) -> Retrieved | None:
-        """A subtree below `anchor_token` worth up to `room` new nodes in a tree of `tree_nodes` nodes."""
+    def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved | None:
+        """A subtree below `anchor_token` worth up to `room` new nodes in a tree of `tree_nodes` nodes
+        (room None: the retriever's fixed-size read)."""
 
     def chain_at(self, state: SequenceState, path: Tensor, length: int) -> Retrieved | None:
         """A chain of up to `length` nodes below a draft node (node 0: that node's token, path[-1]), read as
@@ -132,6 +149,7 @@ class AttachPolicy(ABC):
     """Where retrieved subtrees join the draft: attach(grafted, retrievers, state) fills grafted.room."""
 
     needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
+    static_ok = False  # it can fill a Grafted in static mode (room a tensor, no host reads)
 
     @abstractmethod
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
@@ -221,6 +239,17 @@ class ComposedDrafter(Drafter):
         self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
         self.needs = self.source.needs if self.source else TargetNeeds()
         target.check_taps(self.needs.taps)
+        # fixed-size trees when the target asks for them and every part can keep its decisions on the device;
+        # otherwise this method reads its decisions back each step (fine on a CPU, a few syncs on a GPU)
+        self.static = (
+            getattr(target, "static_trees", False)
+            and p.combine == "graft"
+            and (self.split is None or (self.split.decides_on_device and getattr(self.source, "static_ok", False)))
+            and (self.attach_policy is None or self.attach_policy.static_ok)
+            and all(r.static_read for r in self.retrievers)
+        )
+        if self.split is not None:
+            self.split.static = self.static
 
     def max_nodes(self) -> int:
         return self.params.total_tokens
@@ -235,19 +264,22 @@ class ComposedDrafter(Drafter):
         total = self.params.total_tokens
         if self.params.combine == "switch":
             return self._switch(state)
-        draft = (
-            self.source.draft(state, self.split, total)
-            if self.source
-            else Draft(DraftTree.root_only(state.root, self.target.device))
-        )
+        draft = self.source.draft(state, self.split, total) if self.source else Draft(self._bare_root(state))
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers:
             return Proposal(draft.tree, note)
         started = time.perf_counter()
-        grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
+        if self.static:
+            filled = (draft.tree.tokens >= 0).sum()  # 0-d, on the device
+            grafted = Grafted(draft.tree, total - filled, static=True)
+        else:
+            grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
         self.attach_policy.attach(grafted, self.retrievers, state)
         note.update(self._retrieval_note(draft.tree, grafted, started))
-        return Proposal(grafted.tree, note)
+        return Proposal(grafted.finish(total), note)
+
+    def _bare_root(self, state: SequenceState) -> DraftTree:
+        return DraftTree.root_only(state.root_on(self.target.device), self.target.device)
 
     def _switch(self, state: SequenceState) -> Proposal:
         """SAM-Decoding: the retrieved subtree alone when there is one, else the draft."""
@@ -262,7 +294,14 @@ class ComposedDrafter(Drafter):
         return Proposal(draft.tree, {"stage": "draft", **note, "draft_nodes": draft.tree.num_nodes - 1})
 
     def _retrieval_note(self, draft: DraftTree, grafted: Grafted, started: float) -> dict:
-        note = {"draft_nodes": draft.num_nodes - 1, "retrieved_nodes": grafted.added, "merged_nodes": grafted.merged}
+        if grafted.static:
+            note = {
+                "draft_nodes": Deferred((draft.tokens >= 0).sum() - 1),
+                "retrieved_nodes": Deferred(torch.as_tensor(grafted.added)),
+                "merged_nodes": Deferred(torch.as_tensor(grafted.merged)),
+            }
+        else:
+            note = {"draft_nodes": draft.num_nodes - 1, "retrieved_nodes": grafted.added, "merged_nodes": grafted.merged}
         for retriever in self.retrievers:
             note.update(retriever.note())
         note["graft_ms"] = 1e3 * (time.perf_counter() - started)

@@ -153,6 +153,10 @@ class HardwareConfig:
     # prompt tokens per prefill forward: longer prompts are encoded in chunks (no [prompt, prompt] mask or
     # scores; 64K-token prompts fit); null encodes every prompt in one forward
     prefill_chunk: int | None = 4096
+    # trees of a fixed size per step (graft/grafting.py: graft_static): pruning marks nodes empty instead of
+    # dropping them and retrieval fills slots, so a step reads one value back to the host (the accepted
+    # path) and no shape depends on data; the GPU default. On a CPU the empty slots only cost time.
+    static_trees: bool = False
 
     def __post_init__(self):
         require(

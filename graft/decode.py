@@ -24,7 +24,7 @@ import torch
 
 from graft.acceptance import accept_greedy, accept_sampling, sample_token
 from graft.backends import TargetBackend
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, resolve_deferred
 from graft.tree import NodeSource, topology
 
 
@@ -105,8 +105,8 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None
 def _source_counts(tree, acceptance) -> torch.Tensor:
     """[4]: draft and retrieved nodes in the tree, then among the accepted nodes (stays on the device)."""
     src = tree.node_sources()  # [num_nodes]
-    in_tree = torch.bincount(src, minlength=3)
-    accepted = torch.bincount(src[acceptance.index], minlength=3)
+    in_tree = torch.bincount(src, minlength=len(NodeSource))
+    accepted = torch.bincount(src[acceptance.index], minlength=len(NodeSource))
     return torch.stack(
         [
             in_tree[NodeSource.DRAFT],
@@ -183,6 +183,8 @@ def generate(
                 break
         gen.new_tokens.extend(committed)
         state.tokens.extend(committed)
+        # the next root (the bonus token) stays on the device too, for drafters that build trees there
+        state.root_id = acceptance.token_ids[-1:] if acceptance.token_ids is not None else None
         if record_gaps:
             top2.append(_top2(forward.logits[acceptance.index], len(committed)))
         if len(gen.new_tokens) >= max_new_tokens:
@@ -205,6 +207,7 @@ def generate(
         gen.other_s.append(clock() - t0 - draft_s - verify_s)
 
     gen.wall_s = clock() - start
+    resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
     if sources:
         gen.step_sources = torch.stack(sources).tolist()
     if record_gaps:

@@ -18,6 +18,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import torch
+from torch import Tensor
+
 from graft.acceptance import Acceptance
 from graft.backends import ForwardOutput, HiddenTap, TargetBackend
 from graft.tree import DraftTree, Topology
@@ -40,10 +43,41 @@ class SequenceState:
 
     tokens: list[int]
     prompt_len: int
+    root_id: Tensor | None = None  # [1] the root token on the drafting device, when the loop has it there
 
     @property
     def root(self) -> int:
         return self.tokens[-1]
+
+    def root_on(self, device) -> Tensor:
+        """[1] the root token on `device`, without a host-to-device copy when the loop left it there."""
+        if self.root_id is not None and self.root_id.device == torch.device(device):
+            return self.root_id
+        return torch.tensor([self.root], dtype=torch.long, device=device)
+
+
+@dataclass
+class Deferred:
+    """A figure of a step's note that stays on the device until the sequence ends (fixed-size trees), so
+    that recording it costs no sync per step: value is a 0-d tensor; with `labels`, the figure is
+    labels[value]. graft.decode reads every deferred figure of a sequence in one copy."""
+
+    value: Tensor
+    labels: tuple[str, ...] | None = None
+
+    def resolve(self, host_value: float):
+        return self.labels[int(host_value)] if self.labels is not None else host_value
+
+
+def resolve_deferred(notes: list[dict]) -> None:
+    """Replace every Deferred in `notes` with its value, read back in one copy."""
+    found = [(note, key) for note in notes for key, value in note.items() if isinstance(value, Deferred)]
+    if not found:
+        return
+    values = torch.stack([note[key].value.reshape(()).double() for note, key in found]).tolist()
+    for (note, key), host in zip(found, values):
+        deferred = note[key]
+        note[key] = deferred.resolve(host if deferred.value.is_floating_point() else int(host))
 
 
 @dataclass

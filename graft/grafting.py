@@ -84,17 +84,109 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
     return GraftResult(tree, added, int((merged[1:] & ~unknown[1:]).sum()))
 
 
-class Grafted:
-    """A tree as retrieved subtrees are grafted onto it one after another, within `room` new nodes."""
+def dense_paths(tokens: Tensor, attn, width: int, offset: Tensor | int = 0, below_only: bool = False) -> Tensor:
+    """[n, width] token at depth offset + d along each node's path (d = its depth in its own tree), -2 where
+    the path has no node; the same as path_tokens without nonzero (no shape depends on data).
+    `below_only`: leave depth 0 (the subtree's own root) out."""
+    n = tokens.shape[0]
+    at = (attn.depth + offset)[None, :] == torch.arange(width, device=tokens.device)[:, None]  # [width, n]
+    if below_only:
+        at = at & (attn.depth > 0)[None, :]
+    hit = attn.ancestors[:, None, :] & at[None]  # [n, width, n]: ancestor k of i sits at column j
+    picked = (hit.long() * tokens[None, None, :]).sum(-1)  # at most one ancestor per depth
+    return torch.where(hit.any(-1), picked, torch.full_like(picked, -2))
 
-    def __init__(self, tree: DraftTree, room: int):
+
+def graft_static(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room) -> GraftResult:
+    """graft() with shapes fixed by the inputs alone: the result has draft.num_nodes + m - 1 nodes, the
+    slots no retrieved node took being empty (token -1, source EMPTY, parent 0), and `added` / `merged`
+    are 0-d tensors. `room` may be a 0-d tensor. Empty draft slots (token -1) never merge with anything.
+    Nothing is read back to the host, so on a GPU the step keeps its one sync (the accepted path)."""
+    device = draft.tokens.device
+    n, m = draft.num_nodes, tokens.shape[0]
+    width = n + m  # a bound on every path's length: no host read of a depth
+    d_attn = topology(draft.parents, 0)
+    r_attn = topology(parents, 0)
+    d_paths = dense_paths(draft.tokens, d_attn, width)  # [n, width]
+    anchor_depth = d_attn.depth[anchor]  # 0-d tensor
+    columns = torch.arange(width, device=device)
+    below = dense_paths(tokens, r_attn, width, offset=anchor_depth, below_only=True)  # [m, width]
+    r_paths = torch.where(columns[None, :] <= anchor_depth, d_paths[anchor][None, :], below)
+    r_paths[0] = d_paths[anchor]
+
+    same = (r_paths[:, None, :] == d_paths[None, :, :]).all(-1) & (draft.tokens >= 0)[None, :]  # [m, n]
+    merged = same.any(1)
+    merged_to = same.float().argmax(1)
+    unknown = (r_attn.ancestors & (tokens < 0)[None, :]).any(1)
+    new = ~merged & ~unknown
+    new[0] = False
+    rank = torch.cumsum(new.long(), 0)
+    keep = new & (rank <= room)
+    new_id = n + rank - 1
+    place = torch.where(merged, merged_to, new_id)
+    place[0] = anchor
+    slots = m - 1  # one slot per retrieved node below the anchor, plus a spare one for the rest to land on
+    slot = torch.where(keep, rank - 1, torch.full_like(rank, slots))
+    new_tokens = torch.full((slots + 1,), -1, dtype=torch.long, device=device).scatter(0, slot, tokens)
+    new_parents = torch.zeros(slots + 1, dtype=torch.long, device=device).scatter(
+        0, slot, torch.where(keep, place[parents.clamp_min(0)], 0)
+    )
+    filled = torch.zeros(slots + 1, dtype=torch.bool, device=device).scatter(0, slot, keep)[:slots]
+    new_tokens = torch.where(filled, new_tokens[:slots], -1)
+    new_parents = torch.where(filled, new_parents[:slots], 0)
+    sources = draft.node_sources().to(torch.int8)
+    scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
+    tree = DraftTree(
+        tokens=torch.cat([draft.tokens, new_tokens]),
+        parents=torch.cat([draft.parents, new_parents]),
+        scores=torch.cat([scores, torch.full((slots,), float("-inf"), device=device)]),
+        sources=torch.cat(
+            [sources, torch.where(filled, int(NodeSource.RETRIEVAL), int(NodeSource.EMPTY)).to(torch.int8)]
+        ),
+    )
+    return GraftResult(tree, keep.sum(), (merged[1:] & ~unknown[1:]).sum())
+
+
+def compact(tree: DraftTree, size: int) -> DraftTree:
+    """The tree's filled nodes first (in their order, so parents still precede children), then empty
+    slots (token -1, parent 0), cut to `size` nodes: a fixed-size tree from one with empty slots anywhere.
+    The caller guarantees at most `size` filled nodes."""
+    filled = tree.tokens >= 0
+    order = torch.sort((~filled).to(torch.int8), stable=True).indices  # filled first
+    new_index = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+    parents = torch.where(tree.parents >= 0, new_index[tree.parents.clamp_min(0)], -1)
+    parents = torch.where(filled, parents, 0)
+    parents[0] = -1
+    cut = lambda t: None if t is None else t[order][:size]  # noqa: E731
+    return DraftTree(tree.tokens[order][:size], parents[order][:size], cut(tree.scores), cut(tree.sources))
+
+
+class Grafted:
+    """A tree as retrieved subtrees are grafted onto it one after another, within `room` new nodes.
+
+    `static`: fixed shapes (graft_static): room, added and merged are 0-d tensors, the tree keeps empty
+    slots, and finish(size) compacts it to the step's budget."""
+
+    def __init__(self, tree: DraftTree, room, static: bool = False):
         self.tree, self.room, self.added, self.merged = tree, room, 0, 0
+        self.static = static
+
+    def finish(self, size: int) -> DraftTree:
+        return compact(self.tree, size) if self.static else self.tree
 
     def attach(
         self, anchor: int, tokens: Tensor, parents: Tensor, room: int | None = None, chain: bool = False
     ) -> None:
         """Graft the subtree (tokens [m], parents [m], node 0 = the anchor's token) under node `anchor`.
         `chain`: a chain of known tokens, which on a bare root needs no merging."""
+        if self.static:
+            room = self.room if room is None else torch.clamp(self.room, max=room)
+            result = graft_static(self.tree, anchor, tokens, parents, room)
+            self.tree = result.tree
+            self.room = self.room - result.added
+            self.added = self.added + result.added
+            self.merged = self.merged + result.merged
+            return
         room = self.room if room is None else min(room, self.room)
         if chain and self.tree.num_nodes == 1 and room > 0 and tokens.shape[0] > 1:
             kept = tokens[1 : room + 1]

@@ -233,6 +233,7 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     if cfg.max_context:
         target.max_context = cfg.max_context
     target.prefill_chunk = hardware.prefill_chunk
+    target.static_trees = hardware.static_trees
     target.sync_timing = hardware.timing == "sync" or (hardware.timing == "auto" and device.type == "cuda")
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)
     chat = ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)

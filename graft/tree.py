@@ -25,11 +25,12 @@ class NodeSource(IntEnum):
     DRAFT = 1  # a model drafter (EAGLE head, block drafter)
     RETRIEVAL = 2  # a lookup structure (prompt lookup, token recycling, suffix automaton)
     TEST = 3  # injected by tests
+    EMPTY = 4  # a slot of a fixed-size tree that holds no token (token -1; graft/grafting.py: graft_static)
 
 
 @dataclass
 class DraftTree:
-    tokens: Tensor  # [num_nodes] int64; tokens[0] is the root token
+    tokens: Tensor  # [num_nodes] int64; tokens[0] is the root token; -1: an empty slot (static trees)
     parents: Tensor  # [num_nodes] int64; parents[0] == -1, parents[i] < i
     scores: Tensor | None = None  # [num_nodes] float, drafter's own score (e.g. cumulative log-prob)
     sources: Tensor | None = None  # [num_nodes] int8, NodeSource values
@@ -46,8 +47,10 @@ class DraftTree:
         return DraftTree(tokens=tokens, parents=parents, scores=scores, sources=sources)
 
     @staticmethod
-    def root_only(token: int, device: torch.device | str = "cpu") -> "DraftTree":
-        return DraftTree.build(torch.tensor([token], device=device), torch.tensor([-1], device=device), NodeSource.ROOT)
+    def root_only(token: int | Tensor, device: torch.device | str = "cpu") -> "DraftTree":
+        """The root alone; a token already on the device ([1]) is used as it is (no copy up)."""
+        tokens = token.view(1) if isinstance(token, Tensor) else torch.tensor([token], device=device)
+        return DraftTree.build(tokens, torch.full((1,), -1, dtype=torch.long, device=device), NodeSource.ROOT)
 
     @staticmethod
     def chain(root: int, continuation: list[int], source: NodeSource, device="cpu") -> "DraftTree":

@@ -7,7 +7,8 @@ Parts (`--parts 1,2,...`; each timed):
 1. environment: device, driver, CUDA, library versions, memory, which SDPA kernels run (with and without a mask);
 2. lossless: every configs/method/*.yaml against the autoregressive baseline on the tiny random models, in
    float32 and bfloat16 (a divergence records whether the baseline's top-2 gap there is a float tie);
-3. host syncs per decode step of ar and graft (torch.cuda.set_sync_debug_mode("warn"); CUDA only);
+3. host syncs per decode step of ar, eagle3, pruned and graft, with and without fixed-size trees
+   (torch.cuda.set_sync_debug_mode("warn"); CUDA only);
 4. a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: verify time per tree size and context, the
    loop's overhead per step, short ar / eagle3 / graft decode loops, the head's extend peak memory;
 5. a few Qwen3-235B-A22B-shaped MoE layers: verify time and experts touched per tree size;
@@ -744,12 +745,16 @@ def part_host_syncs(ctx: Context, out: dict) -> None:
         "syncs = what sync debug mode reports plus explicit torch.cuda.synchronize calls (hardware.timing=sync)"
     )
     short, long = ctx.plan.sync_tokens
-    for timing in ("async", "sync"):
-        model, _ = load_tiny("tiny_llama", "float32", ctx, [f"hardware.timing={timing}"])
+    # the host path (trees trimmed to what the draft kept) and fixed-size trees (hardware.static_trees,
+    # the GPU default), whose every method should sync once per step
+    for timing, static in (("async", True), ("async", False), ("sync", True)):
+        overrides = [f"hardware.timing={timing}", f"hardware.static_trees={str(static).lower()}"]
+        model, _ = load_tiny("tiny_llama", "float32", ctx, overrides)
         target = model.target
         ids = builtin_prompt_ids(model, 1)[0]
-        drafters = {"ar": Autoregressive(target), "graft": build_drafter(method_config_of("graft"), target)}
-        rows = out[f"timing_{timing}"] = {}
+        drafters = {"ar": Autoregressive(target)}
+        drafters.update({m: build_drafter(method_config_of(m), target) for m in ("eagle3", "pruned", "graft")})
+        rows = out[f"timing_{timing}" + ("_static_trees" if static else "")] = {}
         for name, drafter in drafters.items():
             generate(target, drafter, ids, short, set())  # warm-up: lazy CUDA initialisation syncs once
             (gen_a, sites_a), (gen_b, sites_b) = (

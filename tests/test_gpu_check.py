@@ -147,12 +147,14 @@ def test_host_sync_part_runs_its_loops(monkeypatch, tmp_path):
     ctx = PretendCuda(gpu_check.QUICK, gpu_check.torch.device("cpu"), quick=True, report=report)
     out: dict = {}
     gpu_check.part_host_syncs(ctx, out)
-    for timing in ("timing_async", "timing_sync"):
-        for method in ("ar", "graft"):
+    assert sorted(out) == ["note", "timing_async", "timing_async_static_trees", "timing_sync_static_trees"]
+    for timing in ("timing_async", "timing_async_static_trees", "timing_sync_static_trees"):
+        for method in ("ar", "eagle3", "pruned", "graft"):
             row = out[timing][method]
             assert row["syncs"] == [0, 0] and row["steps"][0] < row["steps"][1], (timing, method)
             assert row["syncs_per_step"] == 0.0
-    assert gpu_check.summarize({"3": {"status": "ok", "result": out}})["syncs_per_step"]["timing_sync"]["ar"] == 0.0
+    summary = gpu_check.summarize({"3": {"status": "ok", "result": out}})
+    assert summary["syncs_per_step"]["timing_sync_static_trees"]["ar"] == 0.0
 
 
 def test_syncs_per_step_cancel_the_prefill():

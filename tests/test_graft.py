@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from graft.grafting import graft
+from graft.grafting import compact, graft, graft_static
 from graft.methods.pruned import scaled_split, stage_at
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, SuccessorTable, read_template
 from graft.retrieval.suffix import SuffixAutomaton
@@ -109,6 +109,74 @@ def test_graft_under_a_leaf_anchor():
     out = graft(draft, 2, T([13, 40, 41]), T([-1, 0, 1]), room=2)
     assert out.tree.tokens.tolist() == [10, 11, 13, 40, 41]
     assert out.tree.parents.tolist() == [-1, 0, 1, 2, 3]
+
+
+def test_static_graft_fills_the_same_nodes_in_fixed_slots():
+    """graft_static on the literal case above: the same retrieved nodes in the same order, the slots no
+    node took left empty (-1, parent 0, EMPTY), counts as tensors; compact() moves the filled nodes first and
+    cuts the tree to the budget, giving graft()'s tree plus empty slots."""
+    draft = _tree([10, 11, 12, 13, -1], [-1, 0, 0, 1, 0], [0, 1, 1, 1, 4])  # an empty slot in the draft too
+    tokens = T([10, 11, 20, 13, 31, 12, -1, 30, 32, 33])
+    parents = T([-1, 0, 0, 1, 1, 0, 0, 3, 5, 6])
+    out = graft_static(draft, 0, tokens, parents, room=T(3))
+    assert out.tree.num_nodes == 5 + 9
+    assert out.tree.tokens.tolist() == [10, 11, 12, 13, -1, 20, 31, 30] + [-1] * 6
+    assert out.tree.parents.tolist() == [-1, 0, 0, 1, 0, 0, 1, 3] + [0] * 6
+    assert out.tree.sources.tolist() == [0, 1, 1, 1, 4, 2, 2, 2] + [4] * 6
+    assert (int(out.added), int(out.merged)) == (3, 3)
+    packed = compact(out.tree, 8)
+    assert packed.tokens.tolist() == [10, 11, 12, 13, 20, 31, 30, -1]
+    assert packed.parents.tolist() == [-1, 0, 0, 1, 0, 1, 3, 0]
+    reference = graft(_tree([10, 11, 12, 13], [-1, 0, 0, 1], [0, 1, 1, 1]), 0, tokens, parents, room=3)
+    assert packed.tokens[:7].tolist() == reference.tree.tokens.tolist()
+    assert packed.parents[:7].tolist() == reference.tree.parents.tolist()
+    # under a leaf anchor, with room for everything
+    leaf = graft_static(_tree([10, 11, 13], [-1, 0, 1], [0, 1, 1]), 2, T([13, 40, 41]), T([-1, 0, 1]), room=T(5))
+    assert leaf.tree.tokens.tolist() == [10, 11, 13, 40, 41]
+    assert leaf.tree.parents.tolist() == [-1, 0, 1, 2, 3]
+
+
+def test_static_graft_agrees_with_graft_on_random_trees():
+    """Random drafts and subtrees (duplicates, unknown tokens, any anchor and room): graft_static + compact
+    keeps exactly graft()'s nodes."""
+    rng = random.Random(0)
+    for _ in range(200):
+        n, m = rng.randint(1, 9), rng.randint(2, 12)
+        d_tokens = [rng.randrange(4)] + [rng.randrange(4) for _ in range(n - 1)]
+        d_parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        anchor = rng.randrange(n)
+        r_tokens = [d_tokens[anchor]] + [rng.choice([-1, 0, 1, 2, 3, 3]) for _ in range(m - 1)]
+        r_parents = [-1] + [rng.randrange(i) for i in range(1, m)]
+        room = rng.randint(0, m)
+        draft = _tree(d_tokens, d_parents, [0] + [1] * (n - 1))
+        want = graft(draft, anchor, T(r_tokens), T(r_parents), room)
+        got = compact(graft_static(draft, anchor, T(r_tokens), T(r_parents), T(room)).tree, want.tree.num_nodes)
+        assert got.tokens.tolist() == want.tree.tokens.tolist(), (d_tokens, d_parents, anchor, r_tokens, r_parents, room)
+        assert got.parents.tolist() == want.tree.parents.tolist()
+
+
+def test_static_selection_keeps_what_the_pruned_selection_keeps():
+    """select_static fills exactly select()'s nodes (same tokens, same parents) and leaves the rest of the
+    fixed size empty; a level cap drops the candidates the host path would not have drafted."""
+    from graft.methods.eagle3 import Candidates, select, select_static
+
+    k = 2
+    found = Candidates(
+        tokens=[T([5, 6]), T([7, 8, 9, 10])],
+        scores=[T([-0.1, -0.9]), T([-0.3, -2.0, -1.0, -1.5])],
+        group_parent=[T([0]), T([1, 2])],
+        top_k=k,
+        levels=1,
+    )
+    for keep in range(0, 6):
+        host = select(found, 1, keep)
+        fixed = select_static(found, T([1]), T(keep), 5, None)
+        assert fixed.num_nodes == 6
+        filled = fixed.tokens >= 0
+        assert fixed.tokens[filled].tolist() == host.tokens.tolist()
+        assert compact(fixed, host.num_nodes).parents.tolist() == host.parents.tolist()
+    capped = select_static(found, T([1]), T(3), 5, level_cap=T(0))  # only the root's children count
+    assert capped.tokens.tolist() == [1, 5, 6, -1, -1, -1]
 
 
 def test_stage_selection_for_given_confidences():

@@ -185,3 +185,38 @@ def test_near_the_context_limit_trees_shrink_and_every_token_is_still_produced(t
     assert out.new_tokens == base.new_tokens and out.stop_reason == "max_new_tokens"
     fitted = [info["fitted_to_context"] for info in out.step_info if "fitted_to_context" in info]
     assert fitted, "no step reached the context limit: the test would not exercise the shrink"
+
+
+# fixed-size trees (hardware.static_trees, the GPU default): the methods whose parts decide on the device
+STATIC_VARIANTS = {
+    "eagle3": [{}],
+    "pruned": [{}, {"thresholds": [0.0, 0.0, 1.0]}, {"thresholds": [0.0, 0.0, 0.0], "total_tokens": 16}],
+    "graft": [{}, {"thresholds": [0.0, 1.0, 1.0], "total_tokens": 16}, {"thresholds": [0.0, 0.0, 1.0]}],
+    "graft_root": [{"total_tokens": 32}],
+    "graft_noprune": [{"thresholds": [0.0, 1.0, 1.0]}],
+    "recycling": [{}],
+}
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe:bf16"])
+def test_fixed_size_trees_are_lossless(tiny, name):
+    """With hardware.static_trees the same methods verify trees of one size per step, empty slots included;
+    greedy output still equals the baseline's, and sampling runs through the same loop."""
+    model = tiny(name)
+    model.target.static_trees = True
+    try:
+        drafters = list(_drafters(model.target, STATIC_VARIANTS))
+        assert all(d.static for _, d in drafters), [w for w, d in drafters if not d.static]
+        for k in range(2):
+            ids = _prompt_ids(model, k)
+            base = generate(model.target, Autoregressive(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
+            for what, drafter in drafters:
+                out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
+                assert_lossless(model, out, base, f"static {what} on prompt {k}")
+                assert len(set(out.nodes[:-1])) <= 1, f"{what}: tree sizes {set(out.nodes)}"  # the last may be cut
+        for what, drafter in drafters:
+            gen = torch.Generator().manual_seed(1)
+            out = generate(model.target, drafter, _prompt_ids(model, 2), 24, model.stop_ids, SamplingConfig(0.9), gen)
+            assert sum(out.accept_lengths) == out.step_tokens, what
+    finally:
+        model.target.static_trees = False

@@ -119,6 +119,8 @@ class TargetBackend(ABC):
         # prompt positions per prefill forward (hardware.prefill_chunk): long prompts are encoded in chunks so
         # that no [prompt, prompt] mask or score matrix is built; None encodes the prompt in one forward
         self.prefill_chunk: int | None = None
+        # fixed-size trees (hardware.static_trees): empty slots carry token -1, never accepted
+        self.static_trees = False
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
 
@@ -193,7 +195,8 @@ class TargetBackend(ABC):
     def verify(self, tree: DraftTree, topo: Topology, taps: tuple[HiddenTap, ...] = ()) -> ForwardOutput:
         """One forward over every tree node, each seeing the cache and its ancestors; the nodes stay in the
         cache until `commit`."""
-        return self._forward(tree.tokens.unsqueeze(0), topo.position_ids(), topo.attention_mask(self.dtype), taps)
+        ids = tree.tokens.clamp_min(0).unsqueeze(0)  # an empty slot (-1) is verified as token 0, never accepted
+        return self._forward(ids, topo.position_ids(), topo.attention_mask(self.dtype), taps)
 
     @torch.inference_mode()
     def commit(self, committed_len: int, path: list[int], path_index: Tensor | None = None) -> None:

@@ -251,7 +251,7 @@ def expand(
     return found
 
 
-def select(found: Candidates, root: int, keep: int) -> DraftTree:
+def select(found: Candidates, root: int | Tensor, keep: int) -> DraftTree:
     """The best `keep` candidates by cumulative log-probability, in candidate order (= topological order),
     as a tree under `root`; ancestor-closed because scores fall along a path."""
     all_scores = torch.cat(found.scores)  # [k + levels * k^2]
@@ -263,11 +263,40 @@ def select(found: Candidates, root: int, keep: int) -> DraftTree:
     parent_flat = group_parent[chosen // found.top_k]  # 0 = root, else 1 + flat index of the parent candidate
     parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
     parents = torch.where(parent_flat == 0, torch.zeros_like(parent_pos), parent_pos)
+    root = root.view(1) if isinstance(root, Tensor) else torch.tensor([root], device=device)
     return DraftTree.build(
-        torch.cat([torch.tensor([root], device=device), all_tokens[chosen]]),
-        torch.cat([torch.tensor([-1], device=device), parents]),
+        torch.cat([root, all_tokens[chosen]]),
+        torch.cat([torch.full((1,), -1, device=device), parents]),
         NodeSource.DRAFT,
         torch.cat([torch.zeros(1, device=device), all_scores[chosen]]),
+    )
+
+
+def select_static(found: Candidates, root: Tensor, keep: Tensor, size: int, level_cap: Tensor | None) -> DraftTree:
+    """select() with a fixed shape: the best `size` candidates (of levels <= level_cap), of which the best
+    `keep` (a 0-d tensor) are filled and the rest are empty slots (token -1). Filled nodes are the ones
+    select(found, root, keep) would keep, so the verified tokens match the pruned tree's; no host read."""
+    all_scores = torch.cat(found.scores)  # [k + levels * k^2]
+    all_tokens = torch.cat(found.tokens)
+    group_parent = torch.cat(found.group_parent)
+    device = all_scores.device
+    if level_cap is not None:  # candidates of levels the host path would not have drafted
+        level = torch.cat([torch.full_like(s, j, dtype=torch.long) for j, s in enumerate(found.scores)])
+        all_scores = torch.where(level <= level_cap, all_scores, float("-inf"))
+    size = min(size, all_scores.shape[0])
+    best = _best(all_scores, size)[1]  # best first
+    chosen, rank = torch.sort(best)  # candidate order; rank[j]: chosen[j]'s place among the best
+    filled = (rank < keep) & (all_scores[chosen] > float("-inf"))
+    parent_flat = group_parent[chosen // found.top_k]
+    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
+    parents = torch.where((parent_flat == 0) | ~filled, torch.zeros_like(parent_pos), parent_pos)
+    minus = torch.full_like(chosen, -1)
+    sources = torch.where(filled, int(NodeSource.DRAFT), int(NodeSource.EMPTY)).to(torch.int8)
+    return DraftTree(
+        tokens=torch.cat([root.view(1), torch.where(filled, all_tokens[chosen], minus)]),
+        parents=torch.cat([minus[:1], parents]),
+        scores=torch.cat([torch.zeros(1, device=device), torch.where(filled, all_scores[chosen], float("-inf"))]),
+        sources=torch.cat([torch.zeros(1, dtype=torch.int8, device=device), sources]),
     )
 
 
@@ -302,10 +331,11 @@ class HeadOnCache:
         self.last = self._extend(tokens[1:], prefill.forward.hidden)
 
     def update(self, step: StepFeedback) -> None:
-        self.last = self._extend(step.acceptance.tokens, step.forward.hidden[step.acceptance.index])
+        ids = step.acceptance.token_ids  # on the device already: no copy up
+        self.last = self._extend(ids if ids is not None else step.acceptance.tokens, step.forward.hidden[step.acceptance.index])
 
-    def _extend(self, tokens: list[int], hidden: Tensor) -> Tensor:
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
+    def _extend(self, tokens: list[int] | Tensor, hidden: Tensor) -> Tensor:
+        ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=self.target.device)
         return extend(self.head, self.cache, self.embed(ids), hidden)[-1]
 
 
@@ -328,6 +358,7 @@ class _HeadSource(DraftSource):
 @register("source", "eagle", params=EagleParams, description="EAGLE-3 / EAGLE-1/2 head, EAGLE-2/3 dynamic tree")
 class EagleSource(_HeadSource):
     splits = ("dense", "stage", "fixed", "confident", "prefix", "auto")
+    static_ok = True  # drafts fixed-size trees when its split decides on the device
     params: EagleParams
 
     @torch.inference_mode()
@@ -336,7 +367,10 @@ class EagleSource(_HeadSource):
         split.start()
         found = expand(runner.head, self.embed, runner.cache, runner.last, p.depth, p.top_k, split.stop_after)
         keep = split.keep(torch.cat(found.scores), total_tokens)
-        return Draft(select(found, state.root, keep - 1), split.label())
+        if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
+            root = state.root_on(runner.last.device)
+            return Draft(select_static(found, root, keep - 1, total_tokens - 1, split.level_cap()), split.label())
+        return Draft(select(found, state.root_on(runner.last.device), keep - 1), split.label())
 
 
 @register(

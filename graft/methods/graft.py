@@ -31,6 +31,10 @@ from graft.tree import topology
 def graft_at(anchor: int, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
     """Each retriever's subtree below node `anchor`, in order, while there is room."""
     for retriever in retrievers:
+        if grafted.static:  # the room is on the device: read a fixed-size subtree, graft_static caps it
+            found = retriever.retrieve(state, grafted.tree.tokens[anchor], None, grafted.tree.num_nodes)
+            grafted.attach(anchor, found.tokens, found.parents)
+            continue
         if grafted.room <= 0:
             break
         found = retriever.retrieve(state, grafted.tree.tokens[anchor], grafted.room, grafted.tree.num_nodes)
@@ -40,6 +44,8 @@ def graft_at(anchor: int, grafted: Grafted, retrievers: list[Retriever], state: 
 
 @register("attach", "root", description="retrieved subtrees hang from the root (the paper's Graft)")
 class AtRoot(AttachPolicy):
+    static_ok = True
+
     def __init__(self, params=None):
         self.params = params
 
@@ -49,6 +55,7 @@ class AtRoot(AttachPolicy):
 
 @register("attach", "tail", description="retrieved subtrees hang from the deepest draft node (Graft(TAIL))")
 class AtTail(AtRoot):
+    static_ok = False  # finds the deepest node on the host
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
         deepest = int(torch.argmax(topology(grafted.tree.parents, 0).depth)) if grafted.tree.num_nodes > 1 else 0
         graft_at(deepest, grafted, retrievers, state)

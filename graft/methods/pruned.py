@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from graft.compose import Split
+from graft.drafter import Deferred
 from graft.registry import register
 
 DENSE = "dense"
@@ -76,29 +78,66 @@ class StageParams:
     description="confidence checkpoints pick how much of the budget the draft keeps",
 )
 class StageSplit(Split):
+    decides_on_device = True
+
     def __init__(self, params: StageParams):
         self.params = params
         self.fired: int | None = None
+        self.fired_on_device: Tensor | None = None  # static: checkpoint index, len(checkpoints) = none fired
+        self._tables: dict = {}
 
     def start(self) -> None:
         self.fired = None
+        self.fired_on_device = None
 
     def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
+        p = self.params
+        if self.static:  # decide on the device and draft on: level_cap() drops what the host path would not draft
+            if level in p.checkpoints:
+                i = p.checkpoints.index(level)
+                none = len(p.checkpoints)
+                if self.fired_on_device is None:
+                    self.fired_on_device = torch.full((), none, dtype=torch.long, device=frontier_scores.device)
+                fires = (frontier_scores.max().double().exp() < p.thresholds[i]) & (self.fired_on_device == none)
+                self.fired_on_device = torch.where(fires, i, self.fired_on_device)
+            return False
         if self.fired is not None:
             return False
-        self.fired = stage_at(level, frontier_scores, self.params.checkpoints, self.params.thresholds)
-        return self.fired is not None and self.params.prune
+        self.fired = stage_at(level, frontier_scores, p.checkpoints, p.thresholds)
+        return self.fired is not None and p.prune
 
-    def keep(self, scores: Tensor, total_tokens: int) -> int:
+    def keep(self, scores: Tensor, total_tokens: int) -> int | Tensor:
         p = self.params
+        if self.static:
+            if self.fired_on_device is None:  # no checkpoint within the drafted depth
+                return torch.full((), total_tokens, dtype=torch.long, device=scores.device)
+            table = [scaled_split(d, total_tokens, p.reference_budget) for d in p.draft_tokens] + [total_tokens]
+            return self._on_device(table, scores.device)[self.fired_on_device]
         return (
             total_tokens
             if self.fired is None
             else scaled_split(p.draft_tokens[self.fired], total_tokens, p.reference_budget)
         )
 
-    def label(self) -> str:
-        return DENSE if self.fired is None else f"check@{self.params.checkpoints[self.fired]}"
+    def level_cap(self) -> Tensor | None:
+        p = self.params
+        if not (self.static and p.prune) or self.fired_on_device is None:
+            return None
+        return self._on_device([*p.checkpoints, 1 << 30], self.fired_on_device.device)[self.fired_on_device]
+
+    def _on_device(self, values: list[int], device) -> Tensor:
+        """A small constant table, copied to the device once (a copy per step would be a sync on CUDA)."""
+        key = (tuple(values), str(device))
+        if key not in self._tables:
+            self._tables[key] = torch.tensor(values, device=device)
+        return self._tables[key]
+
+    def label(self) -> str | Deferred:
+        checks = tuple(f"check@{c}" for c in self.params.checkpoints)
+        if self.static:
+            fired = self.fired_on_device
+            return DENSE if fired is None else Deferred(fired, (*checks, DENSE))
+        return DENSE if self.fired is None else checks[self.fired]
 
 
 @dataclass
@@ -115,6 +154,8 @@ class FixedParams:
 
 @register("split", "fixed", params=FixedParams, description="a fixed draft / retrieval split, no checkpoints")
 class FixedSplit(Split):
+    decides_on_device = True  # keep() is a constant
+
     def __init__(self, params: FixedParams):
         self.params = params
 

@@ -27,7 +27,10 @@ DEFAULT_RANK_PRIOR = (0.40, 0.14, 0.07, 0.045, 0.03, 0.022, 0.017, 0.013)
 class SuccessorTable:
     def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu"):
         self.k = k
-        self.rows = torch.full((vocab_size, k), -1, dtype=torch.long, device=device)  # [vocab, k]
+        # one spare row past the vocabulary takes the writes that must not land (losers, empty slots), so
+        # that an update has no data-dependent shape; reads never reach it
+        self._rows = torch.full((vocab_size + 1, k), -1, dtype=torch.long, device=device)
+        self.rows = self._rows[:vocab_size]  # [vocab, k]
 
     def clear(self) -> None:
         self.rows.fill_(-1)
@@ -42,12 +45,15 @@ class SuccessorTable:
         self.rows[prev[empty], 0] = nxt[empty]
 
     def update(self, tokens: Tensor, logits: Tensor, on_path: Tensor) -> None:
-        """tokens [n] verified node tokens, logits [n, vocab] the target's logits at them, on_path [n] bool."""
+        """tokens [n] verified node tokens (-1: an empty slot, skipped), logits [n, vocab] the target's
+        logits at them, on_path [n] bool. Shapes do not depend on the data (no sync on a GPU)."""
         n = tokens.shape[0]
         successors = logits.topk(self.k, dim=-1).indices  # [n, k]
-        priority = torch.arange(n, device=tokens.device) + on_path.long() * n  # [n]
-        keys, rows = _last_per_key(tokens, successors, priority)
-        self.rows[keys] = rows
+        priority = torch.arange(n, device=tokens.device) + on_path.long() * n  # [n], distinct
+        same_key = tokens[:, None] == tokens[None, :]  # [n, n]
+        beaten = (same_key & (priority[None, :] > priority[:, None])).any(1)  # another node of the key wins
+        writes = ~beaten & (tokens >= 0)
+        self._rows[torch.where(writes, tokens, self.rows.shape[0])] = successors
 
 
 def _last_per_key(keys: Tensor, values: Tensor, priority: Tensor) -> tuple[Tensor, Tensor]:
