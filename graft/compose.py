@@ -301,7 +301,11 @@ class ComposedDrafter(Drafter):
                 "merged_nodes": Deferred(torch.as_tensor(grafted.merged)),
             }
         else:
-            note = {"draft_nodes": draft.num_nodes - 1, "retrieved_nodes": grafted.added, "merged_nodes": grafted.merged}
+            note = {
+                "draft_nodes": draft.num_nodes - 1,
+                "retrieved_nodes": grafted.added,
+                "merged_nodes": grafted.merged,
+            }
         for retriever in self.retrievers:
             note.update(retriever.note())
         note["graft_ms"] = 1e3 * (time.perf_counter() - started)

@@ -88,7 +88,6 @@ def dense_paths(tokens: Tensor, attn, width: int, offset: Tensor | int = 0, belo
     """[n, width] token at depth offset + d along each node's path (d = its depth in its own tree), -2 where
     the path has no node; the same as path_tokens without nonzero (no shape depends on data).
     `below_only`: leave depth 0 (the subtree's own root) out."""
-    n = tokens.shape[0]
     at = (attn.depth + offset)[None, :] == torch.arange(width, device=tokens.device)[:, None]  # [width, n]
     if below_only:
         at = at & (attn.depth > 0)[None, :]

@@ -151,7 +151,14 @@ def test_static_graft_agrees_with_graft_on_random_trees():
         draft = _tree(d_tokens, d_parents, [0] + [1] * (n - 1))
         want = graft(draft, anchor, T(r_tokens), T(r_parents), room)
         got = compact(graft_static(draft, anchor, T(r_tokens), T(r_parents), T(room)).tree, want.tree.num_nodes)
-        assert got.tokens.tolist() == want.tree.tokens.tolist(), (d_tokens, d_parents, anchor, r_tokens, r_parents, room)
+        assert got.tokens.tolist() == want.tree.tokens.tolist(), (
+            d_tokens,
+            d_parents,
+            anchor,
+            r_tokens,
+            r_parents,
+            room,
+        )
         assert got.parents.tolist() == want.tree.parents.tolist()
 
 

@@ -198,7 +198,7 @@ STATIC_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe:bf16"])
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
 def test_fixed_size_trees_are_lossless(tiny, name):
     """With hardware.static_trees the same methods verify trees of one size per step, empty slots included;
     greedy output still equals the baseline's, and sampling runs through the same loop."""
@@ -209,9 +209,9 @@ def test_fixed_size_trees_are_lossless(tiny, name):
         assert all(d.static for _, d in drafters), [w for w, d in drafters if not d.static]
         for k in range(2):
             ids = _prompt_ids(model, k)
-            base = generate(model.target, Autoregressive(model.target), ids, MAX_NEW, model.stop_ids, record_gaps=True)
+            base = generate(model.target, Autoregressive(model.target), ids, 32, model.stop_ids, record_gaps=True)
             for what, drafter in drafters:
-                out = generate(model.target, drafter, ids, MAX_NEW, model.stop_ids)
+                out = generate(model.target, drafter, ids, 32, model.stop_ids)
                 assert_lossless(model, out, base, f"static {what} on prompt {k}")
                 assert len(set(out.nodes[:-1])) <= 1, f"{what}: tree sizes {set(out.nodes)}"  # the last may be cut
         for what, drafter in drafters:

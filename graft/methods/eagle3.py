@@ -332,10 +332,14 @@ class HeadOnCache:
 
     def update(self, step: StepFeedback) -> None:
         ids = step.acceptance.token_ids  # on the device already: no copy up
-        self.last = self._extend(ids if ids is not None else step.acceptance.tokens, step.forward.hidden[step.acceptance.index])
+        self.last = self._extend(
+            ids if ids is not None else step.acceptance.tokens, step.forward.hidden[step.acceptance.index]
+        )
 
     def _extend(self, tokens: list[int] | Tensor, hidden: Tensor) -> Tensor:
-        ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=self.target.device)
+        ids = (
+            tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=self.target.device)
+        )
         return extend(self.head, self.cache, self.embed(ids), hidden)[-1]
 
 

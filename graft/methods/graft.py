@@ -56,6 +56,7 @@ class AtRoot(AttachPolicy):
 @register("attach", "tail", description="retrieved subtrees hang from the deepest draft node (Graft(TAIL))")
 class AtTail(AtRoot):
     static_ok = False  # finds the deepest node on the host
+
     def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
         deepest = int(torch.argmax(topology(grafted.tree.parents, 0).depth)) if grafted.tree.num_nodes > 1 else 0
         graft_at(deepest, grafted, retrievers, state)
