@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from graft.backends import HiddenTap  # noqa: E402
 from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
 from graft.schema import coerce_dataclass  # noqa: E402
-from scripts.train_eagle3 import _jsonl, _padded, fit_loop, soft_labels, stage_generate  # noqa: E402
+from scripts.train_eagle3 import _jsonl, _padded, feature_record, fit_loop, stage_generate  # noqa: E402
 
 
 def conversations_path(cfg, out: Path) -> Path:
@@ -70,20 +70,7 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
             old = torch.load(shard)
             if len(old) == len(chunk) and (top_k == 0 or "soft_ids" in old[0]):
                 continue
-        records = []
-        for c in chunk:
-            ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
-            target.reset(len(ids) + 8)
-            encoded = target.prefill(ids, taps, all_logits=top_k > 0)
-            valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
-            record = {
-                "tokens": torch.tensor(ids),
-                "valid": torch.tensor(valid[: len(ids)]),
-                "features": encoded.hidden.half(),
-            }
-            if top_k > 0:
-                record.update(soft_labels(encoded.logits, top_k))
-            records.append(record)
+        records = [feature_record(target, c, taps, cfg.train.data.max_len, top_k) for c in chunk]
         torch.save(records, shard)
     (shard_dir / "layers.json").write_text(json.dumps({"target_layer_ids": layer_ids, "where": "output"}))
 

@@ -274,22 +274,22 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
             old = torch.load(shard)
             if len(old) == len(chunk) and (top_k == 0 or "soft_ids" in old[0]):
                 continue
-        records = []
-        for c in chunk:
-            ids = (c["prompt_ids"] + c["answer_ids"])[: cfg.train.data.max_len]
-            target.reset(len(ids) + 8)
-            encoded = target.prefill(ids, taps, all_logits=top_k > 0)
-            valid = [False] * len(c["prompt_ids"]) + [True] * len(c["answer_ids"])
-            record = {
-                "tokens": torch.tensor(ids),
-                "valid": torch.tensor(valid[: len(ids)]),
-                "features": encoded.hidden.half(),
-            }
-            if top_k > 0:
-                record.update(soft_labels(encoded.logits, top_k))
-            records.append(record)
+        records = [feature_record(target, c, taps, cfg.train.data.max_len, top_k) for c in chunk]
         torch.save(records, shard)
     torch.save(counts, out / "token_counts.pt")
+
+
+def feature_record(target, conversation: dict, taps, max_len: int, top_k: int) -> dict:
+    """One target pass over a conversation (prompt + answer, cut to max_len): its tokens, which of them are
+    labels (the answer's), the `taps` hidden states in float16 and, with top_k > 0, the soft labels."""
+    ids = (conversation["prompt_ids"] + conversation["answer_ids"])[:max_len]
+    target.reset(len(ids) + 8)
+    encoded = target.prefill(ids, taps, all_logits=top_k > 0)
+    valid = [False] * len(conversation["prompt_ids"]) + [True] * len(conversation["answer_ids"])
+    record = {"tokens": torch.tensor(ids), "valid": torch.tensor(valid[: len(ids)]), "features": encoded.hidden.half()}
+    if top_k > 0:
+        record.update(soft_labels(encoded.logits, top_k))
+    return record
 
 
 def soft_labels(logits: torch.Tensor, top_k: int) -> dict:
