@@ -56,18 +56,8 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
     below = r_attn.depth[node] > 0
     r_paths[row[below], anchor_depth + r_attn.depth[node][below]] = tokens[node[below]]
 
-    same = (r_paths[:, None, :] == d_paths[None, :, :]).all(-1)  # [m, n]
-    merged = same.any(1)  # [m]
-    merged_to = same.float().argmax(1)  # [m] draft index where merged
-    unknown = (r_attn.ancestors & (tokens < 0)[None, :]).any(1)  # [m] this node or an ancestor is unknown
-    new = ~merged & ~unknown
-    new[0] = False
-    rank = torch.cumsum(new.long(), 0)  # [m] 1-based rank among new nodes
-    keep = new & (rank <= room)
-    new_id = n + rank - 1  # index in the grafted tree, for kept nodes
-    place = torch.where(merged, merged_to, new_id)  # [m] grafted-tree index of every node that exists
-    place[0] = anchor
-    kept = torch.nonzero(keep).squeeze(1)  # [added], in subtree order
+    placed = place_retrieved(draft, anchor, tokens, r_attn, r_paths, d_paths, room)
+    kept = torch.nonzero(placed.keep).squeeze(1)  # [added], in subtree order
     added = kept.shape[0]
     sources = (
         draft.sources
@@ -77,11 +67,46 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
     scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
     tree = DraftTree(
         tokens=torch.cat([draft.tokens, tokens[kept]]),
-        parents=torch.cat([draft.parents, place[parents[kept]]]),
+        parents=torch.cat([draft.parents, placed.place[parents[kept]]]),
         scores=torch.cat([scores, torch.full((added,), float("-inf"), device=device)]),
         sources=torch.cat([sources, torch.full((added,), int(NodeSource.RETRIEVAL), dtype=torch.int8, device=device)]),
     )
-    return GraftResult(tree, added, int((merged[1:] & ~unknown[1:]).sum()))
+    return GraftResult(tree, added, int(placed.merged_count))
+
+
+@dataclass
+class Placement:
+    """Where a retrieved subtree's nodes go (each [m]): merged into an equal draft node, unknown (itself or
+    an ancestor -1), kept as new within the room, with its 1-based rank among the new nodes and its index
+    in the grafted tree (merge target, n + rank - 1 for new nodes, the anchor for node 0)."""
+
+    merged: Tensor
+    unknown: Tensor
+    keep: Tensor
+    rank: Tensor
+    place: Tensor
+
+    @property
+    def merged_count(self) -> Tensor:
+        """0-d: retrieved nodes below the anchor that the draft already held."""
+        return (self.merged[1:] & ~self.unknown[1:]).sum()
+
+
+def place_retrieved(
+    draft: DraftTree, anchor: int, tokens: Tensor, r_attn, r_paths: Tensor, d_paths: Tensor, room
+) -> Placement:
+    """The placement of a retrieved subtree from the paths of its nodes (r_paths [m, w]) and of the draft's
+    (d_paths [n, w]), both from the draft root: equal rows are equal paths. An empty draft slot (token -1)
+    takes no merge. `room` may be a 0-d tensor."""
+    same = (r_paths[:, None, :] == d_paths[None, :, :]).all(-1) & (draft.tokens >= 0)[None, :]  # [m, n]
+    merged = same.any(1)
+    unknown = (r_attn.ancestors & (tokens < 0)[None, :]).any(1)
+    new = ~merged & ~unknown
+    new[0] = False
+    rank = torch.cumsum(new.long(), 0)
+    place = torch.where(merged, same.float().argmax(1), draft.num_nodes + rank - 1)
+    place[0] = anchor
+    return Placement(merged, unknown, new & (rank <= room), rank, place)
 
 
 def dense_paths(tokens: Tensor, attn, width: int, offset: Tensor | int = 0, below_only: bool = False) -> Tensor:
@@ -113,17 +138,8 @@ def graft_static(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor,
     r_paths = torch.where(columns[None, :] <= anchor_depth, d_paths[anchor][None, :], below)
     r_paths[0] = d_paths[anchor]
 
-    same = (r_paths[:, None, :] == d_paths[None, :, :]).all(-1) & (draft.tokens >= 0)[None, :]  # [m, n]
-    merged = same.any(1)
-    merged_to = same.float().argmax(1)
-    unknown = (r_attn.ancestors & (tokens < 0)[None, :]).any(1)
-    new = ~merged & ~unknown
-    new[0] = False
-    rank = torch.cumsum(new.long(), 0)
-    keep = new & (rank <= room)
-    new_id = n + rank - 1
-    place = torch.where(merged, merged_to, new_id)
-    place[0] = anchor
+    placed = place_retrieved(draft, anchor, tokens, r_attn, r_paths, d_paths, room)
+    keep, rank, place = placed.keep, placed.rank, placed.place
     slots = m - 1  # one slot per retrieved node below the anchor, plus a spare one for the rest to land on
     slot = torch.where(keep, rank - 1, torch.full_like(rank, slots))
     new_tokens = torch.full((slots + 1,), -1, dtype=torch.long, device=device).scatter(0, slot, tokens)
@@ -143,7 +159,7 @@ def graft_static(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor,
             [sources, torch.where(filled, int(NodeSource.RETRIEVAL), int(NodeSource.EMPTY)).to(torch.int8)]
         ),
     )
-    return GraftResult(tree, keep.sum(), (merged[1:] & ~unknown[1:]).sum())
+    return GraftResult(tree, keep.sum(), placed.merged_count)
 
 
 def compact(tree: DraftTree, size: int) -> DraftTree:

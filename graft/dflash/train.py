@@ -86,6 +86,20 @@ def block_hidden(
     return model.norm(x).view(b, a, block_size, -1)
 
 
+def _block_labels(tokens: Tensor, valid: Tensor, anchors: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For the block at each anchor [b, A]: the text position of each block position (clamped into the
+    text), the text's token there, and whether it is a label (an answer token inside the text; never
+    block position 0, the anchor's own token). Each [b, A, B]."""
+    b, a = anchors.shape
+    t = tokens.shape[1]
+    positions = (anchors[:, :, None] + torch.arange(block_size)).reshape(b, a * block_size)
+    label_pos = positions.clamp(max=t - 1)
+    labels = tokens.gather(1, label_pos).view(b, a, block_size)
+    has_label = (valid.gather(1, label_pos) & (positions < t)).view(b, a, block_size)
+    has_label[:, :, 0] = False
+    return label_pos.view(b, a, block_size), labels, has_label
+
+
 def block_losses(
     model: BlockDrafter,
     embed,
@@ -107,14 +121,9 @@ def block_losses(
     the loss at a label is the cross-entropy against the target's distribution at the position before it
     (renormalised over its top K) instead of against the token alone: more signal per label, the same argmax.
     """
-    b, t, _ = features.shape
-    a = anchors.shape[1]
+    b, a = anchors.shape
     offsets = torch.arange(block_size)
-    positions = (anchors[:, :, None] + offsets).reshape(b, a * block_size)
-    label_pos = positions.clamp(max=t - 1)
-    labels = tokens.gather(1, label_pos).view(b, a, block_size)
-    has_label = (valid.gather(1, label_pos) & (positions < t)).view(b, a, block_size)
-    has_label[:, :, 0] = False
+    label_pos, labels, has_label = _block_labels(tokens, valid, anchors, block_size)
     hidden = block_hidden(model, embed, features, tokens, anchors, block_size)
 
     weights = torch.exp(-(offsets.float() - 1) / gamma)
@@ -132,7 +141,7 @@ def block_losses(
         if soft_ids is None:
             loss_k = F.cross_entropy(logits, target, reduction="sum")
         else:
-            before = (label_pos.view(b, a, block_size)[:, :, k] - 1)[rows]  # [count] position predicting the label
+            before = (label_pos[:, :, k] - 1)[rows]  # [count] position predicting the label
             row_of = torch.arange(b)[:, None].expand(b, a)[rows]
             ids_k = soft_ids[row_of, before].long()  # [count, K]
             probs = soft_probs[row_of, before].float()
@@ -157,14 +166,9 @@ def block_accepted(
     """[b, A] draft tokens a chain verification would accept at each anchor when the text is the target's
     own greedy output: the number of leading block positions whose argmax equals the text's token (a
     position without a label ends the count). 1 + its mean is the chain's tau on that text."""
-    b, t, _ = features.shape
-    a = anchors.shape[1]
-    positions = anchors[:, :, None] + torch.arange(1, block_size)  # [b, A, B - 1]
-    label_pos = positions.clamp(max=t - 1).view(b, -1)
-    labels = tokens.gather(1, label_pos).view(b, a, block_size - 1)
-    has_label = valid.gather(1, label_pos).view(b, a, block_size - 1) & (positions < t)
+    _, labels, has_label = _block_labels(tokens, valid, anchors, block_size)
     hidden = block_hidden(model, embed, features, tokens, anchors, block_size)[:, :, 1:]
-    right = (lm_head(hidden).argmax(-1) == labels) & has_label  # [b, A, B - 1]
+    right = (lm_head(hidden).argmax(-1) == labels[:, :, 1:]) & has_label[:, :, 1:]  # [b, A, B - 1]
     return right.long().cumprod(-1).sum(-1)
 
 

@@ -251,18 +251,23 @@ def expand(
     return found
 
 
+def _parents_among(found: Candidates, chosen: Tensor) -> Tensor:
+    """[c] each chosen candidate's parent as a node of the tree of the chosen ones (chosen [c]: flat
+    candidate indices in candidate order, which is topological; node 0 is the root, node j + 1 chosen[j])."""
+    parent_flat = torch.cat(found.group_parent)[chosen // found.top_k]  # 0 = root, else 1 + parent's flat index
+    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
+    return torch.where(parent_flat == 0, torch.zeros_like(parent_pos), parent_pos)
+
+
 def select(found: Candidates, root: int | Tensor, keep: int) -> DraftTree:
     """The best `keep` candidates by cumulative log-probability, in candidate order (= topological order),
     as a tree under `root`; ancestor-closed because scores fall along a path."""
     all_scores = torch.cat(found.scores)  # [k + levels * k^2]
     all_tokens = torch.cat(found.tokens)
-    group_parent = torch.cat(found.group_parent)  # [1 + levels * k]
     device = all_scores.device
     keep = max(0, min(keep, all_scores.shape[0]))
     chosen = torch.sort(_best(all_scores, keep)[1]).values
-    parent_flat = group_parent[chosen // found.top_k]  # 0 = root, else 1 + flat index of the parent candidate
-    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
-    parents = torch.where(parent_flat == 0, torch.zeros_like(parent_pos), parent_pos)
+    parents = _parents_among(found, chosen)
     root = root.view(1) if isinstance(root, Tensor) else torch.tensor([root], device=device)
     return DraftTree.build(
         torch.cat([root, all_tokens[chosen]]),
@@ -278,7 +283,6 @@ def select_static(found: Candidates, root: Tensor, keep: Tensor, size: int, leve
     select(found, root, keep) would keep, so the verified tokens match the pruned tree's; no host read."""
     all_scores = torch.cat(found.scores)  # [k + levels * k^2]
     all_tokens = torch.cat(found.tokens)
-    group_parent = torch.cat(found.group_parent)
     device = all_scores.device
     if level_cap is not None:  # candidates of levels the host path would not have drafted
         level = torch.cat([torch.full_like(s, j, dtype=torch.long) for j, s in enumerate(found.scores)])
@@ -287,9 +291,7 @@ def select_static(found: Candidates, root: Tensor, keep: Tensor, size: int, leve
     best = _best(all_scores, size)[1]  # best first
     chosen, rank = torch.sort(best)  # candidate order; rank[j]: chosen[j]'s place among the best
     filled = (rank < keep) & (all_scores[chosen] > float("-inf"))
-    parent_flat = group_parent[chosen // found.top_k]
-    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
-    parents = torch.where((parent_flat == 0) | ~filled, torch.zeros_like(parent_pos), parent_pos)
+    parents = torch.where(filled, _parents_among(found, chosen), 0)
     minus = torch.full_like(chosen, -1)
     sources = torch.where(filled, int(NodeSource.DRAFT), int(NodeSource.EMPTY)).to(torch.int8)
     return DraftTree(
