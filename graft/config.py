@@ -141,6 +141,8 @@ class HardwareConfig:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
     fast_path: Literal["none", "transposed", "packed", "bf16"] = "none"  # graft/fast.py
+    # the fp32 packed path's one-row product (a decode step): x @ W_t or oneDNN; auto measures both at load
+    one_row_kernel: Literal["auto", "transposed", "packed"] = "auto"
     # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped
     # by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.
     device_map: str | None = None

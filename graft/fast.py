@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import statistics
+import time
 
 import torch
 from torch import Tensor, nn
@@ -64,8 +66,10 @@ class TransposedLinear(nn.Module):
 
 class PackedLinear(nn.Module):
     """oneDNN's linear on weights reordered once into its blocked layout, which keeps small-row products
-    (a verification of a few tokens) close to the streaming rate. In fp32 a single row (a decode step)
-    is faster as x @ W_t from a contiguous transposed copy, so fp32 keeps both; bf16 uses oneDNN
+    (a verification of a few tokens) close to the streaming rate. For a single row (a decode step) in fp32,
+    x @ W_t from a contiguous transposed copy is faster on some CPUs (an Intel Xeon here) and much slower
+    on others (an AMD Zen 5: 27 ms against 17 ms per decode step), so fp32 keeps both until
+    `choose_one_row_kernel` has measured which is faster and dropped the loser; bf16 uses oneDNN
     (avx512_bf16 dot products) for every row count."""
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 16):
@@ -73,6 +77,7 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
         self.single_row_t = None
+        self.one_row_transposed = True
         if weight.dtype == torch.float32:
             self.single_row_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
@@ -80,7 +85,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
-        if flat.shape[0] == 1 and self.single_row_t is not None:
+        if flat.shape[0] == 1 and self.single_row_t is not None and self.one_row_transposed:
             y = flat @ self.single_row_t
             if self.bias is not None:
                 y = y + self.bias
@@ -90,6 +95,57 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+ONE_ROW_KERNELS = ("transposed", "packed")
+
+
+def _time_one_row(linears: list[PackedLinear], rows: dict[int, Tensor]) -> float:
+    start = time.perf_counter()
+    for linear in linears:
+        linear(rows[linear.in_features])
+    return time.perf_counter() - start
+
+
+def choose_one_row_kernel(linears: list[PackedLinear], kernel: str = "auto", repeats: int = 7) -> dict:
+    """Settle the one-row product of every fp32 PackedLinear: x @ W_t ("transposed") or oneDNN ("packed").
+
+    "auto" measures both on these weights, in the order a decode step reads them (so the weights stream
+    from memory as they do in a step), alternating kernels over `repeats` rounds after one warm-up round,
+    and keeps the faster by median; the loser's weight copy is freed. Returns what was chosen and why,
+    for run.json."""
+    if kernel not in ("auto", *ONE_ROW_KERNELS):
+        raise ValueError(f"hardware.one_row_kernel={kernel!r}; allowed: auto, {', '.join(ONE_ROW_KERNELS)}")
+    dual = [linear for linear in linears if linear.single_row_t is not None]
+    if not dual:
+        return {"one_row": "packed", "reason": "oneDNN for every row count (no fp32 transposed copy)"}
+    record: dict = {}
+    if kernel == "auto":
+        rows = {linear.in_features: torch.randn(1, linear.in_features) for linear in dual}
+        times: dict[str, list[float]] = {name: [] for name in ONE_ROW_KERNELS}
+        with torch.inference_mode():
+            for round_index in range(repeats + 1):
+                order = ONE_ROW_KERNELS if round_index % 2 == 0 else ONE_ROW_KERNELS[::-1]
+                for name in order:
+                    _use_one_row(dual, name)
+                    elapsed = _time_one_row(dual, rows)
+                    if round_index:  # the first round warms both kernels up
+                        times[name].append(elapsed)
+        medians = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        kernel = min(medians, key=medians.get)
+        record = {"reason": "measured at load", "one_row_products_ms": {k: round(v, 2) for k, v in medians.items()}}
+    else:
+        record = {"reason": "hardware.one_row_kernel"}
+    _use_one_row(dual, kernel)
+    if kernel == "packed":
+        for linear in dual:
+            linear.single_row_t = None  # frees the transposed copy
+    return {"one_row": kernel, **record}
+
+
+def _use_one_row(linears: list[PackedLinear], kernel: str) -> None:
+    for linear in linears:
+        linear.one_row_transposed = kernel == "transposed"
 
 
 def apply_fast_path(model: nn.Module, mode: str):

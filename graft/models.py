@@ -229,7 +229,10 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
             model, make_linear = apply_fast_path(model, hardware.fast_path)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-        target = LeanBackend(model, tokenizer, make_linear, name=cfg.name)
+        try:
+            target = LeanBackend(model, tokenizer, make_linear, name=cfg.name, one_row_kernel=hardware.one_row_kernel)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
     if cfg.max_context:
         target.max_context = cfg.max_context
     target.prefill_chunk = hardware.prefill_chunk

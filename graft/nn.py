@@ -13,6 +13,20 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
+def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the parts' outputs side by side (q/k/v, gate/up): one product, not
+    several, over the same weights."""
+    weight = torch.cat([p.weight.detach() for p in parts], dim=0)
+    biases = [p.bias for p in parts]
+    fused = nn.Linear(
+        weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype, device=weight.device
+    )
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if biases[0] is not None:
+        fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
+    return fused
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()

@@ -80,12 +80,13 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     from graft.models import load_model
 
     timers, info = {}, {}
-    for path in paths:
-        hardware_cfg.fast_path = path
+    for path in paths:  # "packed@transposed": the packed path with its one-row kernel forced
+        hardware_cfg.fast_path, _, one_row = path.partition("@")
+        hardware_cfg.one_row_kernel = one_row or "auto"
         target = load_model(model_cfg, hardware_cfg, progress=False).target
         context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
-        info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype)}
+        info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype), "kernels": target.kernels}
     samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}
     for round_ in range(warmup + repeats):
         for k in TOKEN_COUNTS:
@@ -102,7 +103,7 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny_llama")
-    parser.add_argument("--paths", default="none,transposed,bf16", help="fast paths to profile; the first is 'plain'")
+    parser.add_argument("--paths", default="none,transposed,bf16", help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed)")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=3)

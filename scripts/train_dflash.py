@@ -139,7 +139,10 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         tau = 1.0 + float(torch.cat(accepted).float().mean())
         return {"score": tau, "tau": tau}
 
-    fitted = fit_loop(cfg, model, "model", records, out, step, "fit (blocks)", evaluate=evaluate if heldout else None)
+    fitted = fit_loop(
+        cfg, model, "model", records, out, step, "fit (blocks)",
+        init_from=fit.get("init_from"), evaluate=evaluate if heldout else None,
+    )
     if fit.keep == "best" and (out / "best.pt").exists():
         saved = torch.load(out / "best.pt", weights_only=False)
         model.load_state_dict(saved["model"])

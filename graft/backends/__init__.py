@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from graft.kv import KVBuffer
@@ -122,6 +122,11 @@ class TargetBackend(ABC):
         # fixed-size trees (hardware.static_trees): empty slots carry token -1, never accepted
         self.static_trees = False
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
+        self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
+
+    def product(self, linear: nn.Linear) -> nn.Module | None:
+        """`linear` as a module running this backend's fast products, or None (keep nn.Linear)."""
+        return None
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
 
     def clock(self) -> float:

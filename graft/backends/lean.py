@@ -18,21 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
-from graft.nn import apply_rotary, grouped_sdpa, rms_norm
+from graft.fast import PackedLinear, choose_one_row_kernel
+from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
-
-
-def _fused(parts: list[nn.Linear]) -> nn.Linear:
-    weight = torch.cat([p.weight.detach() for p in parts], dim=0)
-    biases = [p.bias for p in parts]
-    fused = nn.Linear(
-        weight.shape[1], weight.shape[0], bias=biases[0] is not None, dtype=weight.dtype, device=weight.device
-    )
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if biases[0] is not None:
-        fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-    return fused
 
 
 @dataclass
@@ -69,17 +58,22 @@ class LeanForward:
             dense = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
             self.layers.append(
                 _Layer(
-                    qkv=make_linear(_fused([attn.q_proj, attn.k_proj, attn.v_proj])),
+                    qkv=make_linear(fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])),
                     o=make_linear(attn.o_proj),
                     input_norm=layer.input_layernorm.weight.detach(),
                     post_norm=layer.post_attention_layernorm.weight.detach(),
                     q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None,
-                    gate_up=make_linear(_fused([mlp.gate_proj, mlp.up_proj])) if dense else None,
+                    gate_up=make_linear(fuse_linears([mlp.gate_proj, mlp.up_proj])) if dense else None,
                     down=make_linear(mlp.down_proj) if dense else None,
                     mlp=None if dense else mlp,
                 )
             )
+
+    def linears(self) -> list[nn.Module]:
+        """The products in the order a forward runs them."""
+        per_layer = [[layer.qkv, layer.o, layer.gate_up, layer.down] for layer in self.layers]
+        return [p for products in per_layer for p in products if p is not None] + [self.lm_head]
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         return rms_norm(x, weight, self.eps)
@@ -133,9 +127,27 @@ class LeanForward:
 class LeanBackend(TargetBackend):
     """The target through LeanForward: same weights, same cache, taps recorded by the forward itself."""
 
-    def __init__(self, model, tokenizer, make_linear: Callable[[nn.Linear], nn.Module], name: str = "target"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        make_linear: Callable[[nn.Linear], nn.Module],
+        name: str = "target",
+        one_row_kernel: str = "auto",
+    ):
         super().__init__(model, tokenizer, name)
         self.lean = LeanForward(model, make_linear)
+        self._make_linear = make_linear
+        packed = [p for p in self.lean.linears() if isinstance(p, PackedLinear)]
+        if packed:
+            self.kernels = choose_one_row_kernel(packed, one_row_kernel)
+
+    def product(self, linear: nn.Linear) -> nn.Module:
+        """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
+        made = self._make_linear(linear)
+        if isinstance(made, PackedLinear) and self.kernels:
+            choose_one_row_kernel([made], self.kernels["one_row"])
+        return made
 
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
         wanted = {(tap.layer, tap.where) for tap in taps}

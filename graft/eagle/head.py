@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graft.kv import KVBuffer
-from graft.nn import RMSNorm, Rotary, grouped_sdpa
+from graft.nn import RMSNorm, Rotary, fuse_linears, grouped_sdpa
 from graft.tree import prefix_causal
 
 
@@ -100,6 +100,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
         self.rotary = Rotary(*rotary_frequencies(cfg))
+        self.fast: tuple[nn.Module, nn.Module] | None = None  # (q/k/v fused, o) from lean(); not submodules
+
+    def lean(self, product) -> None:
+        """Run the projections through `product` (a backend's fast products): q/k/v as one product."""
+        self.fast = (product(fuse_linears([self.q_proj, self.k_proj, self.v_proj])), product(self.o_proj))
 
     def _rope(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
         return self.rotary(x, positions, limit)
@@ -109,9 +114,14 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
         n, d = x.shape[1], self.cfg.head_dim
-        q = self.q_proj(x).view(1, n, self.cfg.num_heads, d).transpose(1, 2)
-        k = self.k_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
-        v = self.v_proj(x).view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
+        if self.fast is not None:
+            q_size, kv_size = self.cfg.num_heads * d, self.cfg.num_kv_heads * d
+            q, k, v = self.fast[0](x).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(1, n, self.cfg.num_heads, d).transpose(1, 2)
+        k = k.view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
+        v = v.view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
         limit = (cache.length if cache is not None else 0) + n  # drafted positions never pass the cache's end
         q, k = self._rope(q, positions, limit), self._rope(k, positions, limit)
         if cache is not None:
@@ -121,7 +131,7 @@ class Attention(nn.Module):
         # grouped_sdpa folds the query heads that share a key/value head instead of passing enable_gqa with a
         # mask, which CUDA serves only with the math kernel (an [heads, n, S] float32 score matrix)
         out, _ = grouped_sdpa(None, q, k, v, mask)  # [1, n, heads, d]
-        return self.o_proj(out.reshape(1, n, -1))
+        return (self.fast[1] if self.fast is not None else self.o_proj)(out.reshape(1, n, -1))
 
 
 class MLP(nn.Module):
@@ -131,8 +141,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.fast: tuple[nn.Module, nn.Module] | None = None  # (gate/up fused, down) from lean()
+
+    def lean(self, product) -> None:
+        self.fast = (product(fuse_linears([self.gate_proj, self.up_proj])), product(self.down_proj))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fast is not None:
+            gate, up = self.fast[0](x).chunk(2, dim=-1)
+            return self.fast[1](F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -173,6 +190,7 @@ class DraftHead(nn.Module):
     def __init__(self, cfg: HeadConfig, target_lm_head=None):
         super().__init__()
         self.cfg = cfg
+        self.fast: dict[str, nn.Module] = {}  # from lean()
         if cfg.kind == "eagle3":
             self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
             self.midlayer = Eagle3Layer(cfg)
@@ -189,6 +207,21 @@ class DraftHead(nn.Module):
         else:
             raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
 
+    def lean(self, product) -> "DraftHead":
+        """Run every product of the head through `product` (a target backend's fast products, with its
+        kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the LM head packed. Inference only: the nn.Linear modules
+        (and the state dict) stay as they are, and training reads them."""
+        fc = product(self.fc)
+        if fc is None:  # a backend without fast products
+            return self
+        layer = self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
+        layer.self_attn.lean(product)
+        layer.mlp.lean(product)
+        self.fast = {"fc": fc}  # a dict: not submodules, not in the state dict
+        if self.cfg.kind == "eagle3":
+            self.fast["lm_head"] = product(self.lm_head)
+        return self
+
     def embedder(self, target_embed):
         """The token embedding the head reads: its own table when it has one, else the target's."""
         return self.embed_tokens if self.cfg.own_embeddings else target_embed
@@ -201,15 +234,15 @@ class DraftHead(nn.Module):
         embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
         if self.cfg.kind == "eagle3":
             if hidden.shape[-1] != self.cfg.hidden_size:  # fused target features: project once
-                hidden = self.fc(hidden)
+                hidden = self.fast.get("fc", self.fc)(hidden)
             return self.midlayer(embeds, hidden, positions, mask, cache)[0]
-        x = self.fc(torch.cat([embeds, hidden], dim=-1))
+        x = self.fast.get("fc", self.fc)(torch.cat([embeds, hidden], dim=-1))
         return self.layers[0](x, positions, mask, cache)[0]
 
     def log_probs(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """Log-probabilities over the head's vocabulary, and the draft-to-target id offsets (or None)."""
         if self.cfg.kind == "eagle3":
-            logits = self.lm_head(self.norm(out))
+            logits = self.fast.get("lm_head", self.lm_head)(self.norm(out))
             same_vocab = self.cfg.draft_vocab_size == self.cfg.vocab_size
             return torch.log_softmax(logits.float(), dim=-1), None if same_vocab else self.d2t
         logits = self._target_lm_head[0](out)

@@ -317,6 +317,7 @@ class HeadOnCache:
             self.head: DraftHead = random_head(target, params.random_kind, params.seed, params.random_layer_ids)
         else:
             self.head = load_head(params.head, target)
+        self.head.lean(target.product)
         cfg = self.head.cfg
         taps = (
             tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids)

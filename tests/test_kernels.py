@@ -1,0 +1,93 @@
+"""The product kernels of the fast CPU path: the one-row kernel chosen by measuring, and the draft head
+running on the target's products, each against the plain computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from graft.fast import PackedLinear, choose_one_row_kernel
+from graft.tree import DraftTree, topology
+
+
+def _packed(out_features: int, in_features: int, seed: int) -> tuple[nn.Linear, PackedLinear]:
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=seed % 2 == 0)
+    return linear, PackedLinear(linear)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "transposed", "packed"])
+def test_every_one_row_kernel_computes_the_linear(kernel):
+    pairs = [_packed(48, 32, 0), _packed(96, 48, 1), _packed(32, 96, 2)]
+    record = choose_one_row_kernel([p for _, p in pairs], kernel, repeats=3)
+    assert record["one_row"] in ("transposed", "packed")
+    if kernel != "auto":
+        assert record["one_row"] == kernel
+    else:
+        assert set(record["one_row_products_ms"]) == {"transposed", "packed"}
+        best = min(record["one_row_products_ms"], key=record["one_row_products_ms"].get)
+        assert record["one_row"] == best
+    for linear, packed in pairs:
+        assert (packed.single_row_t is None) == (record["one_row"] == "packed")  # the loser's copy is freed
+        for rows in (1, 3):
+            x = torch.randn(1, rows, linear.in_features)
+            with torch.no_grad():
+                torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_one_row_kernel_is_refused_by_name():
+    _, packed = _packed(8, 8, 0)
+    with pytest.raises(ValueError, match=r"hardware.one_row_kernel='gemv'; allowed: auto, transposed, packed"):
+        choose_one_row_kernel([packed], "gemv")
+
+
+@pytest.mark.parametrize("kernel", ["transposed", "packed"])
+def test_a_decode_step_matches_the_transformers_forward_with_either_kernel(kernel):
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.models import load_model
+
+    def decode_logits(overrides):
+        cfg = validate(compose(["model=tiny_llama", "logger=none", *overrides]))
+        loaded = load_model(cfg.model, cfg.hardware, progress=False)
+        target = loaded.target
+        target.reset(64)
+        target.prefill(list(range(30, 60)))
+        root = DraftTree.root_only(7)
+        return target.verify(root, topology(root.parents, target.cache_len)).logits, target.kernels
+
+    reference, _ = decode_logits(["hardware.fast_path=none"])
+    logits, kernels = decode_logits(["hardware.fast_path=packed", f"hardware.one_row_kernel={kernel}"])
+    assert kernels["one_row"] == kernel
+    torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_the_head_on_the_target_products_drafts_as_the_plain_head():
+    """DraftHead.lean: q/k/v and gate/up fused, fc and the LM head packed; same outputs as the nn.Linear
+    modules, and the state dict unchanged (training and saving read those)."""
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.eagle.checkpoint import random_head
+    from graft.kv import KVBuffer
+    from graft.models import load_model
+
+    cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]))
+    target = load_model(cfg.model, cfg.hardware, progress=False).target
+    plain = random_head(target, "eagle3", layer_ids=[0, 1, 2])
+    lean = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product)
+    assert lean.state_dict().keys() == plain.state_dict().keys()
+    assert lean.fast and lean.midlayer.self_attn.fast is not None and lean.midlayer.mlp.fast is not None
+    torch.manual_seed(3)
+    hidden_size = target.config.hidden_size
+    embeds, feats = torch.randn(5, hidden_size), torch.randn(5, 3 * hidden_size)
+    outs = []
+    for head in (plain, lean):
+        cache = KVBuffer(16)
+        first = head.step(embeds, feats, torch.arange(5), None, cache)  # the prompt: 5 rows
+        second = head.step(embeds[:1], first[-1:], torch.tensor([5]), None, cache)  # one row: a level of one node
+        outs.append((first, second, head.log_probs(second)[0]))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
