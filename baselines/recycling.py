@@ -5,11 +5,12 @@ retriever alone (an 80-node template); Graft grafts it onto the pruned draft."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from graft.compose import Retrieved, Retriever
-from graft.drafter import PrefillInfo, SequenceState, StepFeedback
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.registry import register
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler
 
@@ -19,6 +20,10 @@ class RecyclingParams:
     table_k: int = 8  # successors per token in the table
     template_depth: int = 8  # deepest template node below its anchor
     rank_prior: list[float] = field(default_factory=lambda: list(DEFAULT_RANK_PRIOR))
+    # how the table starts each sequence: "bigrams" (the prompt's bigrams, then the target's top-k after
+    # the last prompt token) or "prefill" (the target's top-k after every prompt position, from the
+    # prefill's logits: the paper's form; costs the LM head over the whole prompt)
+    cold_start: Literal["bigrams", "prefill"] = "bigrams"
 
     def __post_init__(self):
         if not 1 <= self.table_k <= len(self.rank_prior) or self.template_depth < 1:
@@ -39,11 +44,13 @@ class RecyclingRetriever(Retriever):
             target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device
         )
         self.read_limit = 2 * budget + 1  # merges free slots, so read further than the room, within reason
+        if params.cold_start == "prefill":
+            self.needs = TargetNeeds(prompt_successors=params.table_k)
 
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         state = prefill.state
-        self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits)
+        self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits, prefill.forward.successors)
 
     def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved:
         size = self.read_limit if room is None else min(room + tree_nodes, self.read_limit)

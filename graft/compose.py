@@ -128,6 +128,7 @@ class Retriever(Proposer, ABC):
 
     reads_at_any_token = False
     static_read = False
+    needs = TargetNeeds()  # what it reads from the target beyond the verification logits
 
     @abstractmethod
     def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved | None:
@@ -238,6 +239,8 @@ class ComposedDrafter(Drafter):
         ]
         self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
         self.needs = self.source.needs if self.source else TargetNeeds()
+        for retriever in self.retrievers:
+            self.needs = self.needs | retriever.needs
         target.check_taps(self.needs.taps)
         # fixed-size trees when the target asks for them and every part can keep its decisions on the device;
         # otherwise this method reads its decisions back each step (fine on a CPU, a few syncs on a GPU)

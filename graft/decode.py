@@ -133,7 +133,7 @@ def generate(
     start = clock()
     taps = drafter.needs.taps  # the drafter's features, computed on its own forwards only
     target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
-    prefill = target.prefill(prompt_ids, taps)
+    prefill = target.prefill(prompt_ids, taps, successors_k=drafter.needs.prompt_successors)
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
     gen = Generation(
         prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0

@@ -31,10 +31,16 @@ class TargetNeeds:
     taps: tuple[HiddenTap, ...] = ()  # hidden states read from the prefill and every verification
     embeddings: bool = False  # target.embed
     lm_head: bool = False  # target.lm_head
+    prompt_successors: int = 0  # the prefill's top-k next tokens at every prompt position (ForwardOutput.successors)
 
     def __or__(self, other: "TargetNeeds") -> "TargetNeeds":
         taps = self.taps + tuple(t for t in other.taps if t not in self.taps)
-        return TargetNeeds(taps, self.embeddings or other.embeddings, self.lm_head or other.lm_head)
+        return TargetNeeds(
+            taps,
+            self.embeddings or other.embeddings,
+            self.lm_head or other.lm_head,
+            max(self.prompt_successors, other.prompt_successors),
+        )
 
 
 @dataclass

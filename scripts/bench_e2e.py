@@ -44,7 +44,15 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@8": ("graft", {"total_tokens": 8}),
     "graft@16": ("graft", {"total_tokens": 16}),
     "eagle3@8": ("eagle3", {"total_tokens": 8}),
+    # the draft head in bfloat16 (half the bytes per level; the target still verifies in float32), and
+    # EAGLE-3's best setting measured on this CPU: a small, shallow dense tree
+    "graft@16/bf16_head": ("graft", {"total_tokens": 16, "head_dtype": "bfloat16"}),
+    "eagle3@6/d3k3/bf16_head": ("eagle3", {"total_tokens": 6, "depth": 3, "top_k": 3, "head_dtype": "bfloat16"}),
     "dflash": ("dflash", {}),
+    # Token Recycling's table started from the prefill's top-k at every prompt position (the paper's form)
+    "graft@16/prefill_cold_start": ("graft", {"total_tokens": 16, "cold_start": "prefill"}),
+    "recycling": ("recycling", {}),
+    "recycling/prefill_cold_start": ("recycling", {"cold_start": "prefill"}),
 }
 
 

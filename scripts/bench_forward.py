@@ -103,7 +103,11 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny_llama")
-    parser.add_argument("--paths", default="none,transposed,bf16", help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed)")
+    parser.add_argument(
+        "--paths",
+        default="none,transposed,bf16",
+        help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed)",
+    )
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=3)

@@ -8,7 +8,8 @@ typed by hand. A generated block is
 and its kind says what renders it:
 - `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of scripts/make_tables.py;
 - `forward_profile <json>`: the verify-time table of scripts/bench_forward.py's JSON;
-- `lossless <json ...>`: the per-method counts of scripts/check_lossless.py's JSONs.
+- `lossless <json ...>`: the per-method counts of scripts/check_lossless.py's JSONs;
+- `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side.
 
     python scripts/render_results.py [results/README.md]           # rewrite the blocks
     python scripts/render_results.py --check [results/README.md]   # exit 1 if a block is stale
@@ -80,6 +81,27 @@ def lossless(*paths: str) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(*paths: str) -> str:
+    """scripts/bench_e2e.py's tables, one column group per JSON (before / after)."""
+    runs = [json.loads((ROOT / p).read_text()) for p in paths]
+    systems = []
+    for run in runs:
+        systems += [row["system"] for row in run["table"] if row["system"] not in systems]
+    header = "| system | " + " | ".join(f"tokens/s ({Path(p).stem}) | x HF | x AR" for p in paths) + " |"
+    lines = [header, "|---|" + "---|---|---|" * len(runs)]
+    for system in systems:
+        cells = []
+        for run in runs:
+            row = next((r for r in run["table"] if r["system"] == system), None)
+            if row is None:
+                cells.append("- | - | -")
+                continue
+            mark = "" if row["equal"] else " (**not equal to its baseline**)"
+            cells.append(f"{row['tokens_per_s']:.1f}{mark} | {row['x_hf']:.2f} | {row['x_ar']:.2f}")
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables(*paths: str) -> str:
     from make_tables import build
 
@@ -87,7 +109,7 @@ def tables(*paths: str) -> str:
     return markdown.strip()
 
 
-RENDERERS = {"tables": tables, "forward_profile": forward_profile, "lossless": lossless}
+RENDERERS = {"tables": tables, "forward_profile": forward_profile, "lossless": lossless, "side_by_side": side_by_side}
 
 
 def render(text: str) -> str:

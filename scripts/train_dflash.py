@@ -140,8 +140,15 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         return {"score": tau, "tau": tau}
 
     fitted = fit_loop(
-        cfg, model, "model", records, out, step, "fit (blocks)",
-        init_from=fit.get("init_from"), evaluate=evaluate if heldout else None,
+        cfg,
+        model,
+        "model",
+        records,
+        out,
+        step,
+        "fit (blocks)",
+        init_from=fit.get("init_from"),
+        evaluate=evaluate if heldout else None,
     )
     if fit.keep == "best" and (out / "best.pt").exists():
         saved = torch.load(out / "best.pt", weights_only=False)

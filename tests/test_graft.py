@@ -40,6 +40,42 @@ def test_bigram_seeding_fills_only_empty_rows_latest_first():
     assert table.rows.tolist() == [[-1, -1], [3, -1], [1, -1], [4, -1], [0, 1]]
 
 
+def test_prefill_seeding_writes_each_prompt_tokens_successors_latest_first():
+    """The paper's cold start: row t = the target's top-k after t's latest position in the prompt."""
+    table = SuccessorTable(vocab_size=6, k=2)
+    successors = T([[1, 2], [4, 0], [5, 4], [3, 1]])  # the prefill's top-2 after each prompt position
+    table.seed_successors(T([3, 5, 3, 0]), successors)
+    assert table.rows.tolist() == [[3, 1], [-1, -1], [-1, -1], [5, 4], [-1, -1], [4, 0]]
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_prefill_successors_are_the_top_k_of_every_positions_logits(tiny, chunk):
+    target = tiny("tiny_llama:packed").target
+    prompt = list(range(30, 47))
+    target.prefill_chunk = chunk
+    target.reset(64)
+    full = target.prefill(prompt, all_logits=True)
+    target.reset(64)
+    out = target.prefill(prompt, successors_k=3)
+    assert out.successors.tolist() == full.logits.topk(3, dim=-1).indices.tolist()
+    torch.testing.assert_close(out.logits, full.logits[-1:])  # the last position's logits only
+
+
+def test_graft_with_the_prefill_cold_start_is_lossless(tiny):
+    from conftest import make_drafter
+
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+
+    target = tiny("tiny_llama:packed").target
+    prompt = [5, 9, 5, 12, 40, 41, 42, 5, 9, 7]
+    base = generate(target, Autoregressive(target), prompt, 32, set())
+    drafter = make_drafter("graft", target, total_tokens=12, cold_start="prefill")
+    assert drafter.needs.prompt_successors == 8  # the table's k
+    out = generate(target, drafter, prompt, 32, set())
+    assert out.new_tokens == base.new_tokens
+
+
 def test_template_readout_from_a_given_table():
     table = SuccessorTable(vocab_size=6, k=2)
     table.rows.copy_(T([[1, 2], [3, 4], [5, -1], [0, 1], [-1, -1], [2, 0]]))

@@ -91,3 +91,36 @@ def test_the_head_on_the_target_products_drafts_as_the_plain_head():
         outs.append((first, second, head.log_probs(second)[0]))
     for got, want in zip(outs[1], outs[0], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _draft_head(obj, depth: int = 0):
+    """The DraftHead somewhere inside a composed drafter."""
+    from graft.eagle.head import DraftHead
+
+    if isinstance(obj, DraftHead):
+        return obj
+    if depth < 4 and hasattr(obj, "__dict__"):
+        for value in vars(obj).values():
+            found = _draft_head(value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("method", ["eagle3", "graft"])
+def test_a_bfloat16_head_drafts_for_a_float32_target_losslessly(tiny, method):
+    """method.head_dtype=bfloat16: the head's weights and cache in bfloat16, the target in float32; the
+    drafts differ in rounding only, and the target still decides every token."""
+    from conftest import make_drafter
+
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+
+    target = tiny("tiny_llama:packed").target
+    prompt = list(range(40, 64))
+    base = generate(target, Autoregressive(target), prompt, 32, set())
+    drafter = make_drafter(method, target, head_dtype="bfloat16", total_tokens=12)
+    assert {p.dtype for p in _draft_head(drafter).parameters()} == {torch.bfloat16}
+    out = generate(target, drafter, prompt, 32, set())
+    assert out.new_tokens == base.new_tokens
+    assert out.step_sources and all(drafted > 0 for drafted, *_ in out.step_sources)  # the bf16 head drafted

@@ -39,6 +39,7 @@ class ForwardOutput:
     hidden: (
         Tensor | None
     )  # [num_positions, num_taps * hidden_size], taps concatenated in request order; None without taps
+    successors: Tensor | None = None  # [num_positions, k] the top-k next tokens at each prompt position (prefill)
 
 
 class PositionalKVLayer(KVBuffer, CacheLayerMixin):
@@ -123,11 +124,11 @@ class TargetBackend(ABC):
         self.static_trees = False
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
+        self.devices = sorted({p.device for p in model.parameters()}, key=str)
 
     def product(self, linear: nn.Linear) -> nn.Module | None:
         """`linear` as a module running this backend's fast products, or None (keep nn.Linear)."""
         return None
-        self.devices = sorted({p.device for p in model.parameters()}, key=str)
 
     def clock(self) -> float:
         """Seconds (perf_counter); with `sync_timing`, once every device finished what was queued."""
@@ -162,23 +163,30 @@ class TargetBackend(ABC):
 
     @torch.inference_mode()
     def prefill(
-        self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False
+        self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False, successors_k: int = 0
     ) -> ForwardOutput:
         """Encode the prompt into the cache; logits for the last position (every position with
-        `all_logits`), the `taps` hidden states for all positions."""
+        `all_logits`), the `taps` hidden states for all positions, and with `successors_k` the top-k
+        next tokens at every position (taken chunk by chunk, so no [prompt, vocab] logits are kept)."""
         assert self.cache is not None, "call reset() first"
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.input_device)
         positions = torch.arange(len(prompt_ids), device=self.input_device).unsqueeze(0)
         chunk = self.prefill_chunk or len(prompt_ids)
-        parts = []
+        parts, successors = [], []
         for lo in range(0, len(prompt_ids), chunk):
             hi = min(lo + chunk, len(prompt_ids))
             mask = None if lo == 0 else self._chunk_mask(hi - lo, lo)  # later chunks see the cached prefix
-            keep = 0 if all_logits else 1  # without all_logits only the last chunk's last logits are used
-            parts.append(self._forward(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep))
+            keep = 0 if all_logits or successors_k else 1  # else only the last chunk's last logits are used
+            part = self._forward(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
+            if successors_k:
+                successors.append(part.logits.topk(successors_k, dim=-1).indices)  # [chunk, k]
+                if not all_logits:
+                    part.logits = part.logits[-1:]
+            parts.append(part)
         out = ForwardOutput(
             logits=torch.cat([p.logits for p in parts]) if all_logits else parts[-1].logits,
             hidden=None if parts[0].hidden is None else torch.cat([p.hidden for p in parts]),
+            successors=torch.cat(successors) if successors_k else None,
         )
         if self.cache_len != len(prompt_ids):
             # a model that ignores the cache argument (a transformers release that renamed it) would

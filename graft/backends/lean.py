@@ -30,8 +30,7 @@ class _Layer:
     o: nn.Module
     input_norm: Tensor
     post_norm: Tensor
-    q_norm: Tensor | None
-    k_norm: Tensor | None
+    qk_norm: Tensor | None  # [heads + kv_heads, head_dim]: q_norm's weight per query head, k_norm's per key head
     gate_up: nn.Module | None  # dense MLP
     down: nn.Module | None
     mlp: nn.Module | None  # anything else (mixture of experts), called as is
@@ -62,13 +61,19 @@ class LeanForward:
                     o=make_linear(attn.o_proj),
                     input_norm=layer.input_layernorm.weight.detach(),
                     post_norm=layer.post_attention_layernorm.weight.detach(),
-                    q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
-                    k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None,
+                    qk_norm=self._qk_norm(attn),
                     gate_up=make_linear(fuse_linears([mlp.gate_proj, mlp.up_proj])) if dense else None,
                     down=make_linear(mlp.down_proj) if dense else None,
                     mlp=None if dense else mlp,
                 )
             )
+
+    def _qk_norm(self, attn) -> Tensor | None:
+        """Qwen3's q and k norms as one weight, so both are normalised (and then rotated) in one call."""
+        if not hasattr(attn, "q_norm"):
+            return None
+        q, k = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
+        return torch.cat([q.expand(self.heads, -1), k.expand(self.kv_heads, -1)])
 
     def linears(self) -> list[nn.Module]:
         """The products in the order a forward runs them."""
@@ -91,19 +96,19 @@ class LeanForward:
             mask = None  # a one-node tree sees the whole cache: no mask needed
         elif mask is not None and groups > 1:
             mask = mask.repeat(1, 1, groups, 1)  # tiled once for grouped_sdpa's folded query axis
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q_size = self.heads * self.head_dim
         for index, layer in enumerate(self.layers):
             if (index, "input") in taps:
                 captured[(index, "input")] = x
             h = self._norm(x, layer.input_norm)
-            q, k, v = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(1, n, self.heads, self.head_dim)
-            k = k.view(1, n, self.kv_heads, self.head_dim)
-            if layer.q_norm is not None:
-                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
-            q = apply_rotary(q.transpose(1, 2), cos, sin)  # [1, heads, n, head_dim]
-            k = apply_rotary(k.transpose(1, 2), cos, sin)
-            v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            # queries and keys are normed and rotated together: per-op dispatch is much of a small step
+            qkv = layer.qkv(h).view(1, n, self.heads + 2 * self.kv_heads, self.head_dim)
+            qk = qkv[:, :, : self.heads + self.kv_heads]
+            if layer.qk_norm is not None:
+                qk = self._norm(qk, layer.qk_norm)
+            qk = apply_rotary(qk.transpose(1, 2), cos, sin)  # [1, heads + kv_heads, n, head_dim]
+            q, k = qk.split([self.heads, self.kv_heads], dim=1)
+            v = qkv[:, :, self.heads + self.kv_heads :].transpose(1, 2)  # [1, kv_heads, n, head_dim]
             k, v = cache.update(k, v, index)
             out, _ = grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)
             x = x + layer.o(out.reshape(1, n, q_size))

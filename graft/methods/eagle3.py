@@ -42,6 +42,9 @@ class HeadParams:
     random_layer_ids: list[int] | None = None  # "random" heads: which target layers' inputs to fuse
     random_kind: Literal["eagle3", "eagle1"] = "eagle3"  # "random" heads
     seed: int = 0
+    # the head's weights and cache; null: the target's dtype. Drafts need not match the target's arithmetic
+    # (the target verifies every token), so a bfloat16 head reads half the bytes per level on a CPU
+    head_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def __post_init__(self):
         ids = self.random_layer_ids
@@ -317,6 +320,8 @@ class HeadOnCache:
             self.head: DraftHead = random_head(target, params.random_kind, params.seed, params.random_layer_ids)
         else:
             self.head = load_head(params.head, target)
+        if params.head_dtype is not None:
+            self.head = self.head.to(getattr(torch, params.head_dtype))
         self.head.lean(target.product)
         cfg = self.head.cfg
         taps = (

@@ -44,6 +44,16 @@ class SuccessorTable:
         empty = self.rows[prev, 0] < 0
         self.rows[prev[empty], 0] = nxt[empty]
 
+    def seed_successors(self, tokens: Tensor, successors: Tensor) -> None:
+        """Cold start from the prefill: row tokens[i] becomes successors[i] [k], the target's own top-k after
+        prompt position i (where a token occurs more than once, its latest position wins)."""
+        keys, index = _last_per_key(
+            tokens,
+            torch.arange(tokens.shape[0], device=tokens.device),
+            torch.arange(tokens.shape[0], device=tokens.device),
+        )
+        self.rows[keys] = successors[index, : self.k]
+
     def update(self, tokens: Tensor, logits: Tensor, on_path: Tensor) -> None:
         """tokens [n] verified node tokens (-1: an empty slot, skipped), logits [n, vocab] the target's
         logits at them, on_path [n] bool. Shapes do not depend on the data (no sync on a GPU)."""
@@ -96,10 +106,15 @@ class Recycler:
                 )
         return self._templates[key]
 
-    def reset(self, prompt: list[int], last_logits: Tensor | None = None) -> None:
-        """A fresh table per sequence: bigrams of the prompt, then the target's top-k after the last prompt token."""
+    def reset(self, prompt: list[int], last_logits: Tensor | None = None, successors: Tensor | None = None) -> None:
+        """A fresh table per sequence. With `successors` (the prefill's top-k at every prompt position: the
+        paper's cold start) every prompt token's row is the target's own prediction after it; without, the
+        prompt's bigrams, then the target's top-k after the last prompt token."""
         prompt_tokens = torch.tensor(prompt, dtype=torch.long, device=self.table.rows.device)
         self.table.clear()
+        if successors is not None:
+            self.table.seed_successors(prompt_tokens, successors)
+            return
         self.table.seed_bigrams(prompt_tokens)
         if last_logits is not None:
             self.table.update(
