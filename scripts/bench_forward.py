@@ -75,6 +75,49 @@ class VerifyTimer:
         return 1e3 * elapsed
 
 
+def head_level_ms(
+    target, source: str | None, dtypes: list[str], context_len: int, repeats: int, warmup: int, nodes: int = 10
+) -> dict:
+    """One EAGLE draft level as `expand` runs it: `nodes` frontier nodes through the head (attending to a
+    `context_len`-position head cache and the tree), the draft LM head, and the per-node top-k; median ms
+    per head dtype, on the target's products."""
+    from graft.eagle.checkpoint import load_head, random_head
+    from graft.tree import additive_mask
+
+    results = {}
+    for dtype in dtypes:
+        head = random_head(target) if source in (None, "random") else load_head(source, target)
+        head = head.to(getattr(torch, dtype)).lean(target.product)
+        cfg, g = head.cfg, torch.Generator().manual_seed(0)
+        cache = head.new_cache(context_len + nodes + 8)
+        with torch.inference_mode():
+            feats = torch.randn(context_len, 3 * cfg.target_hidden_size, generator=g)
+            head.step(
+                torch.randn(context_len, cfg.hidden_size, generator=g), feats, torch.arange(context_len), None, cache
+            )
+            committed = cache.length
+            allowed = torch.ones(nodes, committed + nodes, dtype=torch.bool)
+            allowed[:, committed:] = torch.eye(nodes, dtype=torch.bool)
+            mask = additive_mask(allowed, head.fc.weight.dtype)
+            embeds, hidden = (
+                torch.randn(nodes, cfg.hidden_size, generator=g),
+                torch.randn(nodes, cfg.hidden_size, generator=g),
+            )
+            positions = torch.full((nodes,), committed)
+            samples = []
+            for index in range(warmup + repeats):
+                start = time.perf_counter()
+                out = head.step(embeds, hidden, positions, mask, cache)
+                logp, _ = head.log_probs(out)
+                torch.topk(logp, nodes, dim=-1)
+                elapsed = time.perf_counter() - start
+                cache.length = committed  # tree levels are scratch, as in expand()
+                if index >= warmup:
+                    samples.append(1e3 * elapsed)
+        results[dtype] = statistics.median(samples)
+    return results
+
+
 def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats: int, warmup: int) -> dict:
     """All paths loaded side by side and measured round-robin, so machine noise hits them alike."""
     from graft.models import load_model
@@ -112,6 +155,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--head-level", action="store_true", help="also time one EAGLE draft level of 10 nodes")
     args = parser.parse_args()
 
     from hydra import compose, initialize_config_dir
@@ -128,6 +172,15 @@ def main() -> None:
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path
     results = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
+    head_levels = None
+    if args.head_level:
+        from graft.models import load_model
+
+        cfg.hardware.fast_path, cfg.hardware.one_row_kernel = "packed", "auto"
+        target = load_model(cfg.model, cfg.hardware, progress=False).target
+        head_levels = head_level_ms(
+            target, cfg.model.draft_head, ["float32", "bfloat16"], args.context, 10 * args.repeats, 3 * args.warmup
+        )
     plain_bytes = results[paths[0]]["weight_bytes"]
     # "fast" is the path the hardware config selects (the CPU default), when it was profiled
     fast = selected if selected in results else paths[-1]
@@ -143,6 +196,8 @@ def main() -> None:
         "fast": results[fast],
         "paths": results,
     }
+    if head_levels:
+        report["head_level_ms"] = {"nodes": 10, "context_tokens": args.context, **head_levels}
     params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
         # the bytes one decode step must stream: every parameter once, in the path's dtype
@@ -163,6 +218,12 @@ def main() -> None:
             f"{name}: decode {r['decode_ms']:.1f} ms = {r['decode_ms'] / r['bandwidth_limit_ms']:.2f}x its bandwidth limit; "
             f"verify(16) = {r['verify_ms'][16] / r['decode_ms']:.2f}x decode"
         )
+    if head_levels:
+        decode = results[fast]["decode_ms"]
+        for dtype, ms in head_levels.items():
+            print(
+                f"EAGLE head, one draft level of 10 nodes ({dtype}): {ms:.2f} ms = 1/{decode / ms:.1f} of a decode step ({fast})"
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))

@@ -53,6 +53,15 @@ def forward_profile(path: str) -> str:
             f"- `{name}` ({p['dtype'].replace('torch.', '')}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
             f"its bandwidth limit ({limit:.1f} ms); verify(16) = {ratio16:.2f}x decode"
         )
+    levels = profile.get("head_level_ms")
+    if levels:
+        decode = paths[profile["fast_path"]]["decode_ms"]
+        for dtype in ("float32", "bfloat16"):
+            if dtype in levels:
+                lines.append(
+                    f"- EAGLE head, one draft level of {levels['nodes']} nodes ({dtype} head): {levels[dtype]:.2f} ms "
+                    f"= 1/{decode / levels[dtype]:.1f} of a `{profile['fast_path']}` decode step"
+                )
     return "\n".join(lines)
 
 
