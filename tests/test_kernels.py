@@ -124,3 +124,31 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_losslessly(tiny, method):
     out = generate(target, drafter, prompt, 32, set())
     assert out.new_tokens == base.new_tokens
     assert out.step_sources and all(drafted > 0 for drafted, *_ in out.step_sources)  # the bf16 head drafted
+
+
+def test_the_block_drafter_on_the_target_products_drafts_as_the_plain_one():
+    """BlockDrafter.lean (q, fused k/v, o, gate/up, down and fc on the target's products) and the target's
+    packed LM head give the plain drafter's outputs; the state dict is unchanged."""
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.dflash.checkpoint import random_block_drafter
+    from graft.models import load_model
+
+    cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]))
+    target = load_model(cfg.model, cfg.hardware, progress=False).target
+    plain = random_block_drafter(target, 0, num_layers=2, block_size=6)
+    lean = random_block_drafter(target, 0, num_layers=2, block_size=6).lean(target.product)
+    assert lean.state_dict().keys() == plain.state_dict().keys() and lean.fast
+    torch.manual_seed(5)
+    features = torch.randn(9, plain.cfg.feature_size)
+    embeds = torch.randn(6, plain.cfg.hidden_size)
+    outs = []
+    for model in (plain, lean):
+        caches = model.new_caches(32)
+        model.encode(features, caches)
+        outs.append(model.block(embeds, caches))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        reference = target.model.lm_head(outs[0])
+    torch.testing.assert_close(target.lm_head(outs[0]), reference, rtol=1e-4, atol=1e-4)

@@ -147,6 +147,10 @@ class LeanBackend(TargetBackend):
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
 
+    def lm_head(self, hidden: Tensor) -> Tensor:
+        """The target's LM head through the forward's own packed product (for drafters that share it)."""
+        return self.lean.lm_head(hidden.to(self.device))
+
     def product(self, linear: nn.Linear) -> nn.Module:
         """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
         made = self._make_linear(linear)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from graft.eagle.head import MLP, rotary_frequencies
 from graft.kv import KVBuffer
-from graft.nn import RMSNorm, Rotary, grouped_sdpa
+from graft.nn import RMSNorm, Rotary, fuse_linears, grouped_sdpa
 
 
 @dataclass
@@ -78,6 +78,15 @@ class BlockAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.fast: dict[str, nn.Module] = {}  # from lean(): a dict, not submodules
+
+    def lean(self, product) -> None:
+        """Run the projections through `product` (a backend's fast products): k/v as one product."""
+        self.fast = {
+            "q": product(self.q_proj),
+            "kv": product(fuse_linears([self.k_proj, self.v_proj])),
+            "o": product(self.o_proj),
+        }
 
     def keys_values(
         self, x: Tensor, positions: Tensor, rotary: Rotary, limit: int | None = None
@@ -85,13 +94,18 @@ class BlockAttention(nn.Module):
         """x [b, n, H] -> rotated, normed keys and values [b, kv_heads, n, d] (positions below `limit`)."""
         b, n, _ = x.shape
         d, kvh = self.cfg.head_dim, self.cfg.num_kv_heads
-        k = self.k_norm(self.k_proj(x).view(b, n, kvh, d)).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, kvh, d).transpose(1, 2)
+        if self.fast:
+            k, v = self.fast["kv"](x).split([kvh * d, kvh * d], dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        k = self.k_norm(k.view(b, n, kvh, d)).transpose(1, 2)
+        v = v.view(b, n, kvh, d).transpose(1, 2)
         return rotary(k, positions, limit), v
 
     def query(self, x: Tensor, positions: Tensor, rotary: Rotary, limit: int | None = None) -> Tensor:
         b, n, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, n, self.cfg.num_heads, self.cfg.head_dim)).transpose(1, 2)
+        q = self.fast["q"](x) if self.fast else self.q_proj(x)
+        q = self.q_norm(q.view(b, n, self.cfg.num_heads, self.cfg.head_dim)).transpose(1, 2)
         return rotary(q, positions, limit)
 
     def forward(self, x: Tensor, positions: Tensor, context: KVBuffer, rotary: Rotary) -> Tensor:
@@ -104,7 +118,7 @@ class BlockAttention(nn.Module):
         keys, values = context.append(k, v)  # the block sits after the context, then is dropped
         context.length = committed
         out, _ = grouped_sdpa(None, q, keys, values, None, is_causal=False)  # [1, B, heads, d]
-        return self.o_proj(out.reshape(1, x.shape[1], -1))
+        return self.fast.get("o", self.o_proj)(out.reshape(1, x.shape[1], -1))
 
 
 class BlockLayer(nn.Module):
@@ -128,13 +142,26 @@ class BlockDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(*rotary_frequencies(cfg))
+        self.fast: dict[str, nn.Module] = {}  # from lean()
+
+    def lean(self, product) -> "BlockDrafter":
+        """Run every product through `product` (a target backend's fast products; None where it has none).
+        Inference only: the nn.Linear modules and the state dict stay as they are."""
+        fc = product(self.fc)
+        if fc is None:
+            return self
+        for layer in self.layers:
+            layer.self_attn.lean(product)
+            layer.mlp.lean(product)
+        self.fast = {"fc": fc}
+        return self
 
     def new_caches(self, capacity: int) -> list[KVBuffer]:
         return [KVBuffer(capacity) for _ in self.layers]
 
     def context(self, features: Tensor) -> Tensor:
         """Target features [..., n, len(target_layer_ids) * H] -> the context every layer reads [..., n, H]."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fast.get("fc", self.fc)(features.to(self.fc.weight.dtype)))
 
     def encode(self, features: Tensor, caches: list[KVBuffer]) -> None:
         """Append the context keys / values of the n positions committed after the cached ones (features [n, F])."""
