@@ -209,8 +209,9 @@ class DraftHead(nn.Module):
 
     def lean(self, product) -> "DraftHead":
         """Run every product of the head through `product` (a target backend's fast products, with its
-        kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the LM head packed. Inference only: the nn.Linear modules
-        (and the state dict) stay as they are, and training reads them."""
+        kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the
+        LM head packed. Inference only: the nn.Linear modules (and the state dict) stay as they are, and
+        training reads them."""
         fc = product(self.fc)
         if fc is None:  # a backend without fast products
             return self

@@ -47,11 +47,8 @@ class SuccessorTable:
     def seed_successors(self, tokens: Tensor, successors: Tensor) -> None:
         """Cold start from the prefill: row tokens[i] becomes successors[i] [k], the target's own top-k after
         prompt position i (where a token occurs more than once, its latest position wins)."""
-        keys, index = _last_per_key(
-            tokens,
-            torch.arange(tokens.shape[0], device=tokens.device),
-            torch.arange(tokens.shape[0], device=tokens.device),
-        )
+        position = torch.arange(tokens.shape[0], device=tokens.device)  # the value kept and its priority
+        keys, index = _last_per_key(tokens, position, position)
         self.rows[keys] = successors[index, : self.k]
 
     def update(self, tokens: Tensor, logits: Tensor, on_path: Tensor) -> None:
