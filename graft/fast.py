@@ -72,13 +72,15 @@ class PackedLinear(nn.Module):
     `choose_one_row_kernel` has measured which is faster and dropped the loser; bf16 uses oneDNN
     (avx512_bf16 dot products) for every row count."""
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = 16):
+    def __init__(self, linear: nn.Linear, batch_hint: int = 16, one_row: str | None = None):
+        """`one_row`: a kernel already settled for these products ("packed" keeps no transposed copy);
+        None: keep both until choose_one_row_kernel measures them."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
         self.single_row_t = None
-        self.one_row_transposed = True
-        if weight.dtype == torch.float32:
+        self.one_row_transposed = one_row != "packed"  # switched while choose_one_row_kernel measures
+        if weight.dtype == torch.float32 and one_row != "packed":
             self.single_row_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)

@@ -75,9 +75,12 @@ def stage_features(cfg, loaded, out: Path, layer_ids: list[int]) -> None:
     (shard_dir / "layers.json").write_text(json.dumps({"target_layer_ids": layer_ids, "where": "output"}))
 
 
-def split_heldout(records: list[dict], count: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held out): a seeded choice of `count` records kept out of the fit to choose its weights by."""
-    order = torch.randperm(len(records), generator=torch.Generator().manual_seed(seed)).tolist()
+def split_heldout(records: list[dict], count: int, seed: int, pool: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(train, held out): a seeded choice of `count` records kept out of the fit to choose its weights by, drawn
+    from the first `pool` records (all when None), so that data appended later keeps the same held-out set."""
+    order = torch.randperm(
+        min(pool or len(records), len(records)), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
     kept = set(order[: min(count, len(records) - 1)])
     return [r for i, r in enumerate(records) if i not in kept], [r for i, r in enumerate(records) if i in kept]
 
@@ -88,7 +91,7 @@ def stage_fit(cfg, plain, out: Path) -> dict:
 
     fit = cfg.train.fit
     records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
-    records, heldout = split_heldout(records, fit.heldout, cfg.train.seed)
+    records, heldout = split_heldout(records, fit.heldout, cfg.train.seed, fit.heldout_pool)
     soft = fit.soft_labels and "soft_ids" in records[0]
     if fit.soft_labels and not soft:
         print("note: features hold no soft labels (train.data.soft_top_k=0 when they were made); hard labels used")

@@ -153,6 +153,102 @@ REWORKS = [
 ]
 
 
+# Programming tasks composed for this project (round 5 of the data), crossed with CODE_SHAPES: the code
+# turns of chat benchmarks, where answers are mostly code whose next token follows from the prompt.
+CODE_TASKS = [
+    "reverses the order of the words in a sentence",
+    "returns the largest number in a list without using max",
+    "counts how many vowels a string contains",
+    "removes every duplicate from a list while keeping the original order",
+    "returns the factorial of n",
+    "checks whether two strings are anagrams of each other",
+    "converts a temperature from Celsius to Fahrenheit",
+    "returns the second smallest number in a list",
+    "flattens a list of lists into one list",
+    "counts how often each word appears in a text and returns a dictionary",
+    "returns the sum of the digits of an integer",
+    "checks whether a year is a leap year",
+    "finds the longest word in a sentence",
+    "returns the greatest common divisor of two integers",
+    "splits a list into chunks of a given size",
+    "capitalises the first letter of every word in a string",
+    "returns all the even numbers from a list",
+    "computes the average of a list of numbers",
+    "checks whether a list is sorted in ascending order",
+    "converts a binary string to an integer",
+    "returns the n-th row of Pascal's triangle",
+    "finds the index of a value in a sorted list using binary search",
+    "rotates a list to the right by k positions",
+    "returns the intersection of two lists",
+    "checks whether a string contains balanced parentheses",
+    "converts a Roman numeral to an integer",
+    "returns the median of a list of numbers",
+    "counts the lines, words and characters of a text",
+    "transposes a matrix given as a list of lists",
+    "returns the most common element of a list",
+    "merges two dictionaries, adding the values of keys they share",
+    "removes all punctuation from a string",
+    "generates the first n prime numbers",
+    "checks whether a number is a perfect square",
+    "returns a list of the running totals of a list",
+    "sorts a list of dictionaries by the value of a given key",
+    "compresses a string by replacing repeated characters with a count, so aaabb becomes a3b2",
+    "checks whether an email address has a valid basic format",
+    "returns the number of days between two dates",
+    "finds all pairs of numbers in a list that add up to a target",
+]
+CODE_SHAPES = [
+    "Write a Python function that {t}.",
+    "Write a Python function that {t}. Explain how it works.",
+    "Write a JavaScript function that {t}.",
+    "Write a Python function that {t}, with a docstring and type hints.",
+    "How would you write a function that {t}? Show the code in Python.",
+]
+SQL_TASKS = [
+    "returns the ten most expensive products from a table products(id, name, price)",
+    "counts the orders per customer from a table orders(id, customer_id, total)",
+    "lists the students whose average grade is above 80 from a table grades(student_id, course, grade)",
+    "finds the employees who earn more than their manager from a table employees(id, name, salary, manager_id)",
+    "returns the total sales per month from a table sales(id, sold_at, amount)",
+    "lists the books that have never been borrowed from tables books(id, title) and loans(id, book_id, loaned_at)",
+    "deletes the duplicate rows of a table emails(id, address), keeping the lowest id",
+    "returns the three cities with the most customers from a table customers(id, name, city)",
+]
+# Second turns after the target's own code (composed for this project).
+CODE_FOLLOWUPS = [
+    "Add comments that explain each step of your code.",
+    "Write three unit tests for your function.",
+    "Make your function handle invalid input, and explain what you changed.",
+    "Show two example calls to your function and what they return.",
+    "Rewrite your function so that it is shorter.",
+    "What is the time complexity of your solution? Can it be improved?",
+    "Now write the same function in JavaScript.",
+    "Add type hints to your function and describe its parameters.",
+]
+# Single turns that paste the target's own code back (the first fenced block of one of its answers).
+CODE_REVIEWS = [
+    "Here is a piece of code:\n\n{code}\n\nExplain what it does, step by step.",
+    "Here is some code:\n\n{code}\n\nDoes it have any bugs or missed edge cases? Rewrite it to fix them.",
+    "Add comments to this code:\n\n{code}",
+    "What happens if this function gets unusual input?\n\n{code}\n\nImprove it so that it handles such input.",
+]
+# Passages the target writes itself, then pasted into summarising and fact-listing turns (SUMMARIES):
+# the summarisation turns of chat benchmarks, where the answer copies and condenses the prompt.
+PASSAGES = [
+    "Write a short factual paragraph about {t}.",
+    "Write a short news report about a local event related to {t}.",
+    "Write an informative paragraph explaining one surprising fact about {t}.",
+]
+SUMMARIES = [
+    "Summarise this passage in one sentence.\n\n{text}",
+    "Summarise the following text in three bullet points.\n\n{text}",
+    "Read this text and list its key facts.\n\n{text}",
+    "Give a short summary of the passage below.\n\n{text}",
+    "What is the main point of this passage? Answer in two sentences.\n\n{text}",
+    "Write a headline for this report and then summarise it briefly.\n\n{text}",
+]
+
+
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -238,6 +334,72 @@ def stage_generate(cfg, loaded, out: Path) -> None:
             request = REWORKS[i % len(REWORKS)].format(text=chat.decode(answered[jid]).strip())
             reworks.append((f"rework-{jid}", [{"role": "user", "content": request}]))
     _answer_all(cfg, loaded, path, reworks, "target answers reworks")
+    _generate_code_and_passages(cfg, loaded, path)
+
+
+def _first_code_block(text: str) -> str | None:
+    """The first fenced code block of an answer, without its fences (None when it has none)."""
+    parts = text.split("```")
+    if len(parts) < 3:
+        return None
+    block = parts[1].split("\n", 1)
+    code = block[1] if len(block) == 2 and block[0].strip().isidentifier() else parts[1]
+    return code.strip() or None
+
+
+def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
+    """Code turns (CODE_SHAPES x CODE_TASKS, SQL_TASKS), their follow-ups and reviews of the target's own code;
+    passages the target writes (PASSAGES x TOPICS) and summaries of them (SUMMARIES). Each count defaults to 0."""
+    data, chat = cfg.train.data, loaded.chat
+    answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
+    tasks = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
+    tasks += [f"Write a SQL query that {task}." for task in SQL_TASKS]
+    random.Random(cfg.train.seed + 2).shuffle(tasks)
+    code = [(f"code-{i}", text) for i, text in enumerate(tasks[: data.num_code])]
+    _answer_all(
+        cfg,
+        loaded,
+        path,
+        [(j, [{"role": "user", "content": t}]) for j, t in code if j not in answered],
+        "target answers code",
+    )
+    answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
+    todo = []
+    for i, (jid, text) in enumerate(code[: data.num_code_followups]):
+        if f"followup-{jid}" not in answered:
+            turns = [{"role": "user", "content": text}, {"role": "assistant", "content": chat.decode(answered[jid])}]
+            todo.append(
+                (f"followup-{jid}", turns + [{"role": "user", "content": CODE_FOLLOWUPS[i % len(CODE_FOLLOWUPS)]}])
+            )
+    _answer_all(cfg, loaded, path, todo, "target answers code follow-ups")
+    todo = []
+    reviewed = [(jid, _first_code_block(chat.decode(answered[jid]))) for jid, _ in reversed(code)]
+    reviewed = [(jid, block) for jid, block in reviewed if block and len(block) < 1200]
+    for i, (jid, block) in enumerate(reviewed[: data.num_code_reviews]):
+        if f"review-{jid}" not in answered:
+            todo.append(
+                (f"review-{jid}", [{"role": "user", "content": CODE_REVIEWS[i % len(CODE_REVIEWS)].format(code=block)}])
+            )
+    _answer_all(cfg, loaded, path, todo, "target answers code reviews")
+    requests = [shape.format(t=topic) for topic in TOPICS for shape in PASSAGES]
+    random.Random(cfg.train.seed + 3).shuffle(requests)
+    passages = [(f"passage-{i}", text) for i, text in enumerate(requests[: data.num_passages])]
+    _answer_all(
+        cfg,
+        loaded,
+        path,
+        [(j, [{"role": "user", "content": t}]) for j, t in passages if j not in answered],
+        "target writes passages",
+    )
+    answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
+    todo = []
+    for i in range(data.num_summaries):
+        jid = passages[i % len(passages)][0] if passages else None
+        if jid is None or f"summary-{i}-{jid}" in answered:
+            continue
+        request = SUMMARIES[i % len(SUMMARIES)].format(text=chat.decode(answered[jid]).strip())
+        todo.append((f"summary-{i}-{jid}", [{"role": "user", "content": request}]))
+    _answer_all(cfg, loaded, path, todo, "target answers summaries")
 
 
 def _answer_all(cfg, loaded, path: Path, todo: list[tuple[str, list[dict]]], desc: str) -> None:

@@ -322,6 +322,11 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
         "train.data.num_templated=6",
         "train.data.num_followups=3",
         "train.data.num_reworks=2",
+        "train.data.num_code=3",
+        "train.data.num_code_followups=2",
+        "train.data.num_code_reviews=2",
+        "train.data.num_passages=2",
+        "train.data.num_summaries=3",
         "train.data.max_new_tokens=24",
         "train.fit.epochs=1",
         "train.fit.heldout=4",
@@ -346,6 +351,9 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     assert "soft_ids" in torch.load(next((out / "features").glob("shard_*.pt")))[0]
     conversations = (out / "conversations.jsonl").read_text()
     assert conversations.count('"rework-') == 2
+    ids = [json.loads(line)["id"] for line in conversations.splitlines()]
+    assert sum(i.startswith("code-") for i in ids) == 3 and sum(i.startswith("followup-code-") for i in ids) == 2
+    assert sum(i.startswith("passage-") for i in ids) == 2 and sum(i.startswith("summary-") for i in ids) == 3
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)
 
@@ -358,3 +366,12 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     base = generate(tiny.target, Autoregressive(tiny.target), ids, 24, tiny.stop_ids)
     assert generate(tiny.target, drafter, ids, 24, tiny.stop_ids).new_tokens == base.new_tokens
     assert set(generate(tiny.target, drafter, ids, 24, tiny.stop_ids).nodes) <= {1, 2, 3, 4, 5}
+
+
+def test_first_code_block_takes_the_fenced_code_without_its_language_tag():
+    from scripts.train_eagle3 import _first_code_block
+
+    answer = "Here it is:\n```python\ndef f(x):\n    return x\n```\nDone. ```js\nlet y = 1;\n```"
+    assert _first_code_block(answer) == "def f(x):\n    return x"
+    assert _first_code_block("```\nSELECT 1;\n```") == "SELECT 1;"
+    assert _first_code_block("no code here") is None and _first_code_block("```\n\n```") is None

@@ -152,3 +152,22 @@ def test_the_block_drafter_on_the_target_products_drafts_as_the_plain_one():
     with torch.no_grad():
         reference = target.model.lm_head(outs[0])
     torch.testing.assert_close(target.lm_head(outs[0]), reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["transposed", "packed"])
+def test_a_product_made_after_the_choice_keeps_only_the_chosen_copy(kernel):
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.models import load_model
+
+    cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware=cpu", f"hardware.one_row_kernel={kernel}"]))
+    target = load_model(cfg.model, cfg.hardware, progress=False).target
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 24)
+    made = target.product(linear)
+    assert isinstance(made, PackedLinear) and (made.single_row_t is None) == (kernel == "packed")
+    for rows in (1, 5):
+        x = torch.randn(1, rows, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(made(x), linear(x), rtol=1e-5, atol=1e-5)

@@ -153,10 +153,9 @@ class LeanBackend(TargetBackend):
 
     def product(self, linear: nn.Linear) -> nn.Module:
         """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
-        made = self._make_linear(linear)
-        if isinstance(made, PackedLinear) and self.kernels:
-            choose_one_row_kernel([made], self.kernels["one_row"])
-        return made
+        if self._make_linear is PackedLinear and self.kernels:  # settled at load: no copy for the loser
+            return PackedLinear(linear, one_row=self.kernels["one_row"])
+        return self._make_linear(linear)
 
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
         wanted = {(tap.layer, tap.where) for tap in taps}

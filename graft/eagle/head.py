@@ -100,11 +100,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_features, cfg.num_kv_heads * d, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.attention_bias)
         self.rotary = Rotary(*rotary_frequencies(cfg))
-        self.fast: tuple[nn.Module, nn.Module] | None = None  # (q/k/v fused, o) from lean(); not submodules
+        self.fast: dict[str, nn.Module] = {}  # from lean(): a dict, not submodules, not in the state dict
 
     def lean(self, product) -> None:
         """Run the projections through `product` (a backend's fast products): q/k/v as one product."""
-        self.fast = (product(fuse_linears([self.q_proj, self.k_proj, self.v_proj])), product(self.o_proj))
+        self.fast = {"qkv": product(fuse_linears([self.q_proj, self.k_proj, self.v_proj])), "o": product(self.o_proj)}
 
     def _rope(self, x: Tensor, positions: Tensor, limit: int | None = None) -> Tensor:
         return self.rotary(x, positions, limit)
@@ -114,9 +114,9 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer | None) -> Tensor:
         n, d = x.shape[1], self.cfg.head_dim
-        if self.fast is not None:
+        if self.fast:
             q_size, kv_size = self.cfg.num_heads * d, self.cfg.num_kv_heads * d
-            q, k, v = self.fast[0](x).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = self.fast["qkv"](x).split([q_size, kv_size, kv_size], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(1, n, self.cfg.num_heads, d).transpose(1, 2)
@@ -131,7 +131,7 @@ class Attention(nn.Module):
         # grouped_sdpa folds the query heads that share a key/value head instead of passing enable_gqa with a
         # mask, which CUDA serves only with the math kernel (an [heads, n, S] float32 score matrix)
         out, _ = grouped_sdpa(None, q, k, v, mask)  # [1, n, heads, d]
-        return (self.fast[1] if self.fast is not None else self.o_proj)(out.reshape(1, n, -1))
+        return self.fast.get("o", self.o_proj)(out.reshape(1, n, -1))
 
 
 class MLP(nn.Module):
@@ -141,15 +141,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
-        self.fast: tuple[nn.Module, nn.Module] | None = None  # (gate/up fused, down) from lean()
+        self.fast: dict[str, nn.Module] = {}  # from lean(): a dict, not submodules
 
     def lean(self, product) -> None:
-        self.fast = (product(fuse_linears([self.gate_proj, self.up_proj])), product(self.down_proj))
+        self.fast = {"gate_up": product(fuse_linears([self.gate_proj, self.up_proj])), "down": product(self.down_proj)}
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fast is not None:
-            gate, up = self.fast[0](x).chunk(2, dim=-1)
-            return self.fast[1](F.silu(gate) * up)
+        if self.fast:
+            gate, up = self.fast["gate_up"](x).chunk(2, dim=-1)
+            return self.fast["down"](F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
