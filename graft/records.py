@@ -66,6 +66,12 @@ def _thread_policy() -> dict | None:
     return {**policy.as_record(), "reason": policy.reason} if policy else {"fixed": True, "GOMP_SPINCOUNT": spin}
 
 
+def _huge_pages() -> dict:
+    from graft.threads import HUGE_PAGES, huge_pages_mb
+
+    return {"asked": os.environ.get(HUGE_PAGES) == "1", "in_use_mb": huge_pages_mb()}
+
+
 def hardware_info(device: str, attention: str | None = None) -> dict:
     import torch
     import transformers
@@ -77,6 +83,7 @@ def hardware_info(device: str, attention: str | None = None) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "thread_policy": _thread_policy(),
+        "huge_pages": _huge_pages(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -83,11 +83,31 @@ def measure_busy(window: float = 0.25) -> tuple[int, float]:
 
 
 CHOSEN: ThreadPolicy | None = None  # what choose_before_torch() decided in this process
+HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's CPU allocator: 2 MB-aligned large blocks, madvise(MADV_HUGEPAGE)
+
+
+def prefer_huge_pages(environ=os.environ) -> None:
+    """Ask torch's CPU allocator for transparent huge pages (unless the user set it): a decode step streams
+    every weight once, and with 4 KB pages that is a TLB miss per page. On this Zen 5 VM (THP in madvise
+    mode) the embedded model's decode step took 15.0 against 15.8 ms, in two pairs of processes."""
+    environ.setdefault(HUGE_PAGES, "1")
+
+
+def huge_pages_mb() -> float | None:
+    """This process's anonymous memory in transparent huge pages, MB (None where Linux does not say)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            line = next((line for line in f if line.startswith("AnonHugePages:")), None)
+    except OSError:
+        return None
+    return None if line is None else int(line.split()[1]) / 1024
 
 
 def choose_before_torch(environ=os.environ) -> ThreadPolicy | None:
-    """Measure, decide, and set the OpenMP spin policy in `environ` before torch loads libgomp. None when
-    the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY themselves (their choice stands) or GRAFT_THREADS=fixed."""
+    """Measure, decide, and set the OpenMP spin policy in `environ` before torch loads libgomp (and ask for
+    huge pages, prefer_huge_pages). None when the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY themselves
+    (their choice stands) or GRAFT_THREADS=fixed."""
+    prefer_huge_pages(environ)
     if environ.get("GRAFT_THREADS") == "fixed" or "GOMP_SPINCOUNT" in environ or "OMP_WAIT_POLICY" in environ:
         return None
     global CHOSEN

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages, as run.py asks (graft/threads.py)
 
 import torch  # noqa: E402
 

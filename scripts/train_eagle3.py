@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages, as run.py asks (graft/threads.py)
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 
 import hydra  # noqa: E402

@@ -47,6 +47,33 @@ def test_a_busy_neighbour_is_measured_and_turns_spinning_off():
 
 
 def test_the_users_own_settings_win():
-    env = {"GOMP_SPINCOUNT": "5"}
-    assert choose_before_torch(env) is None and env == {"GOMP_SPINCOUNT": "5"}
-    assert choose_before_torch({"GRAFT_THREADS": "fixed"}) is None
+    env = {"GOMP_SPINCOUNT": "5", "THP_MEM_ALLOC_ENABLE": "0"}
+    assert choose_before_torch(env) is None and env == {"GOMP_SPINCOUNT": "5", "THP_MEM_ALLOC_ENABLE": "0"}
+    fixed = {"GRAFT_THREADS": "fixed"}
+    assert choose_before_torch(fixed) is None and fixed["THP_MEM_ALLOC_ENABLE"] == "1"  # huge pages asked anyway
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off on this kernel")
+def test_asked_huge_pages_back_torchs_large_tensors():
+    """In a fresh process that asked before torch loaded, a large tensor lands in huge pages; without, in
+    madvise mode, it does not."""
+    code = (
+        "import os, sys; from graft.threads import prefer_huge_pages, huge_pages_mb\n"
+        "os.environ['THP_MEM_ALLOC_ENABLE'] = sys.argv[1]\n"
+        "import torch; x = torch.ones(64 << 20, dtype=torch.uint8); print(huge_pages_mb())"
+    )
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    run = lambda flag: float(
+        subprocess.run([sys.executable, "-c", code, flag], cwd=root, capture_output=True, text=True, check=True).stdout
+    )  # noqa: E731
+    assert run("1") >= 32  # most of the 64 MB
+    if _thp_mode() == "madvise":
+        assert run("0") < 32
