@@ -71,9 +71,10 @@ def test_asked_huge_pages_back_torchs_large_tensors():
         "import torch; x = torch.ones(64 << 20, dtype=torch.uint8); print(huge_pages_mb())"
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
-    run = lambda flag: float(
-        subprocess.run([sys.executable, "-c", code, flag], cwd=root, capture_output=True, text=True, check=True).stdout
-    )  # noqa: E731
+    def run(flag: str) -> float:
+        done = subprocess.run([sys.executable, "-c", code, flag], cwd=root, capture_output=True, text=True, check=True)
+        return float(done.stdout)
+
     assert run("1") >= 32  # most of the 64 MB
     if _thp_mode() == "madvise":
         assert run("0") < 32
