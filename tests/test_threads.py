@@ -71,6 +71,7 @@ def test_asked_huge_pages_back_torchs_large_tensors():
         "import torch; x = torch.ones(64 << 20, dtype=torch.uint8); print(huge_pages_mb())"
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+
     def run(flag: str) -> float:
         done = subprocess.run([sys.executable, "-c", code, flag], cwd=root, capture_output=True, text=True, check=True)
         return float(done.stdout)
