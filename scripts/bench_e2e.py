@@ -52,6 +52,8 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # Token Recycling's table started from the prefill's top-k at every prompt position (the paper's form)
     "graft@16/prefill_cold_start": ("graft", {"total_tokens": 16, "cold_start": "prefill"}),
     "recycling": ("recycling", {}),
+    # the budget Token Recycling leaves unfilled (unknown table entries) filled by prompt lookup after it
+    "graft@8/recycling+pld": ("graft", {"total_tokens": 8, "retrieval": ["recycling", "pld"]}),
     "recycling/prefill_cold_start": ("recycling", {"cold_start": "prefill"}),
 }
 
