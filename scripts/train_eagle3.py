@@ -348,22 +348,22 @@ def _first_code_block(text: str) -> str | None:
     return code.strip() or None
 
 
+def _answer_single_turns(cfg, loaded, path: Path, jobs: list[tuple[str, str]], answered: dict, desc: str) -> None:
+    """The target answers each (id, user turn) not answered yet."""
+    todo = [(jid, [{"role": "user", "content": text}]) for jid, text in jobs if jid not in answered]
+    _answer_all(cfg, loaded, path, todo, desc)
+
+
 def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
     """Code turns (CODE_SHAPES x CODE_TASKS, SQL_TASKS), their follow-ups and reviews of the target's own code;
-    passages the target writes (PASSAGES x TOPICS) and summaries of them (SUMMARIES). Each count defaults to 0."""
+    passages the target writes (PASSAGES x TOPICS) and summaries of them (SUMMARIES); counts from train.data."""
     data, chat = cfg.train.data, loaded.chat
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     tasks = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
     tasks += [f"Write a SQL query that {task}." for task in SQL_TASKS]
     random.Random(cfg.train.seed + 2).shuffle(tasks)
     code = [(f"code-{i}", text) for i, text in enumerate(tasks[: data.num_code])]
-    _answer_all(
-        cfg,
-        loaded,
-        path,
-        [(j, [{"role": "user", "content": t}]) for j, t in code if j not in answered],
-        "target answers code",
-    )
+    _answer_single_turns(cfg, loaded, path, code, answered, "target answers code")
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     todo = []
     for i, (jid, text) in enumerate(code[: data.num_code_followups]):
@@ -385,13 +385,7 @@ def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
     requests = [shape.format(t=topic) for topic in TOPICS for shape in PASSAGES]
     random.Random(cfg.train.seed + 3).shuffle(requests)
     passages = [(f"passage-{i}", text) for i, text in enumerate(requests[: data.num_passages])]
-    _answer_all(
-        cfg,
-        loaded,
-        path,
-        [(j, [{"role": "user", "content": t}]) for j, t in passages if j not in answered],
-        "target writes passages",
-    )
+    _answer_single_turns(cfg, loaded, path, passages, answered, "target writes passages")
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     todo = []
     for i in range(data.num_summaries):
