@@ -348,6 +348,14 @@ def _first_code_block(text: str) -> str | None:
     return code.strip() or None
 
 
+def summary_pairs(count: int, passages: int, shapes: int) -> list[tuple[int, int]]:
+    """(passage, request shape) for `count` summarising turns: each passage in turn, its shape moving on by
+    one every time the passages come round again, so no pair repeats (at most passages x shapes of them).
+    The first `passages` pairs are (i, i % shapes)."""
+    count = min(count, passages * shapes)
+    return [(i % passages, (i % passages + i // passages) % shapes) for i in range(count)]
+
+
 def _answer_single_turns(cfg, loaded, path: Path, jobs: list[tuple[str, str]], answered: dict, desc: str) -> None:
     """The target answers each (id, user turn) not answered yet."""
     todo = [(jid, [{"role": "user", "content": text}]) for jid, text in jobs if jid not in answered]
@@ -388,12 +396,11 @@ def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
     _answer_single_turns(cfg, loaded, path, passages, answered, "target writes passages")
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     todo = []
-    for i in range(data.num_summaries):
-        jid = passages[i % len(passages)][0] if passages else None
-        if jid is None or f"summary-{i}-{jid}" in answered:
-            continue
-        request = SUMMARIES[i % len(SUMMARIES)].format(text=chat.decode(answered[jid]).strip())
-        todo.append((f"summary-{i}-{jid}", [{"role": "user", "content": request}]))
+    for i, (p, shape) in enumerate(summary_pairs(data.num_summaries, len(passages), len(SUMMARIES))):
+        jid = passages[p][0]
+        if f"summary-{i}-{jid}" not in answered:
+            request = SUMMARIES[shape].format(text=chat.decode(answered[jid]).strip())
+            todo.append((f"summary-{i}-{jid}", [{"role": "user", "content": request}]))
     _answer_all(cfg, loaded, path, todo, "target answers summaries")
 
 

@@ -375,3 +375,12 @@ def test_first_code_block_takes_the_fenced_code_without_its_language_tag():
     assert _first_code_block(answer) == "def f(x):\n    return x"
     assert _first_code_block("```\nSELECT 1;\n```") == "SELECT 1;"
     assert _first_code_block("no code here") is None and _first_code_block("```\n\n```") is None
+
+
+def test_summary_pairs_never_repeat_a_passage_with_the_same_request():
+    from scripts.train_eagle3 import summary_pairs
+
+    assert summary_pairs(7, 3, 2) == [(0, 0), (1, 1), (2, 0), (0, 1), (1, 0), (2, 1)]  # capped at 3 x 2
+    pairs = summary_pairs(240, 120, 6)  # round 4's counts, whose old rule repeated 120 of them
+    assert len(set(pairs)) == 240 and pairs[:120] == [(i, i % 6) for i in range(120)]
+    assert summary_pairs(5, 0, 6) == []
