@@ -384,3 +384,13 @@ def test_summary_pairs_never_repeat_a_passage_with_the_same_request():
     pairs = summary_pairs(240, 120, 6)  # round 4's counts, whose old rule repeated 120 of them
     assert len(set(pairs)) == 240 and pairs[:120] == [(i, i % 6) for i in range(120)]
     assert summary_pairs(5, 0, 6) == []
+
+
+def test_a_held_out_pool_keeps_the_held_out_set_when_data_is_appended():
+    from scripts.train_dflash import split_heldout
+
+    records = [{"i": i} for i in range(10)]
+    _, before = split_heldout(records[:6], 3, seed=0)
+    train, after = split_heldout(records, 3, seed=0, pool=6)
+    assert after == before and all(r["i"] < 6 for r in after)
+    assert len(train) == 7 and {r["i"] for r in train} | {r["i"] for r in after} == set(range(10))
