@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages, as run.py asks (graft/threads.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from graft.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
+
+prefer_huge_pages()  # as run.py asks, before torch allocates
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TOKEN_COUNTS = [1, 2, 4, 8, 16, 32, 60, 128]
 

@@ -22,8 +22,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages, as run.py asks (graft/threads.py)
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from graft.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
+
+prefer_huge_pages()  # as run.py asks, before torch allocates
 
 import hydra  # noqa: E402
 import torch  # noqa: E402
@@ -31,7 +34,6 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from graft.backends import HiddenTap  # noqa: E402
 from graft.config import HardwareConfig, ModelConfig, register_schemas  # noqa: E402
