@@ -159,6 +159,12 @@ class HardwareConfig:
     # dropping them and retrieval fills slots, so a step reads one value back to the host (the accepted
     # path) and no shape depends on data; the GPU default. On a CPU the empty slots only cost time.
     static_trees: bool = False
+    # torch.compile of the verify forward (transformers' forward, fast_path=none) and of the draft head's level
+    # step, over static caches whose shapes stay fixed for a sequence (masks hide the unfilled slots); with
+    # static_trees every step reuses one compiled graph. "reduce-overhead" replays it as a CUDA graph on a GPU.
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
+    # torch.compile's backend: inductor generates kernels; aot_eager / eager only capture the graphs (tests, debugging)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
 
     def __post_init__(self):
         require(
@@ -172,6 +178,12 @@ class HardwareConfig:
             "hardware.prefill_chunk",
             self.prefill_chunk,
             "null or an integer >= 1",
+        )
+        require(
+            self.compile == "off" or self.fast_path == "none",
+            "hardware.compile",
+            self.compile,
+            "off with a fast path (hardware.fast_path=" + str(self.fast_path) + "); compile runs transformers' forward",
         )
         require(
             0 < self.gpu_memory_fraction <= 1,

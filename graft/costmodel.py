@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -89,6 +89,16 @@ class CostProfile:
             measured = ", ".join(sorted(self.draft_step_ms)) or "none"
             raise KeyError(f"the profile has no draft cost for {method!r} (measured: {measured})")
         return self.draft_step_ms[method]
+
+    def scaled(self, factor: float) -> "CostProfile":
+        """The same curves at another machine speed: every forward and loop cost times `factor`."""
+        return replace(
+            self,
+            verify_table_ms=[[ms * factor for ms in row] for row in self.verify_table_ms],
+            overhead_table_ms=[ms * factor for ms in self.overhead_table_ms],
+            commit_move_ms=self.commit_move_ms * factor,
+            meta={**self.meta, "scaled_by": factor},
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -171,6 +181,20 @@ def ar_ms_per_token(steps: Iterable[Step], profile: CostProfile, draft_ms: float
             total += draft_ms + profile.verify_ms(1, step.context + offset) + profile.overhead_ms(1)
         tokens += step.accepted
     return total / tokens
+
+
+def job_anchor(ar_steps: Sequence[Step], profile: CostProfile) -> float:
+    """How much slower than the profile the job's own baseline ran: its recorded forward + loop ms per AR step
+    over the profile's for the same steps. Scaling the profile by it keeps the profile's shape (how cost
+    grows with nodes and context) and takes the machine's speed of that job from its baseline, which the
+    projected method never reads (a VM's speed drifts by tens of percent over minutes)."""
+    recorded = sum(s.verify_ms + s.other_ms for s in ar_steps if s.verify_ms is not None and s.other_ms is not None)
+    profiled = sum(
+        profile.verify_ms(1, s.context) + profile.overhead_ms(1) for s in ar_steps if s.verify_ms is not None
+    )
+    if not recorded or not profiled:
+        raise ValueError("the job's baseline has no recorded verify times to anchor the profile on")
+    return recorded / profiled
 
 
 def project(

@@ -237,6 +237,8 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
         target.max_context = cfg.max_context
     target.prefill_chunk = hardware.prefill_chunk
     target.static_trees = hardware.static_trees
+    target.compile_mode = None if hardware.compile == "off" else hardware.compile
+    target.compile_backend = hardware.compile_backend
     target.sync_timing = hardware.timing == "sync" or (hardware.timing == "auto" and device.type == "cuda")
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)
     chat = ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)

@@ -191,6 +191,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         prompts = prompts[: run_cfg.num_prompts]
     hardware = hardware_info(str(model.target.device), model.target.attention)
     hardware["timing"] = "sync" if model.target.sync_timing else "async"
+    hardware["compile"] = model.target.compile_mode or "off"
     if model.target.kernels:
         hardware["kernels"] = model.target.kernels
     comparison = cfg.methods is not None

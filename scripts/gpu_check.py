@@ -12,7 +12,9 @@ Parts (`--parts 1,2,...`; each timed):
 4. a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: verify time per tree size and context, the
    loop's overhead per step, short ar / eagle3 / graft decode loops, the head's extend peak memory;
 5. a few Qwen3-235B-A22B-shaped MoE layers: verify time and experts touched per tree size;
-6. a 235B-shaped SpecForge EAGLE-3 head checkpoint (head_dim 128 != hidden / heads) loads and runs.
+6. a 235B-shaped SpecForge EAGLE-3 head checkpoint (head_dim 128 != hidden / heads) loads and runs;
+7. hardware.compile (torch.compile over static caches; CUDA graphs with reduce-overhead): ar, eagle3 and graft
+   against the eager baseline on tiny_llama, and an 8B-shaped slice's verify time, eager against compiled.
 
 All weights are random (the node has no network): acceptance and tau mean nothing; timings, memory and
 token equality are what count. The JSON is rewritten after every part and inside the long ones, so a run
@@ -50,7 +52,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-PART_NAMES = {1: "environment", 2: "lossless", 3: "host_syncs", 4: "llama8b", 5: "moe235b_layers", 6: "head235b"}
+PART_NAMES = {
+    1: "environment",
+    2: "lossless",
+    3: "host_syncs",
+    4: "llama8b",
+    5: "moe235b_layers",
+    6: "head235b",
+    7: "compiled",
+}
 RANDOM_NOTE = "random weights: acceptance and tau are meaningless; only timings, memory and shapes count"
 
 
@@ -122,6 +132,11 @@ class Plan:
     hardware: tuple[str, ...] = ()  # overrides of configs/hardware/gpu.yaml
     head235: dict = field(default_factory=lambda: dict(SPECFORGE_235B_HEAD))
     target235: dict = field(default_factory=lambda: dict(QWEN3_235B))
+    compile_mode: str = "reduce-overhead"  # part 7: CUDA graphs
+    compile_backend: str = "inductor"
+    compile_methods: tuple[str, ...] = ("ar", "eagle3", "graft")
+    compile_layers: int = 4  # of dense_arch: compile time grows with the layers, the per-layer gain does not
+    compile_nodes: tuple[int, ...] = (1, 60)
 
 
 FULL = Plan()
@@ -168,6 +183,10 @@ QUICK = replace(
     repeats=3,
     warmup=1,
     hardware=("hardware.prefill_chunk=48",),  # tiny prompts still take the chunked prefill path
+    compile_mode="default",
+    compile_backend="eager",  # dynamo captures the graphs; inductor's code generation would take minutes here
+    compile_methods=("ar", "graft"),
+    compile_layers=2,
     head235=dict(
         SPECFORGE_235B_HEAD,
         eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True},
@@ -1052,6 +1071,71 @@ def part_head235(ctx: Context, out: dict) -> None:
 
 # --- the run ---------------------------------------------------------------------------------------------
 
+# --- part 7: hardware.compile ------------------------------------------------------------------------------
+
+
+def part_compiled(ctx: Context, out: dict) -> None:
+    """The compiled path against eager: tokens on tiny_llama, then verify time on an 8B-shaped slice."""
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+    from graft.registry import build_drafter
+    from graft.runner import compare
+
+    plan = ctx.plan
+    overrides = [f"hardware.compile={plan.compile_mode}", f"hardware.compile_backend={plan.compile_backend}"]
+    out.update(mode=plan.compile_mode, backend=plan.compile_backend, dtype=plan.dtype, methods={})
+    eager, _ = load_tiny("tiny_llama", plan.dtype, ctx)
+    prompts = builtin_prompt_ids(eager, plan.lossless_prompts)
+    bases = [
+        generate(
+            eager.target, Autoregressive(eager.target), ids, plan.lossless_tokens, eager.stop_ids, record_gaps=True
+        )
+        for ids in prompts
+    ]
+    del eager
+    model, cfg = load_tiny("tiny_llama", plan.dtype, ctx, overrides)
+    target = model.target
+    for method in plan.compile_methods:
+        row = out["methods"][method] = {"equal": 0, "checked": 0, "divergent": []}
+        try:
+            drafter = Autoregressive(target) if method == "ar" else build_drafter(method_config_of(method), target)
+            for k, (ids, base) in enumerate(zip(prompts, bases)):
+                started = time.perf_counter()
+                gen = generate(target, drafter, ids, plan.lossless_tokens, model.stop_ids)
+                row.setdefault("seconds", []).append(round(time.perf_counter() - started, 2))  # the first compiles
+                verdict = compare(as_conversation(gen), as_conversation(base), target.dtype, cfg.run.float_tie_ulps)
+                row["checked"] += 1
+                row["equal"] += verdict["equal"]
+                if not verdict["equal"]:
+                    row["divergent"].append({"prompt": k, **verdict["first_divergence"]})
+        except Exception as err:
+            row["error"] = f"{type(err).__name__}: {err}"[:1000]
+            row["traceback"] = traceback_tail(err, 6)
+        ctx.checkpoint()
+    out["totals"] = lossless_totals({"tiny_llama": {plan.dtype: out["methods"]}})
+    del model, target
+    release_memory()
+    if ctx.report.remaining() <= 0:
+        out["verify"] = {"skipped": "budget spent"}
+        return
+    arch = {**plan.dense_arch, "num_hidden_layers": plan.compile_layers}
+    out["arch"] = arch
+    slice_model = random_causal_lm("llama", arch, ctx.device, getattr(torch, plan.dtype))
+    hardware = hardware_config(ctx)
+    context = random_ids(plan.decode_context, arch["vocab_size"], seed=7)
+    out["verify"] = {}
+    for name, mode in (("eager", None), ("compiled", plan.compile_mode)):
+        target = harness_target(slice_model, hardware, f"llama8b_slice_{name}")
+        target.static_trees, target.compile_mode, target.compile_backend = True, mode, plan.compile_backend
+        target.max_context = plan.decode_context + max(plan.compile_nodes) + 64
+        out["verify"][name] = verify_times(target, context, plan.compile_nodes, plan)
+        ctx.checkpoint()
+    out["verify"]["eager_over_compiled"] = {
+        n: rounded(out["verify"]["eager"][n]["median_ms"] / out["verify"]["compiled"][n]["median_ms"])
+        for n in out["verify"]["eager"]
+    }
+
+
 PARTS: dict[int, Callable[[Context, dict], None]] = {
     1: part_environment,
     2: part_lossless,
@@ -1059,6 +1143,7 @@ PARTS: dict[int, Callable[[Context, dict], None]] = {
     4: part_llama8b,
     5: part_moe_layers,
     6: part_head235,
+    7: part_compiled,
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graft.analysis import run_dirs  # noqa: E402
-from graft.costmodel import AR, CostProfile, project, recorded_split, run_steps  # noqa: E402
+from graft.costmodel import AR, CostProfile, job_anchor, project, recorded_split, run_steps  # noqa: E402
 
 WITHIN = 0.10  # "agrees" = projected within 10% of measured
 
@@ -47,18 +47,23 @@ def job_thresholds(summary: dict) -> str:
     return "-"
 
 
-def projection_rows(paths, profile: CostProfile, methods: list[str] | None, draft: str) -> list[dict]:
-    """One row per (run, method): the setting, the measured speedup_decode and the projection."""
+def projection_rows(
+    paths, profile: CostProfile, methods: list[str] | None, draft: str, anchor: str = "profile"
+) -> list[dict]:
+    """One row per (run, method): the setting, the measured speedup_decode and the projection. anchor="job"
+    scales the profile per run by its own baseline's speed (graft/costmodel.py: job_anchor)."""
     rows = []
     for run in run_dirs(paths):
         summary = json.loads((run / "summary.json").read_text())
         steps = run_steps(run)
+        factor = job_anchor(steps[AR], profile) if anchor == "job" and steps.get(AR) else None
+        used = profile.scaled(factor) if factor else profile
         for method, method_summary in method_summaries(summary).items():
             if method == AR or (methods and method not in methods) or not steps.get(method):
                 continue
             config = method_summary.get("method_config") or {}
             draft_ms = profile.draft_ms(method) if draft == "profile" else None
-            projection = project(steps[method], profile, draft_ms=draft_ms)
+            projection = project(steps[method], used, draft_ms=draft_ms)
             measured = method_summary.get("speedup_decode")
             rows.append(
                 {
@@ -75,19 +80,25 @@ def projection_rows(paths, profile: CostProfile, methods: list[str] | None, draf
                     "projected": projection["speedup"],
                     "error": projection["speedup"] / measured - 1 if measured else None,
                     "projection": projection,
-                    "recorded": recorded_split(steps[method], profile),
-                    "baseline_recorded": recorded_split(steps[AR], profile) if steps.get(AR) else None,
+                    "anchor_factor": factor,
+                    "recorded": recorded_split(steps[method], used),
+                    "baseline_recorded": recorded_split(steps[AR], used) if steps.get(AR) else None,
                 }
             )
     return rows
 
 
-def header(profile_path: Path, profile: CostProfile, draft: str) -> str:
+def header(profile_path: Path, profile: CostProfile, draft: str, anchor: str = "profile") -> str:
     measured_at = profile.meta.get("measured_at", "date not recorded")
     drafts = "the profile's draft costs" if draft == "profile" else "each run's measured draft ms"
+    anchored = (
+        " scaled per run by its own baseline's speed (recorded AR forward + loop ms per step over the profile's)"
+        if anchor == "job"
+        else ""
+    )
     return (
         f"Every projected number is a projection from {profile_path} measured on {profile.device} "
-        f"({profile.model}, {measured_at}), with {drafts}; measured = the run's speedup_decode "
+        f"({profile.model}, {measured_at}){anchored}, with {drafts}; measured = the run's speedup_decode "
         "(baseline s per step token / the method's, prefill excluded)."
     )
 
@@ -189,6 +200,12 @@ def main() -> None:
     parser.add_argument("--methods", help="comma-separated methods to project (default: all but ar)")
     parser.add_argument("--draft", choices=["measured", "profile"], default="measured")
     parser.add_argument("--budgets", action="store_true", help="a budget sweep: rows = (budget, thresholds)")
+    parser.add_argument(
+        "--anchor",
+        choices=["profile", "job"],
+        default="profile",
+        help="job: scale the profile per run by the speed its own baseline ran at (the profile keeps its shape)",
+    )
     parser.add_argument("--diagnose", action="store_true", help="also the recorded ms per step beside the profile's")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     parser.add_argument("--json", type=Path, help="also write every row with its full projection here")
@@ -197,13 +214,13 @@ def main() -> None:
     profile = CostProfile.load(args.profile)
     methods = args.methods.split(",") if args.methods else None
     try:
-        rows = projection_rows(args.paths, profile, methods, args.draft)
+        rows = projection_rows(args.paths, profile, methods, args.draft, args.anchor)
     except KeyError as err:  # --draft profile, and the profile did not measure a method's drafter
         sys.exit(f"{args.profile}: {err.args[0]}; measure it with cost_profile.py --methods, or use --draft measured")
     if not rows:
         sys.exit(f"no run with recorded steps under {' '.join(args.paths)}")
     table = budget_table(rows) if args.budgets else run_table(rows)
-    parts = [header(args.profile, profile, args.draft), table, agreement(rows)]
+    parts = [header(args.profile, profile, args.draft, args.anchor), table, agreement(rows)]
     if args.diagnose:
         parts += ["Recorded ms per step (rec) beside the profile's for the same steps:", diagnosis_table(rows)]
     others = sorted({r["model"] for r in rows} - {profile.model})

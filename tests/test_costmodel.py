@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from graft.costmodel import CostProfile, Step, interpolate, project, turn_steps
+from graft.costmodel import CostProfile, Step, interpolate, job_anchor, project, turn_steps
 
 
 def _profile(**changes) -> CostProfile:
@@ -77,6 +77,21 @@ def test_a_tree_step_that_accepts_moves_its_path():
     assert profile.overhead_ms(2, accepted=2) == 1.0
     steps = [Step(accepted=a, nodes=8, context=100, draft_ms=5.0) for a in (3, 1, 2)]
     assert project(steps, profile)["ms_per_token"] == pytest.approx((3 * 51 + 2 * 2) / 6)
+
+
+def test_a_job_anchor_scales_the_profile_by_its_own_baseline():
+    # the job's AR steps recorded 40 + 2.5 ms at context 256 where the profile says 30 + 1: 1.3710x slower
+    ar_steps = [Step(1, 1, 256, 0.0, verify_ms=40.0, other_ms=2.5) for _ in range(4)]
+    factor = job_anchor(ar_steps, _profile())
+    assert factor == pytest.approx(42.5 / 31)
+    scaled = _profile().scaled(factor)
+    assert scaled.verify_ms(8, 1024) == pytest.approx(65.0 * factor) and scaled.overhead_ms(8) == pytest.approx(factor)
+    # the speedup of a method keeps the profile's shape: (31 / 25.5) before, 1 ms of draft less scaled now
+    steps = [Step(accepted=a, nodes=8, context=100, draft_ms=5.0) for a in (3, 1, 2)]
+    expected = (31 * factor) / ((5 + 46 * factor) * 3 / 6)
+    assert project(steps, scaled)["speedup"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="no recorded verify"):
+        job_anchor([Step(1, 1, 256, 0.0)], _profile())
 
 
 def test_the_baseline_pays_each_tokens_own_context():

@@ -36,7 +36,7 @@ def _positive(value) -> bool:
 
 def test_quick_mode_runs_every_part(quick):
     assert quick["finished"] and quick["quick"] and quick["device"] == "cpu"
-    assert sorted(quick["parts"]) == ["1", "2", "3", "4", "5", "6"]
+    assert sorted(quick["parts"]) == ["1", "2", "3", "4", "5", "6", "7"]
     for number, part in quick["parts"].items():
         assert part["status"] in ("ok", "skipped"), (number, part.get("error"), part.get("traceback"))
     assert quick["parts"]["3"]["status"] == "skipped" and "CUDA" in quick["parts"]["3"]["reason"]
@@ -174,3 +174,14 @@ def test_decode_record_splits_the_step_into_forward_and_overhead():
 def test_trees_for_timing_are_valid_trees():
     parents = gpu_check.bushy_parents(60)
     assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i)
+
+
+def test_quick_compiled_path_is_lossless_and_timed(quick):
+    part = quick["parts"]["7"]["result"]
+    plan = gpu_check.QUICK
+    assert part["totals"]["lossless"] and part["totals"]["checks"] == len(plan.compile_methods) * plan.lossless_prompts
+    verify = part["verify"]
+    for name in ("eager", "compiled"):
+        assert sorted(verify[name], key=int) == [str(n) for n in plan.compile_nodes]
+        assert all(_positive(row["median_ms"]) for row in verify[name].values())
+    assert all(_positive(ratio) for ratio in verify["eager_over_compiled"].values())

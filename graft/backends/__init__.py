@@ -49,9 +49,9 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, static: bool = False):
         CacheLayerMixin.__init__(self)
-        KVBuffer.__init__(self, capacity)
+        KVBuffer.__init__(self, capacity, static)
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self._allocate(key_states, value_states)
@@ -64,7 +64,7 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
         return self.append(key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        return (self.capacity if self.static else self.length + query_length), 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -73,20 +73,33 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.length = 0
+        self.keep(0, None, 0)
 
     def crop(self, max_length: int) -> None:
         """transformers' contract: keep the first `max_length` positions; a negative value drops that many."""
-        self.length = max(0, self.length + max_length if max_length < 0 else min(max_length, self.length))
+        self.keep(max(0, self.length + max_length if max_length < 0 else min(max_length, self.length)), None, 0)
 
 
 class PositionalKVCache(Cache):
-    def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[PositionalKVLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, static: bool = False):
+        super().__init__(layers=[PositionalKVLayer(capacity, static) for _ in range(num_layers)])
+        self.static = static
 
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
         for layer in self.layers:
             layer.keep(committed, rows, count)
+
+    def reserve(self, needed: int) -> None:
+        for layer in self.layers:
+            layer.reserve(needed)
+
+    def advance(self, count: int) -> None:
+        for layer in self.layers:
+            layer.advance(count)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].capacity
 
 
 def text_config(config):
@@ -122,6 +135,11 @@ class TargetBackend(ABC):
         self.prefill_chunk: int | None = None
         # fixed-size trees (hardware.static_trees): empty slots carry token -1, never accepted
         self.static_trees = False
+        # hardware.compile: the verify (and decode) forward compiled by torch.compile over a static cache, whose
+        # shapes stay fixed for a sequence; "reduce-overhead" replays it as a CUDA graph. None: eager.
+        self.compile_mode: str | None = None
+        self.compile_backend = "inductor"
+        self._compiled = None
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
@@ -159,7 +177,7 @@ class TargetBackend(ABC):
 
     def reset(self, capacity: int) -> None:
         """Start a new sequence with room for `capacity` positions (the cache grows if exceeded)."""
-        self.cache = PositionalKVCache(self.num_layers, capacity)
+        self.cache = PositionalKVCache(self.num_layers, capacity, static=self.compile_mode is not None)
 
     @torch.inference_mode()
     def prefill(
@@ -177,7 +195,7 @@ class TargetBackend(ABC):
             hi = min(lo + chunk, len(prompt_ids))
             mask = None if lo == 0 else self._chunk_mask(hi - lo, lo)  # later chunks see the cached prefix
             keep = 0 if all_logits or successors_k else 1  # else only the last chunk's last logits are used
-            part = self._forward(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
+            part = self._run(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
             if successors_k:
                 successors.append(part.logits.topk(successors_k, dim=-1).indices)  # [chunk, k]
                 if not all_logits:
@@ -209,7 +227,30 @@ class TargetBackend(ABC):
         """One forward over every tree node, each seeing the cache and its ancestors; the nodes stay in the
         cache until `commit`."""
         ids = tree.tokens.clamp_min(0).unsqueeze(0)  # an empty slot (-1) is verified as token 0, never accepted
-        return self._forward(ids, topo.position_ids(), topo.attention_mask(self.dtype), taps)
+        # fixed-size trees (and one-token steps) reuse one compiled graph; other sizes would each compile anew
+        compiled = self.static_trees or ids.shape[1] == 1
+        return self._run(ids, topo.position_ids(), topo.attention_mask(self.dtype), taps, compiled=compiled)
+
+    def _run(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
+        """One forward; over a static cache the mask covers every slot (the unfilled ones hidden) and the
+        verify forward goes through the compiled module, the prefill's variable chunks stay eager."""
+        if not self.cache.static:
+            return self._forward(ids, positions, mask, taps, logits_to_keep)
+        n, start = ids.shape[1], self.cache_len
+        self.cache.reserve(start + n)
+        if mask is None:
+            mask = self._chunk_mask(n, start)
+        hidden_slots = self.cache.capacity - mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, hidden_slots), value=torch.finfo(mask.dtype).min)
+        if compiled and self._compiled is None:
+            self._compiled = self._compile()
+        out = self._forward(ids, positions, mask, taps, logits_to_keep, compiled=compiled)
+        self.cache.advance(n)
+        return out
+
+    def _compile(self):
+        """The module the compiled forward calls (backends that support hardware.compile override this)."""
+        raise ValueError(f"hardware.compile is not supported by {type(self).__name__}")
 
     @torch.inference_mode()
     def commit(self, committed_len: int, path: list[int], path_index: Tensor | None = None) -> None:
@@ -224,9 +265,17 @@ class TargetBackend(ABC):
 
     @abstractmethod
     def _forward(
-        self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0
+        self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0, compiled: bool = False
     ) -> ForwardOutput:
-        """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal)."""
+        """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal), [1, 1, n, capacity] over a
+        static cache; `compiled`: through the compiled module (hardware.compile)."""
+
+
+def compiled(fn, mode: str | None, backend: str = "inductor"):
+    """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor."""
+    if backend != "inductor":
+        return torch.compile(fn, backend=backend, dynamic=False)
+    return torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
 
 
 def concat_taps(captured: dict, taps: tuple[HiddenTap, ...], device: torch.device) -> Tensor | None:

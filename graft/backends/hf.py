@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import Tensor
 
-from graft.backends import ForwardOutput, HiddenTap, TargetBackend, concat_taps
+from graft.backends import ForwardOutput, HiddenTap, TargetBackend, compiled, concat_taps
 
 
 def decoder_of(model):
@@ -57,11 +58,15 @@ class HFBackend(TargetBackend):
 
         return hook
 
-    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
+    def _compile(self):
+        return compiled(self.model, self.compile_mode, self.compile_backend)
+
+    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         self._hook(taps)
         self._wanted = frozenset(taps)
+        model = self._compiled if compiled else self.model
         try:
-            out = self.model(
+            out = model(
                 input_ids=ids,
                 position_ids=positions,
                 attention_mask=mask,
@@ -73,4 +78,8 @@ class HFBackend(TargetBackend):
         finally:
             self._wanted = frozenset()
             self._captured.clear()
-        return ForwardOutput(logits=out.logits[0].float(), hidden=hidden)
+        # a CUDA graph's outputs are overwritten by its next replay: the compiled forward's logits are copied
+        logits = out.logits[0].float()  # a copy unless the logits are float32 already
+        if compiled and out.logits.dtype == torch.float32:
+            logits = logits.clone()
+        return ForwardOutput(logits=logits, hidden=hidden)

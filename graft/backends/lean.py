@@ -157,7 +157,7 @@ class LeanBackend(TargetBackend):
             return PackedLinear(linear, one_row=self.kernels["one_row"])
         return self._make_linear(linear)
 
-    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0) -> ForwardOutput:
+    def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         wanted = {(tap.layer, tap.where) for tap in taps}
         logits, captured = self.lean(ids, positions, mask, self.cache, wanted, logits_to_keep)
         hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps, self.device)

@@ -122,7 +122,8 @@ class Attention(nn.Module):
         q = q.view(1, n, self.cfg.num_heads, d).transpose(1, 2)
         k = k.view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
         v = v.view(1, n, self.cfg.num_kv_heads, d).transpose(1, 2)
-        limit = (cache.length if cache is not None else 0) + n  # drafted positions never pass the cache's end
+        # drafted positions never pass the cache's end; a static cache's end is fixed, so its table is too
+        limit = cache.capacity if cache is not None and cache.static else (cache.length if cache is not None else 0) + n
         q, k = self._rope(q, positions, limit), self._rope(k, positions, limit)
         if cache is not None:
             k, v = cache.append(k, v)
@@ -191,6 +192,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fast: dict[str, nn.Module] = {}  # from lean()
+        self.compiled_step = None  # from compile()
         if cfg.kind == "eagle3":
             self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
             self.midlayer = Eagle3Layer(cfg)
@@ -227,8 +229,14 @@ class DraftHead(nn.Module):
         """The token embedding the head reads: its own table when it has one, else the target's."""
         return self.embed_tokens if self.cfg.own_embeddings else target_embed
 
-    def new_cache(self, capacity: int) -> KVBuffer:
-        return KVBuffer(capacity)
+    def new_cache(self, capacity: int, static: bool = False) -> KVBuffer:
+        return KVBuffer(capacity, static)
+
+    def compile(self, mode: str | None, backend: str = "inductor") -> None:
+        """A compiled `step` for drafting levels (hardware.compile): one [top_k]-node shape over a static cache."""
+        from graft.backends import compiled
+
+        self.compiled_step = compiled(self.step, mode, backend)
 
     def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer) -> Tensor:
         """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""

@@ -92,6 +92,39 @@ def _best(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
 EXTEND_CHUNK = 1024
 
 
+def head_step(
+    head: DraftHead,
+    cache: KVBuffer,
+    embeds: Tensor,
+    hidden: Tensor,
+    positions: Tensor,
+    allowed: Tensor | None,
+    compiled: bool = False,
+) -> Tensor:
+    """One head forward over n entries written after the cache's `length`; `allowed` [n, length + n] bool, or
+    None for causal new entries that see the whole cache. Over a static cache (hardware.compile) the mask
+    covers every slot, and with `compiled` (a drafting level: always [top_k] nodes) the compiled step runs."""
+    n = embeds.shape[0]
+    if not cache.static:
+        causal = allowed is None and n > 1
+        mask = (
+            None
+            if allowed is None and not causal
+            else additive_mask(
+                prefix_causal(n, cache.length, embeds.device) if causal else allowed, head.fc.weight.dtype
+            )
+        )
+        return head.step(embeds, hidden, positions, mask, cache)
+    cache.reserve(cache.length + n)
+    if allowed is None:
+        allowed = prefix_causal(n, cache.length, embeds.device)
+    allowed = torch.nn.functional.pad(allowed, (0, cache.capacity - allowed.shape[1]))  # unfilled slots hidden
+    step = head.compiled_step if compiled and head.compiled_step is not None else head.step
+    out = step(embeds, hidden, positions, additive_mask(allowed, head.fc.weight.dtype), cache)
+    cache.advance(n)
+    return out.clone() if step is not head.step else out  # a CUDA graph's output is overwritten by its next replay
+
+
 def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK) -> Tensor:
     """Encode n new (embedding, feature) pairs after the cache's committed positions -> [n, H], at most
     `chunk` positions per forward."""
@@ -100,8 +133,7 @@ def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chu
         part = slice(lo, lo + chunk)
         n, start = embeds[part].shape[0], cache.length
         positions = torch.arange(start, start + n, device=embeds.device)
-        mask = additive_mask(prefix_causal(n, start, embeds.device), head.fc.weight.dtype) if n > 1 else None
-        outputs.append(head.step(embeds[part], hidden[part], positions, mask, cache))
+        outputs.append(head_step(head, cache, embeds[part], hidden[part], positions, None))
     return torch.cat(outputs)
 
 
@@ -159,7 +191,7 @@ class StaticPlan:
 def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int, plan: StaticPlan) -> DraftTree:
     """EAGLE-1's static tree: at each depth the head runs once over the nodes that have children (each
     seeing its ancestors' entries on the head cache), and child i takes its parent's rank-`ranks[i]` token."""
-    device, dtype = last.device, head.fc.weight.dtype
+    device = last.device
     shape = plan.shape
     n = shape.size
     committed = cache.length
@@ -177,8 +209,8 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
             allowed[:, committed : committed + on_cache.shape[0]] = shape.ancestors[owners][:, on_cache]
             allowed[:, committed + on_cache.shape[0] :] = torch.eye(owners.shape[0], dtype=torch.bool, device=device)
             positions = torch.full((owners.shape[0],), committed + level - 1, device=device)
-            outputs[owners] = head.step(
-                embed(tokens[owners]), outputs[shape.parents[owners]], positions, additive_mask(allowed, dtype), cache
+            outputs[owners] = head_step(
+                head, cache, embed(tokens[owners]), outputs[shape.parents[owners]], positions, allowed
             )
             on_cache = torch.cat([on_cache, owners])
         logp, d2t = head.log_probs(outputs[owners])  # [owners, V_draft]
@@ -186,7 +218,7 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
         picked = top.indices[rows, shape.ranks[kids]]
         tokens[kids] = picked + d2t[picked] if d2t is not None else picked
         scores[kids] = scores[shape.parents[kids]] + top.values[rows, shape.ranks[kids]]
-    cache.length = committed
+    cache.keep(committed, None, 0)  # tree levels are scratch: drop them
     return DraftTree.build(tokens, shape.parents, NodeSource.DRAFT, scores)
 
 
@@ -214,7 +246,7 @@ def expand(
     """Score the root's top-k children from the head's output `last` [H] at the last committed position,
     then `depth` times expand every frontier node by its top-k children, keeping the global top-k by
     cumulative log-probability as the next frontier. `checkpoint` may stop it after any level."""
-    device, dtype = last.device, head.fc.weight.dtype
+    device = last.device
     committed = cache.length
     logp, d2t = head.log_probs(last[None])  # [1, V_draft]
     top = torch.topk(logp[0], top_k)
@@ -233,9 +265,7 @@ def expand(
         allowed = torch.ones(top_k, committed + tree_mask.shape[1], dtype=torch.bool, device=device)
         allowed[:, committed:] = tree_mask
         positions = torch.full((top_k,), committed + level, device=device)
-        out = head.step(
-            embed(frontier_tokens), frontier_hidden, positions, additive_mask(allowed, dtype), cache
-        )  # [k, H]
+        out = head_step(head, cache, embed(frontier_tokens), frontier_hidden, positions, allowed, compiled=True)
         found.group_parent.append(frontier_flat + 1)
         logp, _ = head.log_probs(out)  # [k, V_draft]
         top = torch.topk(logp, top_k, dim=-1)  # per frontier node
@@ -250,7 +280,7 @@ def expand(
         found.scores.append(cumulative.view(-1))
         found.levels = level + 1
         tree_mask = torch.cat([tree_mask[rows], eye], dim=1)
-    cache.length = committed  # tree levels are scratch: drop them
+    cache.keep(committed, None, 0)  # tree levels are scratch: drop them
     return found
 
 
@@ -331,10 +361,12 @@ class HeadOnCache:
         )
         self.needs = TargetNeeds(taps=taps, embeddings=True, lm_head=cfg.kind == "eagle1")
         self.embed = self.head.embedder(target.embed)  # a head narrower than its target has its own table
+        if target.compile_mode is not None:
+            self.head.compile(target.compile_mode, target.compile_backend)
 
     def reset(self, prefill: PrefillInfo) -> None:
         tokens = prefill.state.tokens
-        self.cache = self.head.new_cache(len(tokens) + 512)
+        self.cache = self.head.new_cache(len(tokens) + 512, static=self.target.compile_mode is not None)
         # the head pairs the target feature at position t with the token at t + 1
         self.last = self._extend(tokens[1:], prefill.forward.hidden)
 

@@ -1,0 +1,85 @@
+"""hardware.compile: static caches, and the verify forward and draft-head levels through torch.compile."""
+
+import pytest
+import torch
+
+from baselines.autoregressive import Autoregressive
+from conftest import compose, make_drafter
+from graft.config import validate
+from graft.data import BUILTIN
+from graft.decode import generate
+from graft.kv import KVBuffer
+from graft.schema import ConfigError
+
+
+def _kv(*values: float) -> torch.Tensor:
+    return torch.tensor(values).view(1, 1, len(values), 1)  # [b, h, n, d]
+
+
+def test_a_static_buffer_writes_at_its_device_position_and_returns_every_slot():
+    buf = KVBuffer(5, static=True)
+    keys, values = buf.append(_kv(1, 2), _kv(11, 12))
+    assert keys.shape[2] == 5 and buf.length == 0  # the host length moves with advance(), outside any graph
+    buf.advance(2)
+    keys, _ = buf.append(_kv(3, 4), _kv(13, 14))  # a two-node tree after the two committed positions
+    buf.advance(2)
+    assert keys[0, 0, :, 0].tolist() == [1, 2, 3, 4, 0] and buf.length == 4
+    buf.keep(2, torch.tensor([1]), 1)  # the path took the tree's second node
+    assert buf.length == 3 and int(buf.write_at) == 3
+    assert buf.keys[0, 0, :3, 0].tolist() == [1, 2, 4] and buf.values[0, 0, :3, 0].tolist() == [11, 12, 14]
+    keys, _ = buf.append(_kv(5), _kv(15))
+    assert keys[0, 0, 3, 0] == 5
+    buf.advance(1)
+    buf.reserve(9)  # grown outside a forward; filled slots kept, the rest zero
+    assert buf.capacity >= 9 and buf.keys[0, 0, :, 0].tolist()[:5] == [1, 2, 4, 5, 0]
+
+
+def test_compile_with_a_fast_path_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="hardware.compile='default'.*fast_path"):
+        validate(compose(["model=tiny_llama", "hardware=cpu", "hardware.compile=default"]))
+
+
+def _prompt(model, k=0):
+    return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
+
+
+def _compiled(tiny, name, backend):
+    model = tiny(name)
+    model.target.static_trees, model.target.compile_mode, model.target.compile_backend = True, "default", backend
+    return model
+
+
+@pytest.mark.parametrize(
+    "name, methods", [("tiny_llama", ["ar", "eagle3", "pruned", "graft", "recycling"]), ("tiny_qwen3_moe", ["graft"])]
+)
+def test_compiled_steps_over_static_caches_are_lossless(tiny, name, methods):
+    """The graphs torch.compile captures over static caches (backend "eager": captured by dynamo, run by
+    eager kernels) give the eager baseline's tokens for the methods with fixed-size trees."""
+    eager = tiny(name)
+    ids = _prompt(eager)
+    base = generate(eager.target, Autoregressive(eager.target), ids, 24, eager.stop_ids)
+    model = _compiled(tiny, name, "eager")
+    target = model.target
+    for method in methods:
+        drafter = Autoregressive(target) if method == "ar" else make_drafter(method, target)
+        out = generate(target, drafter, ids, 24, model.stop_ids)
+        assert out.new_tokens == base.new_tokens, f"compiled {method} on {name}"
+        assert target.cache.static and target.cache.capacity == target.cache.layers[0].keys.shape[2]
+    assert target._compiled is not None, "the verify forward never went through torch.compile"
+
+
+def test_inductor_compiles_once_and_later_sequences_reuse_the_graphs(tiny):
+    """With inductor's kernels: lossless, and a second sequence compiles nothing new (a shape that varied
+    per step would recompile every step)."""
+    from torch._dynamo.utils import counters
+
+    eager = tiny("tiny_llama")
+    ids = _prompt(eager, 1)
+    base = generate(eager.target, Autoregressive(eager.target), ids, 16, eager.stop_ids)
+    model = _compiled(tiny, "tiny_llama", "inductor")
+    drafter = make_drafter("graft", model.target)
+    first = generate(model.target, drafter, ids, 16, model.stop_ids)
+    graphs = counters["stats"]["unique_graphs"]
+    second = generate(model.target, drafter, ids, 16, model.stop_ids)
+    assert first.new_tokens == base.new_tokens == second.new_tokens
+    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs
