@@ -217,6 +217,50 @@ SQL_TASKS = [
     "deletes the duplicate rows of a table emails(id, address), keeping the lowest id",
     "returns the three cities with the most customers from a table customers(id, name, city)",
 ]
+# More programming tasks (round 5 of the block drafter's data), shuffled after the first ones, so that the
+# ids of earlier rounds' code turns keep their text.
+CODE_TASKS_MORE = [
+    "returns the n-th Fibonacci number",
+    "checks whether a string is a palindrome, ignoring spaces and case",
+    "converts an integer to its binary representation as a string",
+    "returns the minimum and maximum of a list in one pass",
+    "removes all whitespace from a string",
+    "returns the product of all the numbers in a list",
+    "checks whether a number is prime",
+    "reverses a string without using slicing",
+    "returns the keys of a dictionary sorted by their values",
+    "counts the uppercase and lowercase letters in a string",
+    "returns the cumulative product of a list",
+    "groups a list of words by their first letter",
+    "returns the difference between the largest and smallest values in a list",
+    "checks whether all the elements of a list are unique",
+    "converts a string in snake_case to camelCase",
+    "returns the k largest numbers of a list in descending order",
+    "computes the dot product of two vectors given as lists",
+    "returns every substring of a string that is a palindrome",
+    "shuffles a list in place using the Fisher-Yates algorithm",
+    "returns the number of set bits in an integer",
+    "checks whether a string is a valid IPv4 address",
+    "merges two sorted lists into one sorted list",
+    "returns the first character of a string that does not repeat",
+    "computes the area of a circle, a rectangle or a triangle depending on its arguments",
+    "returns the sum of all the multiples of 3 or 5 below n",
+    "converts a list of pairs into a dictionary",
+    "finds the missing number in a list containing 1 to n with one number missing",
+    "returns the length of the longest run of equal elements in a list",
+    "validates that a password has at least eight characters, a digit and an uppercase letter",
+    "returns the words of a sentence sorted by length",
+    "counts the number of islands in a grid of zeros and ones",
+    "converts a number of seconds into hours, minutes and seconds",
+    "returns a new list with every element of a list squared",
+    "finds the common prefix of a list of strings",
+    "implements a stack with push, pop and peek",
+    "checks whether one string is a rotation of another",
+    "returns the mean, median and mode of a list of numbers",
+    "removes the vowels from a string",
+    "returns the sum of the elements on the main diagonal of a square matrix",
+    "finds the second largest word in a sentence by length",
+]
 # Second turns after the target's own code (composed for this project).
 CODE_FOLLOWUPS = [
     "Add comments that explain each step of your code.",
@@ -358,6 +402,17 @@ def summary_pairs(count: int, passages: int, shapes: int) -> list[tuple[int, int
     return [(i % passages, (i % passages + i // passages) % shapes) for i in range(count)]
 
 
+def code_requests(seed: int) -> list[str]:
+    """Every code request in the order the generate stage takes them: CODE_SHAPES x CODE_TASKS and SQL_TASKS
+    shuffled, then CODE_SHAPES x CODE_TASKS_MORE shuffled (so that adding tasks keeps earlier ids' texts)."""
+    first = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
+    first += [f"Write a SQL query that {task}." for task in SQL_TASKS]
+    random.Random(seed + 2).shuffle(first)
+    more = [shape.format(t=task) for task in CODE_TASKS_MORE for shape in CODE_SHAPES]
+    random.Random(seed + 4).shuffle(more)
+    return first + more
+
+
 def _answer_single_turns(cfg, loaded, path: Path, jobs: list[tuple[str, str]], answered: dict, desc: str) -> None:
     """The target answers each (id, user turn) not answered yet."""
     todo = [(jid, [{"role": "user", "content": text}]) for jid, text in jobs if jid not in answered]
@@ -365,14 +420,11 @@ def _answer_single_turns(cfg, loaded, path: Path, jobs: list[tuple[str, str]], a
 
 
 def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
-    """Code turns (CODE_SHAPES x CODE_TASKS, SQL_TASKS), their follow-ups and reviews of the target's own code;
+    """Code turns (`code_requests`), their follow-ups and reviews of the target's own code;
     passages the target writes (PASSAGES x TOPICS) and summaries of them (SUMMARIES); counts from train.data."""
     data, chat = cfg.train.data, loaded.chat
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
-    tasks = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
-    tasks += [f"Write a SQL query that {task}." for task in SQL_TASKS]
-    random.Random(cfg.train.seed + 2).shuffle(tasks)
-    code = [(f"code-{i}", text) for i, text in enumerate(tasks[: data.num_code])]
+    code = [(f"code-{i}", text) for i, text in enumerate(code_requests(cfg.train.seed)[: data.num_code])]
     _answer_single_turns(cfg, loaded, path, code, answered, "target answers code")
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     todo = []

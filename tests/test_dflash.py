@@ -394,3 +394,18 @@ def test_a_held_out_pool_keeps_the_held_out_set_when_data_is_appended():
     train, after = split_heldout(records, 3, seed=0, pool=6)
     assert after == before and all(r["i"] < 6 for r in after)
     assert len(train) == 7 and {r["i"] for r in train} | {r["i"] for r in after} == set(range(10))
+
+
+def test_code_requests_added_later_keep_the_earlier_ids_texts():
+    """Round 5 appended CODE_TASKS_MORE: code-0 .. code-207 must still name round 4's requests."""
+    import random
+
+    from scripts.train_eagle3 import CODE_SHAPES, CODE_TASKS, CODE_TASKS_MORE, SQL_TASKS, code_requests
+
+    earlier = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
+    earlier += [f"Write a SQL query that {task}." for task in SQL_TASKS]
+    random.Random(0 + 2).shuffle(earlier)  # how round 4 ordered them (seed 0)
+    requests = code_requests(0)
+    assert requests[: len(earlier)] == earlier
+    assert len(requests) == len(earlier) + len(CODE_TASKS_MORE) * len(CODE_SHAPES) == 408
+    assert len(set(requests)) == len(requests)
