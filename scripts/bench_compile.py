@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--mode", default="default", help="hardware.compile")
+    parser.add_argument("--backend", default="inductor", help="hardware.compile_backend (eager: the test's)")
     parser.add_argument("--prompts", type=int, default=4, help="built-in prompts for the decode loops (0: none)")
     parser.add_argument("--max-new", type=int, default=48)
     parser.add_argument("--out", type=Path)
@@ -55,6 +56,7 @@ def main() -> None:
     eager = loaded.target
     fast = HFBackend(eager.model, eager.tokenizer, name="compiled")
     fast.static_trees, fast.compile_mode, fast.max_context = True, args.mode, eager.max_context
+    fast.compile_backend = args.backend
     backends = {"eager": eager, "compiled": fast}
     nodes = [int(n) for n in args.nodes.split(",")]
     context = torch.randint(0, eager.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -87,6 +89,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "model": args.model,
         "mode": args.mode,
+        "backend": args.backend,
         "context": args.context,
         "verify_median_ms": verify,
         "eager_over_compiled": {str(n): round(verify["eager"][str(n)] / verify["compiled"][str(n)], 3) for n in nodes},

@@ -83,3 +83,20 @@ def test_inductor_compiles_once_and_later_sequences_reuse_the_graphs(tiny):
     second = generate(model.target, drafter, ids, 16, model.stop_ids)
     assert first.new_tokens == base.new_tokens == second.new_tokens
     assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs
+
+
+def test_bench_compile_reports_both_backends_and_equal_tokens(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "bench.json"
+    argv = ["--model", "tiny_llama", "--backend", "eager", "--nodes", "1,4", "--context", "16", "--repeats", "1"]
+    argv += ["--prompts", "1", "--max-new", "8", "--out", str(out)]
+    done = subprocess.run([sys.executable, "scripts/bench_compile.py", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["verify_median_ms"]) == {"eager", "compiled"} and set(report["eager_over_compiled"]) == {"1", "4"}
+    assert all(row["equal_tokens"] for row in report["decode"].values()), report["decode"]
