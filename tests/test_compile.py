@@ -1,5 +1,7 @@
 """hardware.compile: static caches, and the verify forward and draft-head levels through torch.compile."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -43,10 +45,22 @@ def _prompt(model, k=0):
     return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
 
 
+@contextlib.contextmanager
 def _compiled(tiny, name, backend):
+    """The shared tiny model (tests/conftest.py caches it) with hardware.compile on, restored afterwards."""
     model = tiny(name)
-    model.target.static_trees, model.target.compile_mode, model.target.compile_backend = True, "default", backend
-    return model
+    target = model.target
+    target.static_trees, target.compile_mode, target.compile_backend = True, "default", backend
+    try:
+        yield model
+    finally:
+        target.static_trees, target.compile_mode, target.compile_backend, target._compiled = (
+            False,
+            None,
+            "inductor",
+            None,
+        )
+        target.reset(8)  # a fresh growing cache, not the static one
 
 
 @pytest.mark.parametrize(
@@ -58,14 +72,14 @@ def test_compiled_steps_over_static_caches_are_lossless(tiny, name, methods):
     eager = tiny(name)
     ids = _prompt(eager)
     base = generate(eager.target, Autoregressive(eager.target), ids, 24, eager.stop_ids)
-    model = _compiled(tiny, name, "eager")
-    target = model.target
-    for method in methods:
-        drafter = Autoregressive(target) if method == "ar" else make_drafter(method, target)
-        out = generate(target, drafter, ids, 24, model.stop_ids)
-        assert out.new_tokens == base.new_tokens, f"compiled {method} on {name}"
-        assert target.cache.static and target.cache.capacity == target.cache.layers[0].keys.shape[2]
-    assert target._compiled is not None, "the verify forward never went through torch.compile"
+    with _compiled(tiny, name, "eager") as model:
+        target = model.target
+        for method in methods:
+            drafter = Autoregressive(target) if method == "ar" else make_drafter(method, target)
+            out = generate(target, drafter, ids, 24, model.stop_ids)
+            assert out.new_tokens == base.new_tokens, f"compiled {method} on {name}"
+            assert target.cache.static and target.cache.capacity == target.cache.layers[0].keys.shape[2]
+        assert target._compiled is not None, "the verify forward never went through torch.compile"
 
 
 def test_inductor_compiles_once_and_later_sequences_reuse_the_graphs(tiny):
@@ -76,11 +90,11 @@ def test_inductor_compiles_once_and_later_sequences_reuse_the_graphs(tiny):
     eager = tiny("tiny_llama")
     ids = _prompt(eager, 1)
     base = generate(eager.target, Autoregressive(eager.target), ids, 16, eager.stop_ids)
-    model = _compiled(tiny, "tiny_llama", "inductor")
-    drafter = make_drafter("graft", model.target)
-    first = generate(model.target, drafter, ids, 16, model.stop_ids)
-    graphs = counters["stats"]["unique_graphs"]
-    second = generate(model.target, drafter, ids, 16, model.stop_ids)
+    with _compiled(tiny, "tiny_llama", "inductor") as model:
+        drafter = make_drafter("graft", model.target)
+        first = generate(model.target, drafter, ids, 16, model.stop_ids)
+        graphs = counters["stats"]["unique_graphs"]
+        second = generate(model.target, drafter, ids, 16, model.stop_ids)
     assert first.new_tokens == base.new_tokens == second.new_tokens
     assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs
 
