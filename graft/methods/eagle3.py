@@ -106,14 +106,9 @@ def head_step(
     covers every slot, and with `compiled` (a drafting level: always [top_k] nodes) the compiled step runs."""
     n = embeds.shape[0]
     if not cache.static:
-        causal = allowed is None and n > 1
-        mask = (
-            None
-            if allowed is None and not causal
-            else additive_mask(
-                prefix_causal(n, cache.length, embeds.device) if causal else allowed, head.fc.weight.dtype
-            )
-        )
+        if allowed is None and n > 1:
+            allowed = prefix_causal(n, cache.length, embeds.device)
+        mask = None if allowed is None else additive_mask(allowed, head.fc.weight.dtype)
         return head.step(embeds, hidden, positions, mask, cache)
     cache.reserve(cache.length + n)
     if allowed is None:
