@@ -665,34 +665,55 @@ def part_lossless(ctx: Context, out: dict) -> None:
 
 def lossless_rows(model_name: str, dtype: str, configs: dict, ctx: Context) -> dict:
     """{method: equal / checked / divergences / error} for one tiny model in one dtype."""
-    from baselines.autoregressive import Autoregressive
-    from graft.decode import generate
     from graft.registry import build_drafter
-    from graft.runner import compare
 
     plan = ctx.plan
     model, cfg = load_tiny(model_name, dtype, ctx)
     target, rows = model.target, {}
     prompts = builtin_prompt_ids(model, plan.lossless_prompts)
-    bases = [
+    bases = baseline_generations(model, prompts, plan)
+    for method, method_cfg in configs.items():
+        rows[method] = lossless_row(
+            model, cfg, lambda method_cfg=method_cfg: build_drafter(method_cfg, target), prompts, bases, plan
+        )
+    return rows
+
+
+def baseline_generations(model, prompts: list[list[int]], plan: Plan) -> list:
+    """The autoregressive baseline's greedy generation of each prompt, with the top-2 gaps for the tie rule."""
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+
+    target = model.target
+    return [
         generate(target, Autoregressive(target), ids, plan.lossless_tokens, model.stop_ids, record_gaps=True)
         for ids in prompts
     ]
-    for method, method_cfg in configs.items():
-        row = rows[method] = {"equal": 0, "checked": 0, "divergent": []}
-        try:
-            drafter = build_drafter(method_cfg, target)
-            for k, (ids, base) in enumerate(zip(prompts, bases)):
-                gen = generate(target, drafter, ids, plan.lossless_tokens, model.stop_ids)
-                verdict = compare(as_conversation(gen), as_conversation(base), target.dtype, cfg.run.float_tie_ulps)
-                row["checked"] += 1
-                row["equal"] += verdict["equal"]
-                if not verdict["equal"]:
-                    row["divergent"].append({"prompt": k, **verdict["first_divergence"]})
-        except Exception as err:  # one method's failure (a GPU-path bug) must not hide the others' results
-            row["error"] = f"{type(err).__name__}: {err}"[:1000]
-            row["traceback"] = traceback_tail(err, 6)
-    return rows
+
+
+def lossless_row(model, cfg, make_drafter, prompts: list[list[int]], bases: list, plan: Plan) -> dict:
+    """Equal / checked / divergences / error of one method on `model`'s target against the baseline
+    generations `bases` of `prompts`; seconds per prompt (a compiled target's first one compiles)."""
+    from graft.decode import generate
+    from graft.runner import compare
+
+    target = model.target
+    row = {"equal": 0, "checked": 0, "divergent": [], "seconds": []}
+    try:
+        drafter = make_drafter()
+        for k, (ids, base) in enumerate(zip(prompts, bases)):
+            started = time.perf_counter()
+            gen = generate(target, drafter, ids, plan.lossless_tokens, model.stop_ids)
+            row["seconds"].append(round(time.perf_counter() - started, 2))
+            verdict = compare(as_conversation(gen), as_conversation(base), target.dtype, cfg.run.float_tie_ulps)
+            row["checked"] += 1
+            row["equal"] += verdict["equal"]
+            if not verdict["equal"]:
+                row["divergent"].append({"prompt": k, **verdict["first_divergence"]})
+    except Exception as err:  # one method's failure (a GPU-path bug) must not hide the others' results
+        row["error"] = f"{type(err).__name__}: {err}"[:1000]
+        row["traceback"] = traceback_tail(err, 6)
+    return row
 
 
 def lossless_totals(models: dict) -> dict:
@@ -1077,40 +1098,23 @@ def part_head235(ctx: Context, out: dict) -> None:
 def part_compiled(ctx: Context, out: dict) -> None:
     """The compiled path against eager: tokens on tiny_llama, then verify time on an 8B-shaped slice."""
     from baselines.autoregressive import Autoregressive
-    from graft.decode import generate
     from graft.registry import build_drafter
-    from graft.runner import compare
 
     plan = ctx.plan
     overrides = [f"hardware.compile={plan.compile_mode}", f"hardware.compile_backend={plan.compile_backend}"]
     out.update(mode=plan.compile_mode, backend=plan.compile_backend, dtype=plan.dtype, methods={})
     eager, _ = load_tiny("tiny_llama", plan.dtype, ctx)
     prompts = builtin_prompt_ids(eager, plan.lossless_prompts)
-    bases = [
-        generate(
-            eager.target, Autoregressive(eager.target), ids, plan.lossless_tokens, eager.stop_ids, record_gaps=True
-        )
-        for ids in prompts
-    ]
+    bases = baseline_generations(eager, prompts, plan)
     del eager
     model, cfg = load_tiny("tiny_llama", plan.dtype, ctx, overrides)
     target = model.target
     for method in plan.compile_methods:
-        row = out["methods"][method] = {"equal": 0, "checked": 0, "divergent": []}
-        try:
-            drafter = Autoregressive(target) if method == "ar" else build_drafter(method_config_of(method), target)
-            for k, (ids, base) in enumerate(zip(prompts, bases)):
-                started = time.perf_counter()
-                gen = generate(target, drafter, ids, plan.lossless_tokens, model.stop_ids)
-                row.setdefault("seconds", []).append(round(time.perf_counter() - started, 2))  # the first compiles
-                verdict = compare(as_conversation(gen), as_conversation(base), target.dtype, cfg.run.float_tie_ulps)
-                row["checked"] += 1
-                row["equal"] += verdict["equal"]
-                if not verdict["equal"]:
-                    row["divergent"].append({"prompt": k, **verdict["first_divergence"]})
-        except Exception as err:
-            row["error"] = f"{type(err).__name__}: {err}"[:1000]
-            row["traceback"] = traceback_tail(err, 6)
+
+        def make_drafter(method=method):
+            return Autoregressive(target) if method == "ar" else build_drafter(method_config_of(method), target)
+
+        out["methods"][method] = lossless_row(model, cfg, make_drafter, prompts, bases, plan)
         ctx.checkpoint()
     out["totals"] = lossless_totals({"tiny_llama": {plan.dtype: out["methods"]}})
     del model, target
