@@ -81,7 +81,6 @@ class KVBuffer:
         if self.static:
             self.length += count
 
-    @torch.inference_mode()  # the buffers are inference tensors (made by forwards in inference mode)
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
         """Keep `committed` positions, then `count` positions taken from `committed + rows` (None: already in place)."""
         if rows is not None:
@@ -90,7 +89,8 @@ class KVBuffer:
             self.values[:, :, committed : committed + count] = self.values[:, :, src]
         self.length = committed + count
         if self.write_at is not None:
-            self.write_at.fill_(self.length)
+            with torch.inference_mode():  # made by a forward in inference mode; callers outside one may roll back
+                self.write_at.fill_(self.length)
 
 
 def _mark_static(*tensors: Tensor) -> None:
