@@ -188,10 +188,9 @@ def job_anchor(ar_steps: Sequence[Step], profile: CostProfile) -> float:
     over the profile's for the same steps. Scaling the profile by it keeps the profile's shape (how cost
     grows with nodes and context) and takes the machine's speed of that job from its baseline, which the
     projected method never reads (a VM's speed drifts by tens of percent over minutes)."""
-    recorded = sum(s.verify_ms + s.other_ms for s in ar_steps if s.verify_ms is not None and s.other_ms is not None)
-    profiled = sum(
-        profile.verify_ms(1, s.context) + profile.overhead_ms(1) for s in ar_steps if s.verify_ms is not None
-    )
+    timed = [s for s in ar_steps if s.verify_ms is not None and s.other_ms is not None]
+    recorded = sum(s.verify_ms + s.other_ms for s in timed)
+    profiled = sum(profile.verify_ms(1, s.context) + profile.overhead_ms(1) for s in timed)
     if not recorded or not profiled:
         raise ValueError("the job's baseline has no recorded verify times to anchor the profile on")
     return recorded / profiled
