@@ -47,7 +47,8 @@ def main() -> None:
     from graft.data import BUILTIN
     from graft.decode import generate
     from graft.registry import build_drafter
-    from graft.tree import DraftTree, NodeSource, topology
+    from graft.tree import topology
+    from scripts.gpu_check import random_tree
 
     cfg = validate(compose([f"model={args.model}", "hardware=cpu_plain", "hardware.static_trees=true", "logger=none"]))
     from graft.models import load_model
@@ -60,11 +61,7 @@ def main() -> None:
     backends = {"eager": eager, "compiled": fast}
     nodes = [int(n) for n in args.nodes.split(",")]
     context = torch.randint(0, eager.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    trees = {}
-    for n in nodes:
-        parents = torch.tensor([-1] + [(i - 1) // 4 for i in range(1, n)])
-        tokens = torch.randint(0, eager.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
-        trees[n] = DraftTree.build(tokens, parents, NodeSource.TEST)
+    trees = {n: random_tree(n, eager.vocab_size, eager.device, seed=n) for n in nodes}  # bushy, 4 children a node
     for target in backends.values():
         target.reset(args.context + max(nodes) + 8)
         target.prefill(context)
