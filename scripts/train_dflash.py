@@ -87,7 +87,7 @@ def split_heldout(records: list[dict], count: int, seed: int, pool: int | None =
 
 def stage_fit(cfg, plain, out: Path) -> dict:
     from graft.dflash.model import BlockDrafter
-    from graft.dflash.train import block_accepted, block_losses, expected_accepted, sample_anchors
+    from graft.dflash.train import block_accepted, block_losses, expected_accepted, grown_state, sample_anchors
 
     fit = cfg.train.fit
     records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
@@ -103,6 +103,10 @@ def stage_fit(cfg, plain, out: Path) -> dict:
     for p in plain.target.model.parameters():  # the target's embeddings and LM head are read, never trained
         p.requires_grad_(False)
     embed, lm_head = plain.target.embed, plain.target.lm_head
+    init_from = fit.get("init_from")
+    if init_from:  # an earlier fit's weights; a drafter with more layers grows from them (grown_state)
+        saved = torch.load(init_from, weights_only=False)
+        init_from = {"model": grown_state(saved.get("model", saved), model)}
 
     def step(batch: list[dict], index: int):
         width = max(r["tokens"].shape[0] for r in batch)
@@ -150,7 +154,7 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         out,
         step,
         "fit (blocks)",
-        init_from=fit.get("init_from"),
+        init_from=init_from,
         evaluate=evaluate if heldout else None,
     )
     if fit.keep == "best" and (out / "best.pt").exists():

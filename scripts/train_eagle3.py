@@ -81,6 +81,51 @@ TOPICS = [
     "weather forecasts",
     "bread",
 ]
+# Round 6 of the block drafter (issue 16): forty more everyday topics, crossed with TEMPLATES and PASSAGES
+# into requests appended after the earlier ones (templated_requests, passage_requests), so earlier ids keep
+# their texts. None echoes a prompt of an evaluation set.
+TOPICS_MORE = [
+    "museums",
+    "camping",
+    "knitting",
+    "the solar system",
+    "video games",
+    "yoga",
+    "city parks",
+    "jazz",
+    "architecture",
+    "cats",
+    "swimming",
+    "podcasts",
+    "farming",
+    "rivers",
+    "deserts",
+    "the printing press",
+    "smartphones",
+    "composting",
+    "origami",
+    "dinosaurs",
+    "solar panels",
+    "vaccines",
+    "public transport",
+    "football",
+    "baking cakes",
+    "meditation",
+    "learning to code",
+    "volunteering",
+    "robots",
+    "ancient Egypt",
+    "forests",
+    "caves",
+    "kites",
+    "the Olympic Games",
+    "cheese",
+    "airplanes",
+    "lighthouses",
+    "nutrition",
+    "birthday parties",
+    "snow",
+]
 COMPOSED = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
     "Write a Python class for a simple bank account with deposit and withdraw methods.",
@@ -334,7 +379,7 @@ def stage_generate(cfg, loaded, out: Path) -> None:
     else:
         print(f"note: {gsm} not found; training without GSM8K train questions")
     jobs += [(f"composed-{i}", text) for i, text in enumerate(COMPOSED)]
-    templated = [template.format(t=topic) for template in TEMPLATES for topic in TOPICS][: data.num_templated]
+    templated = templated_requests(cfg.train.seed)[: data.num_templated]
     jobs += [(f"templated-{i}", text) for i, text in enumerate(templated)]
     questions_path = out / "self_questions.jsonl"
     asked = _jsonl(questions_path)
@@ -402,6 +447,23 @@ def summary_pairs(count: int, passages: int, shapes: int) -> list[tuple[int, int
     return [(i % passages, (i % passages + i // passages) % shapes) for i in range(count)]
 
 
+def templated_requests(seed: int) -> list[str]:
+    """TEMPLATES x TOPICS in template order, then TEMPLATES x TOPICS_MORE shuffled (earlier ids keep their texts)."""
+    more = [template.format(t=topic) for template in TEMPLATES for topic in TOPICS_MORE]
+    random.Random(seed + 5).shuffle(more)
+    return [template.format(t=topic) for template in TEMPLATES for topic in TOPICS] + more
+
+
+def passage_groups(seed: int) -> list[list[str]]:
+    """The passage requests in two groups, each shuffled: PASSAGES x TOPICS, then PASSAGES x TOPICS_MORE."""
+    groups = []
+    for topics, offset in ((TOPICS, 3), (TOPICS_MORE, 6)):
+        requests = [shape.format(t=topic) for topic in topics for shape in PASSAGES]
+        random.Random(seed + offset).shuffle(requests)
+        groups.append(requests)
+    return groups
+
+
 def code_requests(seed: int) -> list[str]:
     """Every code request in the order the generate stage takes them: CODE_SHAPES x CODE_TASKS and SQL_TASKS
     shuffled, then CODE_SHAPES x CODE_TASKS_MORE shuffled (so that adding tasks keeps earlier ids' texts)."""
@@ -421,7 +483,7 @@ def _answer_single_turns(cfg, loaded, path: Path, jobs: list[tuple[str, str]], a
 
 def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
     """Code turns (`code_requests`), their follow-ups and reviews of the target's own code;
-    passages the target writes (PASSAGES x TOPICS) and summaries of them (SUMMARIES); counts from train.data."""
+    passages the target writes (`passage_groups`) and summaries of them (SUMMARIES); counts from train.data."""
     data, chat = cfg.train.data, loaded.chat
     answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
     code = [(f"code-{i}", text) for i, text in enumerate(code_requests(cfg.train.seed)[: data.num_code])]
@@ -444,18 +506,19 @@ def _generate_code_and_passages(cfg, loaded, path: Path) -> None:
                 (f"review-{jid}", [{"role": "user", "content": CODE_REVIEWS[i % len(CODE_REVIEWS)].format(code=block)}])
             )
     _answer_all(cfg, loaded, path, todo, "target answers code reviews")
-    requests = [shape.format(t=topic) for topic in TOPICS for shape in PASSAGES]
-    random.Random(cfg.train.seed + 3).shuffle(requests)
-    passages = [(f"passage-{i}", text) for i, text in enumerate(requests[: data.num_passages])]
-    _answer_single_turns(cfg, loaded, path, passages, answered, "target writes passages")
-    answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
-    todo = []
-    for i, (p, shape) in enumerate(summary_pairs(data.num_summaries, len(passages), len(SUMMARIES))):
-        jid = passages[p][0]
-        if f"summary-{i}-{jid}" not in answered:
-            request = SUMMARIES[shape].format(text=chat.decode(answered[jid]).strip())
-            todo.append((f"summary-{i}-{jid}", [{"role": "user", "content": request}]))
-    _answer_all(cfg, loaded, path, todo, "target answers summaries")
+    counts = ((data.num_passages, data.num_summaries), (data.num_passages_more, data.num_summaries_more))
+    for group, (requests, (num_passages, num_summaries)) in enumerate(zip(passage_groups(cfg.train.seed), counts)):
+        tag = "" if group == 0 else "more-"  # the first group's ids are those of earlier rounds
+        passages = [(f"passage-{tag}{i}", text) for i, text in enumerate(requests[:num_passages])]
+        _answer_single_turns(cfg, loaded, path, passages, answered, "target writes passages")
+        answered = {r["id"]: r["answer_ids"] for r in _jsonl(path)}
+        todo = []
+        for i, (p, shape) in enumerate(summary_pairs(num_summaries, len(passages), len(SUMMARIES))):
+            jid = passages[p][0]
+            if f"summary-{tag}{i}-{jid}" not in answered:
+                request = SUMMARIES[shape].format(text=chat.decode(answered[jid]).strip())
+                todo.append((f"summary-{tag}{i}-{jid}", [{"role": "user", "content": request}]))
+        _answer_all(cfg, loaded, path, todo, "target answers summaries")
 
 
 def _answer_all(cfg, loaded, path: Path, todo: list[tuple[str, list[dict]]], desc: str) -> None:
@@ -544,7 +607,7 @@ def fit_loop(
     (the module's weights under `key`), a metrics.jsonl line per step, checkpoints every
     `checkpoint_every` steps and at a time budget. step(batch, index) -> (loss, metrics, progress) trains on
     one batch of records: the scalar loss to minimise, the metrics to log after step/epoch/loss/lr, and the
-    figures for the progress bar. `init_from`: a checkpoint whose weights start a fit that has none yet.
+    figures for the progress bar. `init_from`: a checkpoint (its path or its loaded dict) whose weights start a fit that has none yet.
     `evaluate()` -> {"score": higher is better, ...}: run every `fit.eval_every` steps and at the end on
     held-out data; its figures are logged with a `heldout_` prefix and the best-scoring weights are kept in
     out/best.pt (returned as "best": {"step", "score"})."""
@@ -571,10 +634,10 @@ def fit_loop(
         scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         print(f"resumed at step {state['step']} of {total_steps}")
-    elif init_from:  # warm start: weights of an earlier run, fresh optimizer
-        saved = torch.load(init_from, weights_only=False)
+    elif init_from:  # warm start: weights of an earlier run (its path, or its state loaded), fresh optimizer
+        saved = init_from if isinstance(init_from, dict) else torch.load(init_from, weights_only=False)
         module.load_state_dict(saved[key] if key in saved else saved)
-        print(f"warm start from {init_from}")
+        print(f"warm start from {fit.get('init_from') or init_from}")
     log_path = out / "metrics.jsonl"
     logger = _wandb(cfg, out)
     if state.get("annealed"):  # a time-annealed fit that already reached its end

@@ -17,7 +17,7 @@ from graft.dflash.checkpoint import (
     save_block_drafter,
 )
 from graft.dflash.model import spread_layer_ids
-from graft.dflash.train import block_accepted, block_hidden, block_losses, sample_anchors
+from graft.dflash.train import block_accepted, block_hidden, block_losses, grown_state, sample_anchors
 from graft.methods.dflash import block_candidates
 from graft.methods.eagle3 import select
 from graft.methods.pruned import PrefixParams, PrefixSplit
@@ -109,6 +109,30 @@ def test_training_blocks_see_what_inference_blocks_see(qwen):
             model.encode(feats[:a], caches)
             block = torch.tensor([ids[a]] + [model.cfg.mask_token_id] * 4)
             torch.testing.assert_close(model.block(target.embed(block), caches), batched[0, j], atol=1e-5, rtol=1e-4)
+
+
+def test_a_drafter_grown_by_a_layer_starts_with_the_earlier_ones_outputs(qwen):
+    """grown_state: a two-layer drafter warm-started from a one-layer one gives the same block outputs (the
+    added layer's output projections are zero), yet the added layer's weights still receive gradients."""
+    target = qwen.target
+    small = _drafter(target, num_layers=1, block_size=4)
+    big = _drafter(target, num_layers=2, block_size=4)
+    big.load_state_dict(grown_state(small.state_dict(), big))
+    ids = list(range(3, 23))
+    feats = _features(target, small, ids)
+    block = target.embed(torch.tensor([ids[-1]] + [small.cfg.mask_token_id] * 3))
+    outputs = []
+    for model in (small, big):
+        caches = model.new_caches(4)
+        with torch.no_grad():
+            model.encode(feats, caches)
+        outputs.append(model.block(block, caches))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-6, rtol=1e-5)
+    outputs[1].square().sum().backward()
+    assert big.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert big.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="2 layers; expected at most 1"):
+        grown_state(big.state_dict(), small)
 
 
 def test_block_losses_train_the_drafter(qwen):
@@ -306,6 +330,7 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     """scripts/train_dflash.py on a tiny target: generate, features, fit, export, resume; then method=dflash
     runs the exported drafter losslessly."""
     import os
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
@@ -327,6 +352,8 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
         "train.data.num_code_reviews=2",
         "train.data.num_passages=2",
         "train.data.num_summaries=3",
+        "train.data.num_passages_more=1",
+        "train.data.num_summaries_more=2",
         "train.data.max_new_tokens=24",
         "train.fit.epochs=1",
         "train.fit.heldout=4",
@@ -335,6 +362,7 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
         "train.fit.block_min=4",
         "train.fit.block_max=6",
         "train.drafter.block_size=5",
+        "train.drafter.num_layers=1",
         f"train.export.dir={out}/drafter",
         f"paths.data_root={tmp_path}",
     ]
@@ -353,9 +381,21 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     assert conversations.count('"rework-') == 2
     ids = [json.loads(line)["id"] for line in conversations.splitlines()]
     assert sum(i.startswith("code-") for i in ids) == 3 and sum(i.startswith("followup-code-") for i in ids) == 2
-    assert sum(i.startswith("passage-") for i in ids) == 2 and sum(i.startswith("summary-") for i in ids) == 3
+    assert sum(i.startswith("passage-") for i in ids) == 3 and sum(i.startswith("summary-") for i in ids) == 5
+    assert sum(i.startswith("summary-more-") for i in ids) == 2
     again = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and len((out / "metrics.jsonl").read_text().splitlines()) == len(metrics)
+    grown = tmp_path / "grown"  # a fit of a deeper drafter that starts from this one's best weights
+    shutil.copytree(out / "features", grown / "features")
+    swap = {
+        "train.drafter.num_layers=1": "train.drafter.num_layers=2",
+        f"train.out_dir={out}": f"train.out_dir={grown}",
+    }
+    grow_args = [swap.get(a, a) for a in args] + ["train.stage=fit", f"train.fit.init_from={out}/best.pt"]
+    grow_args = [a.replace(f"{out}/drafter", f"{grown}/drafter") for a in grow_args]
+    proc = subprocess.run(grow_args, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0 and "warm start" in proc.stdout, proc.stderr[-3000:]
+    assert json.loads((grown / "drafter" / "config.json").read_text())["num_hidden_layers"] == 2
 
     from baselines.autoregressive import Autoregressive
     from graft.decode import generate
@@ -409,3 +449,20 @@ def test_code_requests_added_later_keep_the_earlier_ids_texts():
     assert requests[: len(earlier)] == earlier
     assert len(requests) == len(earlier) + len(CODE_TASKS_MORE) * len(CODE_SHAPES) == 408
     assert len(set(requests)) == len(requests)
+
+
+def test_templated_and_passage_requests_added_later_keep_the_earlier_ids_texts():
+    """Round 6 appended TOPICS_MORE: templated-0 .. 799 and passage-0 .. 119 must still name the requests
+    of the earlier rounds, and no new request repeats an earlier one."""
+    import random
+
+    from scripts.train_eagle3 import PASSAGES, TEMPLATES, TOPICS, TOPICS_MORE, passage_groups, templated_requests
+
+    earlier = [template.format(t=topic) for template in TEMPLATES for topic in TOPICS]
+    requests = templated_requests(0)
+    assert requests[:800] == earlier and len(requests) == 1600 == len(set(requests))
+    passages = [shape.format(t=topic) for topic in TOPICS for shape in PASSAGES]
+    random.Random(0 + 3).shuffle(passages)  # how rounds 4 and 5 ordered them (seed 0)
+    first, more = passage_groups(0)
+    assert first == passages and len(more) == 120 and not set(first) & set(more)
+    assert not set(TOPICS) & set(TOPICS_MORE)

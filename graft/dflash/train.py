@@ -183,3 +183,30 @@ def expected_accepted(accuracies: list[float]) -> float:
         run *= acc
         total += run
     return total
+
+
+def grown_state(saved: dict[str, Tensor], model: BlockDrafter) -> dict[str, Tensor]:
+    """A state dict for `model` from an earlier drafter's `saved` weights with fewer layers: the earlier
+    layers keep their weights and each added layer (appended after them) starts as the identity, its
+    residual branches closed by zero output projections (o_proj, down_proj) while its other weights keep
+    `model`'s initialisation. The grown drafter therefore starts from the earlier one's predictions and
+    the fit opens the new layer gradually (the zero projections still receive gradients)."""
+    state = model.state_dict()
+    layer_keys = [k for k in saved if k.startswith("layers.")]
+    earlier = 1 + max((int(k.split(".")[1]) for k in layer_keys), default=-1)
+    if earlier > len(model.layers):
+        raise ValueError(f"the saved drafter has {earlier} layers; expected at most {len(model.layers)} to grow from")
+    unknown = sorted(set(saved) - set(state))
+    if unknown:
+        raise ValueError(f"the saved drafter has keys this drafter lacks: {unknown[:3]}")
+    grown = {k: v.clone() for k, v in state.items()}
+    for k, v in saved.items():
+        if grown[k].shape != v.shape:
+            raise ValueError(f"{k}: saved shape {tuple(v.shape)}, expected {tuple(grown[k].shape)}")
+        grown[k] = v.clone()
+    for i in range(earlier, len(model.layers)):
+        for out in (f"layers.{i}.self_attn.o_proj", f"layers.{i}.mlp.down_proj"):
+            for k in (f"{out}.weight", f"{out}.bias"):
+                if k in grown:
+                    grown[k].zero_()
+    return grown
