@@ -82,7 +82,7 @@ TOPICS = [
     "bread",
 ]
 # Round 6 of the block drafter (issue 16): forty more everyday topics, crossed with TEMPLATES and PASSAGES
-# into requests appended after the earlier ones (templated_requests, passage_requests), so earlier ids keep
+# into requests appended after the earlier ones (templated_requests, passage_groups), so earlier ids keep
 # their texts. None echoes a prompt of an evaluation set.
 TOPICS_MORE = [
     "museums",
@@ -607,7 +607,8 @@ def fit_loop(
     (the module's weights under `key`), a metrics.jsonl line per step, checkpoints every
     `checkpoint_every` steps and at a time budget. step(batch, index) -> (loss, metrics, progress) trains on
     one batch of records: the scalar loss to minimise, the metrics to log after step/epoch/loss/lr, and the
-    figures for the progress bar. `init_from`: a checkpoint (its path or its loaded dict) whose weights start a fit that has none yet.
+    figures for the progress bar. `init_from`: a checkpoint (its path, or its loaded dict) whose weights
+    start a fit that has none yet.
     `evaluate()` -> {"score": higher is better, ...}: run every `fit.eval_every` steps and at the end on
     held-out data; its figures are logged with a `heldout_` prefix and the best-scoring weights are kept in
     out/best.pt (returned as "best": {"step", "score"})."""
