@@ -143,6 +143,9 @@ class HardwareConfig:
     fast_path: Literal["none", "transposed", "packed", "bf16"] = "none"  # graft/fast.py
     # the fp32 packed path's one-row product (a decode step): x @ W_t or oneDNN; auto measures both at load
     one_row_kernel: Literal["auto", "transposed", "packed"] = "auto"
+    # the lean forward's layer loop in C++ (graft/native) for forwards of a few rows: auto uses it where it
+    # builds and applies (float32, CPU, dense, packed products), on refuses to load without it, off never
+    native: Literal["auto", "on", "off"] = "auto"
     # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped
     # by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.
     device_map: str | None = None

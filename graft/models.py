@@ -230,7 +230,14 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
         except ValueError as err:
             raise ConfigError(str(err)) from err
         try:
-            target = LeanBackend(model, tokenizer, make_linear, name=cfg.name, one_row_kernel=hardware.one_row_kernel)
+            target = LeanBackend(
+                model,
+                tokenizer,
+                make_linear,
+                name=cfg.name,
+                one_row_kernel=hardware.one_row_kernel,
+                native_mode=hardware.native,
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from err
     if cfg.max_context:

@@ -13,7 +13,7 @@ from graft.decode import SamplingConfig, float_tie, generate
 from graft.drafter import Drafter, Proposal, SequenceState
 from graft.tree import DraftTree, NodeSource
 
-TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_llama:packed", "tiny_qwen3_moe:bf16"]
+TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_llama:packed", "tiny_qwen3:packed", "tiny_qwen3_moe:bf16"]
 MAX_NEW = 48
 
 

@@ -17,11 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graft import native
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
 from graft.fast import PackedLinear, choose_one_row_kernel
 from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
+NATIVE_MODES = ("auto", "on", "off")
+# Forwards of up to this many rows run the native layer loop (decode steps, verifications); longer ones (a
+# prefill chunk) are product-bound, and the Python loop's overhead is noise there.
+NATIVE_MAX_ROWS = 64
 
 
 @dataclass
@@ -51,6 +56,8 @@ class LeanForward:
         self.scaling = self.head_dim**-0.5
         self.final_norm = decoder.norm.weight.detach()
         self.lm_head = make_linear(model.lm_head)
+        self.native = None  # the built native module once enable_native accepted this model
+        self._native_weights: list[Tensor] = []
         self.layers = []
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -83,19 +90,113 @@ class LeanForward:
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         return rms_norm(x, weight, self.eps)
 
+    def enable_native(self, mode: str = "auto") -> dict:
+        """Run forwards of a few rows through the native layer loop (graft/native) where this model allows it:
+        float32 on the CPU, dense MLPs, oneDNN-packed products. "auto" falls back to the Python loop (saying
+        why); "on" refuses to load without it; "off" keeps the Python loop. Returns what was chosen, for run.json.
+        Call it after the one-row kernel is settled: the weights handed over are the ones that survived it."""
+        if mode not in NATIVE_MODES:
+            raise ValueError(f"hardware.native={mode!r}; allowed: {', '.join(NATIVE_MODES)}")
+        if mode == "off":
+            return {"native": "off", "native_reason": "hardware.native=off"}
+        reason = self._native_blocker()
+        if reason is None and native.load() is None:
+            reason = f"the native build failed ({native.failure()})"
+        if reason is not None:
+            if mode == "on":
+                raise ValueError(f"hardware.native=on, but {reason}; use hardware.native=auto or off")
+            return {"native": "off", "native_reason": reason}
+        self.native = native.load()
+        empty = torch.empty(0)
+        for layer in self.layers:
+            for field in native.LAYER_FIELDS:
+                part, _, kind = field.partition(".")
+                value = getattr(layer, part)
+                if kind == "packed":
+                    value = value.packed
+                elif kind == "transposed":
+                    value = value.single_row_t
+                elif kind == "bias":
+                    value = value.bias
+                self._native_weights.append(empty if value is None else value.detach())
+        return {"native": "on", "native_reason": f"layer loop in C++ for forwards of up to {NATIVE_MAX_ROWS} rows"}
+
+    def _native_blocker(self) -> str | None:
+        if self.final_norm.device.type != "cpu" or self.final_norm.dtype != torch.float32:
+            return f"it runs float32 on the CPU (this model: {self.final_norm.dtype} on {self.final_norm.device.type})"
+        if any(layer.mlp is not None for layer in self.layers):
+            return "it runs dense MLPs only (this model has mixture-of-experts layers)"
+        if not all(isinstance(p, PackedLinear) for p in self.linears()):
+            return "it runs oneDNN-packed products only (hardware.fast_path=packed)"
+        return None
+
+    def _native_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, taps, captured) -> Tensor:
+        """The layer loop in C++: x [1, n, hidden] in, out; the cache's rows written, `captured` filled."""
+        n = x.shape[1]
+        start = cache.layers[0].length
+        for buffer in cache.layers:
+            if not buffer.is_initialized:
+                shape = (1, self.kv_heads, 0, self.head_dim)
+                buffer.lazy_initialization(x.new_empty(shape), x.new_empty(shape))
+            buffer.reserve(start + n)
+        flags = [0] * len(self.layers)
+        for index, where in taps:
+            flags[index] |= {"input": 1, "output": 2}.get(where, 0)
+        qkv = self.layers[0].qkv
+        outputs = self.native.lean_layers(
+            x[0],
+            self._native_weights,
+            len(native.LAYER_FIELDS),
+            [buffer.keys for buffer in cache.layers],
+            [buffer.values for buffer in cache.layers],
+            cos[0].contiguous(),
+            sin[0].contiguous(),
+            torch.empty(0) if mask is None else mask,
+            start,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.eps,
+            self.scaling,
+            bool(qkv.one_row_transposed and qkv.single_row_t is not None),
+            flags,
+        )
+        for buffer in cache.layers:
+            buffer.length = start + n
+        pieces = iter(outputs[1:])
+        for index, flag in enumerate(flags):
+            for bit, where in ((1, "input"), (2, "output")):
+                if flag & bit:
+                    captured[(index, where)] = next(pieces).unsqueeze(0)
+        return outputs[0].unsqueeze(0)
+
     @torch.inference_mode()
     def __call__(self, input_ids, position_ids, mask, cache, taps, logits_to_keep: int = 0):
         """input_ids/position_ids [1, n]; mask [1, 1, n, S] or None (causal); returns logits, taps dict."""
         x = self.embed(input_ids)  # [1, n, hidden]
         n = x.shape[1]
         cos, sin = self.rotary(x, position_ids)  # [1, n, head_dim]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         captured = {}
         groups = self.heads // self.kv_heads
         if mask is not None and n == 1:
             mask = None  # a one-node tree sees the whole cache: no mask needed
         elif mask is not None and groups > 1:
             mask = mask.repeat(1, 1, groups, 1)  # tiled once for grouped_sdpa's folded query axis
+        if self.native is not None and n <= NATIVE_MAX_ROWS and not cache.static:
+            x = self._native_layers(x, cos, sin, mask, cache, taps, captured)
+        else:
+            x = self._python_layers(x, cos.unsqueeze(1), sin.unsqueeze(1), mask, cache, taps, captured)
+        if any(where == "final" for _, where in taps):
+            normed = self._norm(x, self.final_norm)
+            captured.update({key: normed for key in taps if key[1] == "final"})
+            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
+        else:
+            logits = self.lm_head(self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, self.final_norm))
+        return logits, captured
+
+    def _python_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, taps, captured) -> Tensor:
+        """The layer loop in Python: x [1, n, hidden] in, out; cos, sin [1, 1, n, head_dim]."""
+        n = x.shape[1]
         q_size = self.heads * self.head_dim
         for index, layer in enumerate(self.layers):
             if (index, "input") in taps:
@@ -120,13 +221,7 @@ class LeanForward:
                 x = x + layer.mlp(h)
             if (index, "output") in taps:
                 captured[(index, "output")] = x
-        if any(where == "final" for _, where in taps):
-            normed = self._norm(x, self.final_norm)
-            captured.update({key: normed for key in taps if key[1] == "final"})
-            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
-        else:
-            logits = self.lm_head(self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, self.final_norm))
-        return logits, captured
+        return x
 
 
 class LeanBackend(TargetBackend):
@@ -139,6 +234,7 @@ class LeanBackend(TargetBackend):
         make_linear: Callable[[nn.Linear], nn.Module],
         name: str = "target",
         one_row_kernel: str = "auto",
+        native_mode: str = "auto",
     ):
         super().__init__(model, tokenizer, name)
         self.lean = LeanForward(model, make_linear)
@@ -146,6 +242,7 @@ class LeanBackend(TargetBackend):
         packed = [p for p in self.lean.linears() if isinstance(p, PackedLinear)]
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
+        self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 
     def lm_head(self, hidden: Tensor) -> Tensor:
         """The target's LM head through the forward's own packed product (for drafters that share it)."""
@@ -153,7 +250,9 @@ class LeanBackend(TargetBackend):
 
     def product(self, linear: nn.Linear) -> nn.Module:
         """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
-        if self._make_linear is PackedLinear and self.kernels:  # settled at load: no copy for the loser
+        if self._make_linear is PackedLinear and "one_row" in (
+            self.kernels or {}
+        ):  # settled at load: no copy for the loser
             return PackedLinear(linear, one_row=self.kernels["one_row"])
         return self._make_linear(linear)
 

@@ -1,0 +1,81 @@
+"""Native (C++) pieces of the CPU fast path, built once per machine with torch's extension builder.
+
+`lean_layers` runs the lean forward's layer loop for a few rows (lean_layers.cpp says why). It is built on
+first use into $GRAFT_CACHE/native/<key>, the key covering the source, torch's version and this CPU's
+flags (the build uses -march=native), so a cache shared between machines never loads another CPU's build.
+Building needs a C++ compiler; where there is none, `load()` says why and the Python loop runs instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("lean_layers.cpp")
+
+# the order of a layer's tensors in lean_layers' `weights` (an empty tensor where one is absent)
+LAYER_FIELDS = (
+    "input_norm",
+    "qkv.packed", "qkv.transposed", "qkv.bias",
+    "o.packed", "o.transposed", "o.bias",
+    "post_norm",
+    "gate_up.packed", "gate_up.transposed", "gate_up.bias",
+    "down.packed", "down.transposed", "down.bias",
+    "qk_norm",
+)  # fmt: skip
+
+_module = None
+_failure: str | None = None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_key() -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags().encode(), platform.machine().encode()):
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def load(verbose: bool = False):
+    """The built module, or None with the reason in `failure()`; built at most once per process."""
+    global _module, _failure
+    if _module is not None or _failure is not None:
+        return _module
+    # torch's builder runs `ninja` from PATH: the one installed beside this interpreter (pip's ninja) first
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    try:
+        from torch.utils.cpp_extension import load as build
+
+        from graft.embedded import cache_root
+
+        key = build_key()
+        directory = cache_root() / "native" / key
+        directory.mkdir(parents=True, exist_ok=True)
+        _module = build(
+            name=f"graft_lean_layers_{key}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+            build_directory=str(directory),
+            verbose=verbose,
+        )
+    except Exception as err:  # no compiler, no ninja, a failed build: the Python loop runs instead
+        _failure = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+    return _module
+
+
+def failure() -> str | None:
+    return _failure

@@ -1,0 +1,86 @@
+"""The native layer loop (graft/native) against the Python loop it replaces: same logits, taps and cache."""
+
+import pytest
+import torch
+
+from graft import native
+from graft.backends import HiddenTap
+from graft.schema import ConfigError
+from graft.tree import DraftTree, topology
+
+
+def _target(name: str, *overrides: str):
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.models import load_model
+
+    cfg = validate(compose([f"model={name}", "logger=none", "hardware.fast_path=packed", *overrides]))
+    return load_model(cfg.model, cfg.hardware, progress=False).target
+
+
+def _session(target) -> dict:
+    """A prefill, a tree verification with a branch kept, then a one-token decode step, all with taps."""
+    taps = (HiddenTap(0, "input"), HiddenTap(1, "output"), HiddenTap(2, "input"))
+    target.reset(16)  # too small on purpose: the native loop must grow the cache as the Python loop does
+    prefill = target.prefill(list(range(30, 70)), taps)
+    tree = DraftTree(tokens=torch.tensor([7, 11, 12, 13, 14, 15]), parents=torch.tensor([-1, 0, 0, 1, 2, 4]))
+    verify = target.verify(tree, topology(tree.parents, target.cache_len), taps)
+    target.commit(40, [0, 2, 4])
+    root = DraftTree.root_only(21)
+    decode = target.verify(root, topology(root.parents, target.cache_len), taps)
+    layers = target.cache.layers
+    return {
+        "logits": [prefill.logits, verify.logits, decode.logits],
+        "hidden": [prefill.hidden, verify.hidden, decode.hidden],
+        "keys": [layer.keys[:, :, : layer.length] for layer in layers],
+        "values": [layer.values[:, :, : layer.length] for layer in layers],
+        "length": target.cache_len,
+    }
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("one_row", ["transposed", "packed"])
+def test_the_native_loop_matches_the_python_loop(name, one_row):
+    native_target = _target(name, "hardware.native=on", f"hardware.one_row_kernel={one_row}")
+    python_target = _target(name, "hardware.native=off", f"hardware.one_row_kernel={one_row}")
+    assert native_target.kernels["native"] == "on" and python_target.kernels["native"] == "off"
+    got, expected = _session(native_target), _session(python_target)
+    assert got["length"] == expected["length"] == 44
+    for key in ("logits", "hidden", "keys", "values"):
+        for a, b in zip(got[key], expected[key], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_native_on_is_refused_where_it_cannot_run():
+    with pytest.raises(ConfigError, match=r"hardware.native=on, but it runs dense MLPs only"):
+        _target("tiny_qwen3_moe", "hardware.native=on")
+    with pytest.raises(ConfigError, match=r"hardware.native=on, but it runs float32 on the CPU"):
+        _target("tiny_llama", "hardware.native=on", "hardware.fast_path=bf16")
+    assert _target("tiny_qwen3_moe").kernels["native"] == "off"  # auto: the Python loop, and why
+
+
+def test_an_unknown_native_mode_is_refused_by_name():
+    target = _target("tiny_llama", "hardware.native=off")
+    with pytest.raises(ValueError, match=r"hardware.native='fast'; allowed: auto, on, off"):
+        target.lean.enable_native("fast")
+
+
+def test_a_failed_build_falls_back_to_the_python_loop_and_says_why(monkeypatch):
+    monkeypatch.setattr(native, "load", lambda verbose=False: None)
+    monkeypatch.setattr(native, "failure", lambda: "CalledProcessError: no C++ compiler")
+    target = _target("tiny_llama")
+    assert target.kernels["native"] == "off"
+    assert "no C++ compiler" in target.kernels["native_reason"]
+    assert target.lean.native is None
+    with pytest.raises(ConfigError, match="the native build failed"):
+        _target("tiny_llama", "hardware.native=on")
+
+
+def test_the_build_key_changes_with_the_source(monkeypatch, tmp_path):
+    source = tmp_path / "lean_layers.cpp"
+    source.write_text(native.SOURCE.read_text())
+    monkeypatch.setattr(native, "SOURCE", source)
+    before = native.build_key()
+    source.write_text(native.SOURCE.read_text() + "\n// edited\n")
+    assert native.build_key() != before
