@@ -36,6 +36,7 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 import torch  # noqa: E402
 
 SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eagle_gsm8k", 1)]
+PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the target's native loop off
 SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "hf_generate": None,
     "hf_prompt_lookup": None,
@@ -55,6 +56,9 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # the budget Token Recycling leaves unfilled (unknown table entries) filled by prompt lookup after it
     "graft@8/recycling+pld": ("graft", {"total_tokens": 8, "retrieval": ["recycling", "pld"]}),
     "recycling/prefill_cold_start": ("recycling", {"cold_start": "prefill"}),
+    # the target's layer loop in Python (the native C++ loop switched off for this system only)
+    "ar/python": ("ar", {PYTHON_LOOP: True}),
+    "graft@8/python": ("graft", {"total_tokens": 8, PYTHON_LOOP: True}),
 }
 
 
@@ -116,13 +120,23 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
     from graft.decode import generate
     from graft.registry import build_drafter, method_config
 
+    overrides = dict(overrides)
+    python_loop = overrides.pop(PYTHON_LOOP, False)
     raw = {**load_method_yaml(method), **overrides}
     drafter = build_drafter(method_config(raw, model_cfg.draft_head, model_cfg.block_drafter), fast.target)
+    lean = getattr(fast.target, "lean", None)
 
     def run(ids: list[int]) -> tuple[list[int], float]:
-        start = time.perf_counter()
-        gen = generate(fast.target, drafter, ids, new_tokens, set())
-        return gen.new_tokens, time.perf_counter() - start
+        native = lean.native if lean is not None else None
+        if python_loop and lean is not None:
+            lean.native = None
+        try:
+            start = time.perf_counter()
+            gen = generate(fast.target, drafter, ids, new_tokens, set())
+            return gen.new_tokens, time.perf_counter() - start
+        finally:
+            if lean is not None:
+                lean.native = native
 
     return run
 

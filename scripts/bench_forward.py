@@ -30,16 +30,19 @@ import torch  # noqa: E402
 TOKEN_COUNTS = [1, 2, 4, 8, 16, 32, 60, 128]
 
 
-def measure_bandwidth_gbs(megabytes: int = 1024, repeats: int = 7) -> float:
-    """Streaming read bandwidth: a large float32 tensor summed, median over repeats."""
-    data = torch.ones(megabytes * 2**20 // 4)
-    data.sum()
-    times = []
-    for _ in range(repeats):
+class StreamProbe:
+    """Streaming read bandwidth: a large float32 tensor summed. This VM's rate moves by up to 2x between
+    minutes (43-80 GB/s seen in one day), so the profile samples it once per round, between the forwards it
+    is compared with, and reports the median."""
+
+    def __init__(self, megabytes: int = 1024):
+        self.data = torch.ones(megabytes * 2**20 // 4)
+        self.data.sum()
+
+    def once(self) -> float:
         start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return data.numel() * 4 / statistics.median(times) / 1e9
+        self.data.sum()
+        return self.data.numel() * 4 / (time.perf_counter() - start) / 1e9
 
 
 def weight_bytes(model) -> int:
@@ -90,7 +93,7 @@ def head_level_ms(
     results = {}
     for dtype in dtypes:
         head = random_head(target) if source in (None, "random") else load_head(source, target)
-        head = head.to(getattr(torch, dtype)).lean(target.product)
+        head = head.to(getattr(torch, dtype)).lean(target.product, target.native)
         cfg, g = head.cfg, torch.Generator().manual_seed(0)
         cache = head.new_cache(context_len + nodes + 8)
         with torch.inference_mode():
@@ -126,24 +129,30 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     from graft.models import load_model
 
     timers, info = {}, {}
-    for path in paths:  # "packed@transposed": the packed path with its one-row kernel forced
-        hardware_cfg.fast_path, _, one_row = path.partition("@")
+    for path in paths:  # "packed@transposed": one-row kernel forced; "packed/python": the Python layer loop
+        base, _, loop = path.partition("/")
+        hardware_cfg.fast_path, _, one_row = base.partition("@")
         hardware_cfg.one_row_kernel = one_row or "auto"
+        hardware_cfg.native = "off" if loop == "python" else "auto"
         target = load_model(model_cfg, hardware_cfg, progress=False).target
         context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
         info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype), "kernels": target.kernels}
     samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}
+    probe, bandwidths = StreamProbe(), []
     for round_ in range(warmup + repeats):
         for k in TOKEN_COUNTS:
             for path in paths if round_ % 2 == 0 else reversed(paths):
                 ms = timers[path].once(k)
                 if round_ >= warmup:
                     samples[path][k].append(ms)
+        gbs = probe.once()
+        if round_ >= warmup:
+            bandwidths.append(gbs)
     for path in paths:
         verify = {k: statistics.median(v) for k, v in samples[path].items()}
         info[path].update(decode_ms=verify[1], verify_ms=verify)
-    return info
+    return info, bandwidths
 
 
 def main() -> None:
@@ -152,7 +161,8 @@ def main() -> None:
     parser.add_argument(
         "--paths",
         default="none,transposed,bf16",
-        help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed)",
+        help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed), "
+        "path/python runs the Python layer loop instead of the native one (packed/python)",
     )
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
@@ -171,15 +181,15 @@ def main() -> None:
         raw = compose(config_name="config", overrides=[*args.overrides, "run.out_dir=unused", "logger=none"])
     cfg = validate(OmegaConf.to_container(raw, resolve=True))
 
-    bandwidth = measure_bandwidth_gbs()
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path
-    results = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
+    results, bandwidths = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
+    bandwidth = statistics.median(bandwidths)
     head_levels = None
     if args.head_level:
         from graft.models import load_model
 
-        cfg.hardware.fast_path, cfg.hardware.one_row_kernel = "packed", "auto"
+        cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
         target = load_model(cfg.model, cfg.hardware, progress=False).target
         head_levels = head_level_ms(
             target, cfg.model.draft_head, ["float32", "bfloat16"], args.context, 10 * args.repeats, 3 * args.warmup
@@ -192,6 +202,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "context_tokens": args.context,
         "bandwidth_gbs": bandwidth,
+        "bandwidth_range_gbs": [min(bandwidths), max(bandwidths)],
         "weight_bytes": plain_bytes,
         "bandwidth_limit_ms": plain_bytes / (bandwidth * 1e9) * 1e3,
         "plain": results[paths[0]],
@@ -207,7 +218,10 @@ def main() -> None:
         r["bandwidth_limit_ms"] = params * (2 if "bfloat16" in r["dtype"] else 4) / (bandwidth * 1e9) * 1e3
 
     print(f"model {cfg.model.name}, {torch.get_num_threads()} threads, context {args.context} tokens")
-    print(f"streaming read bandwidth {bandwidth:.1f} GB/s")
+    print(
+        f"streaming read bandwidth {bandwidth:.1f} GB/s (median of {len(bandwidths)} samples between the rounds, "
+        f"{min(bandwidths):.1f}-{max(bandwidths):.1f})"
+    )
     for name, r in results.items():
         print(
             f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step"

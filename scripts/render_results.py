@@ -35,9 +35,11 @@ def forward_profile(path: str) -> str:
     paths = profile["paths"]
     names = list(paths)
     sizes = sorted({int(k) for p in paths.values() for k in p["verify_ms"]})
+    spread = profile.get("bandwidth_range_gbs")
+    sampled = f" (median of samples between the rounds, {spread[0]:.1f}-{spread[1]:.1f})" if spread else ""
     lines = [
         f"Verify time in ms for k tokens (k = 1 is the decode step); {profile['model']}, {profile['threads']} threads, "
-        f"context {profile['context_tokens']} tokens; streaming read bandwidth {profile['bandwidth_gbs']:.1f} GB/s, so "
+        f"context {profile['context_tokens']} tokens; streaming read bandwidth {profile['bandwidth_gbs']:.1f} GB/s{sampled}, so "
         f"reading the {profile['weight_bytes'] / 1e6:.0f} MB of fp32 weights once takes {profile['bandwidth_limit_ms']:.1f} ms.",
         "",
         "| tokens | " + " | ".join(names) + " |",

@@ -132,7 +132,7 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
             "scripts/bench_forward.py",
             "model=tiny_llama",
             "--paths",
-            "none,packed",
+            "none,packed/python,packed",
             "--repeats",
             "1",
             "--warmup",
@@ -148,6 +148,8 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = json.loads(out.read_text())
     assert profile["bandwidth_limit_ms"] > 0 and profile["fast_path"] == "packed"
+    assert profile["paths"]["packed"]["kernels"]["native"] == "on"
+    assert profile["paths"]["packed/python"]["kernels"]["native"] == "off"
     for side in ("plain", "fast"):
         assert profile[side]["decode_ms"] > 0
         assert set(profile[side]["verify_ms"]) == {"1", "2", "4", "8", "16", "32", "60", "128"}

@@ -84,3 +84,43 @@ def test_the_build_key_changes_with_the_source(monkeypatch, tmp_path):
     before = native.build_key()
     source.write_text(native.SOURCE.read_text() + "\n// edited\n")
     assert native.build_key() != before
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
+def test_the_native_head_layer_matches_the_python_layer(kind):
+    """An extend of 5 entries (causal over the head's cache), a draft level of 3 nodes under a tree mask,
+    then one node that sees the whole cache: same outputs and cache through graft/native as through Python."""
+    from graft.eagle.checkpoint import random_head
+    from graft.kv import KVBuffer
+    from graft.methods.eagle3 import head_step
+
+    target = _target("tiny_llama", "hardware.native=on")
+    hidden_size = target.config.hidden_size
+    heads = []
+    for native_module in (None, target.native):
+        head = random_head(target, kind, layer_ids=[0, 1, 2] if kind == "eagle3" else None)
+        gen = torch.Generator().manual_seed(5)
+        with torch.no_grad():  # norms away from their initial ones, so a norm weight misplaced shows
+            for p in head.parameters():
+                if p.ndim == 1 and p.dtype == torch.float32:
+                    p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+        heads.append(head.lean(target.product, native_module))
+    assert heads[0].native is None and heads[1].native is not None
+    gen = torch.Generator().manual_seed(3)
+    feature_size = 3 * hidden_size if kind == "eagle3" else hidden_size
+    embeds, feats = torch.randn(5, hidden_size, generator=gen), torch.randn(5, feature_size, generator=gen)
+    level = torch.tensor([[True] * 5 + [True, False, False], [True] * 5 + [False, True, False], [True] * 8])
+    outs, caches = [], []
+    with torch.inference_mode():
+        for head in heads:
+            cache = KVBuffer(4)  # grown by both paths
+            first = head_step(head, cache, embeds, feats, torch.arange(5), None)
+            nodes = head_step(head, cache, embeds[:3], first[-3:], torch.tensor([5, 5, 6]), level)
+            last = head_step(head, cache, embeds[:1], nodes[-1:], torch.tensor([7]), None)
+            outs.append((first, nodes, last))
+            caches.append((cache.keys[:, :, : cache.length], cache.values[:, :, : cache.length], cache.length))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert caches[1][2] == caches[0][2] == 9
+    for got, want in zip(caches[1][:2], caches[0][:2], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

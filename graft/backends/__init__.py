@@ -148,6 +148,12 @@ class TargetBackend(ABC):
         """`linear` as a module running this backend's fast products, or None (keep nn.Linear)."""
         return None
 
+    @property
+    def native(self):
+        """The native module (graft/native) the forward runs its layers through, or None: draft heads on
+        this backend's products use it too."""
+        return None
+
     def clock(self) -> float:
         """Seconds (perf_counter); with `sync_timing`, once every device finished what was queued."""
         if self.sync_timing:

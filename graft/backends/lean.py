@@ -244,6 +244,10 @@ class LeanBackend(TargetBackend):
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 
+    @property
+    def native(self):
+        return self.lean.native
+
     def lm_head(self, hidden: Tensor) -> Tensor:
         """The target's LM head through the forward's own packed product (for drafters that share it)."""
         return self.lean.lm_head(hidden.to(self.device))

@@ -21,6 +21,8 @@ from graft.kv import KVBuffer
 from graft.nn import RMSNorm, Rotary, fuse_linears, grouped_sdpa
 from graft.tree import prefix_causal
 
+NATIVE_MAX_ROWS = 64  # as the target's (graft/backends/lean.py): longer extends are product-bound
+
 
 @dataclass
 class HeadConfig:
@@ -192,6 +194,8 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fast: dict[str, nn.Module] = {}  # from lean()
+        self.native = None  # from lean(): graft/native's module, when the layer runs through it
+        self._native_weights: list[Tensor] = []
         self.compiled_step = None  # from compile()
         if cfg.kind == "eagle3":
             self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
@@ -209,21 +213,81 @@ class DraftHead(nn.Module):
         else:
             raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
 
-    def lean(self, product) -> "DraftHead":
+    def lean(self, product, native=None) -> "DraftHead":
         """Run every product of the head through `product` (a target backend's fast products, with its
         kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the
-        LM head packed. Inference only: the nn.Linear modules (and the state dict) stay as they are, and
-        training reads them."""
+        LM head packed. With `native` (the backend's graft/native module) a float32 head runs its layer
+        for a few entries there too. Inference only: the nn.Linear modules (and the state dict) stay as
+        they are, and training reads them."""
         fc = product(self.fc)
         if fc is None:  # a backend without fast products
             return self
-        layer = self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
+        layer = self._layer()
         layer.self_attn.lean(product)
         layer.mlp.lean(product)
         self.fast = {"fc": fc}  # a dict: not submodules, not in the state dict
         if self.cfg.kind == "eagle3":
             self.fast["lm_head"] = product(self.lm_head)
+        if native is not None and self.fc.weight.dtype == torch.float32:
+            self._use_native(native, layer)
         return self
+
+    def _layer(self):
+        return self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
+
+    def _use_native(self, native, layer) -> None:
+        from graft.fast import PackedLinear
+
+        products = {**layer.self_attn.fast, **layer.mlp.fast}
+        if not all(isinstance(p, PackedLinear) for p in products.values()):
+            return
+        empty = torch.empty(0)
+        eagle3 = self.cfg.kind == "eagle3"
+        weights = [layer.input_layernorm.weight if eagle3 else empty]
+        for name in ("qkv", "o"):
+            p = products[name]
+            weights += [p.packed, p.single_row_t, p.bias]
+        weights.append(layer.post_attention_layernorm.weight)
+        for name in ("gate_up", "down"):
+            p = products[name]
+            weights += [p.packed, p.single_row_t, p.bias]
+        weights += [empty, layer.hidden_norm.weight if eagle3 else empty]  # no q/k norm; EAGLE-3's hidden_norm
+        self._native_weights = [empty if w is None else w.detach() for w in weights]
+        self._one_row_transposed = bool(products["qkv"].one_row_transposed and products["qkv"].single_row_t is not None)
+        self.native = native
+
+    def _native_step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor:
+        """The decoder layer through graft/native: embeds [n, H] (EAGLE-3) or None, hidden [n, H] -> [n, H]."""
+        cfg, attn = self.cfg, self._layer().self_attn
+        n, start, d = hidden.shape[0], cache.length, cfg.head_dim
+        if cache.keys is None:
+            shape = (1, cfg.num_kv_heads, 0, d)
+            cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
+        if start + n > cache.capacity:
+            cache._grow(start + n)
+        cos, sin = attn.rotary.table(start + n, hidden)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        if mask is not None and groups > 1:
+            mask = mask.repeat(1, 1, groups, 1)  # tiled for the folded query axis
+        out = self.native.head_layer(
+            torch.empty(0) if embeds is None else embeds.contiguous(),
+            hidden.contiguous(),
+            self._native_weights,
+            cache.keys,
+            cache.values,
+            cos[positions],
+            sin[positions],
+            torch.empty(0) if mask is None else mask,
+            start,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            d,
+            cfg.rms_norm_eps,
+            d**-0.5,
+            self._one_row_transposed,
+        )
+        cache.length = start + n
+        return out
 
     def embedder(self, target_embed):
         """The token embedding the head reads: its own table when it has one, else the target's."""
@@ -240,6 +304,16 @@ class DraftHead(nn.Module):
 
     def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer) -> Tensor:
         """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""
+        n = embeds.shape[0]
+        # the native layer: a few entries over a growing cache, with a mask unless one entry sees it all
+        if self.native is not None and not cache.static and n <= NATIVE_MAX_ROWS and (mask is not None or n == 1):
+            embeds, hidden = embeds.to(self.fc.weight.dtype), hidden.to(self.fc.weight.dtype)
+            if self.cfg.kind == "eagle3":
+                if hidden.shape[-1] != self.cfg.hidden_size:
+                    hidden = self.fast["fc"](hidden)
+                return self._native_step(embeds, hidden, positions, mask, cache)
+            x = self.fast["fc"](torch.cat([embeds, hidden], dim=-1))
+            return self._native_step(None, x, positions, mask, cache)
         embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
         if self.cfg.kind == "eagle3":
             if hidden.shape[-1] != self.cfg.hidden_size:  # fused target features: project once

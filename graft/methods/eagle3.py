@@ -347,7 +347,7 @@ class HeadOnCache:
             self.head = load_head(params.head, target)
         if params.head_dtype is not None:
             self.head = self.head.to(getattr(torch, params.head_dtype))
-        self.head.lean(target.product)
+        self.head.lean(target.product, target.native)
         cfg = self.head.cfg
         taps = (
             tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids)
