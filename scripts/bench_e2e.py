@@ -45,6 +45,10 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@8": ("graft", {"total_tokens": 8}),
     "graft@16": ("graft", {"total_tokens": 16}),
     "eagle3@8": ("eagle3", {"total_tokens": 8}),
+    "graft@6": ("graft", {"total_tokens": 6}),
+    # EAGLE-3 at small, shallow dense trees: the settings where drafting costs least here
+    "eagle3@6/d3k3": ("eagle3", {"total_tokens": 6, "depth": 3, "top_k": 3}),
+    "eagle3@4/d2k2/bf16_head": ("eagle3", {"total_tokens": 4, "depth": 2, "top_k": 2, "head_dtype": "bfloat16"}),
     # the draft head in bfloat16 (half the bytes per level; the target still verifies in float32), and
     # EAGLE-3's best setting measured on this CPU: a small, shallow dense tree
     "graft@16/bf16_head": ("graft", {"total_tokens": 16, "head_dtype": "bfloat16"}),

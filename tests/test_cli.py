@@ -1,6 +1,8 @@
 """The command line, end to end: `python run.py ...` in a subprocess, as a user runs it."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +150,8 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = json.loads(out.read_text())
     assert profile["bandwidth_limit_ms"] > 0 and profile["fast_path"] == "packed"
-    assert profile["paths"]["packed"]["kernels"]["native"] == "on"
+    if shutil.which(os.environ.get("CXX", "c++")):  # graft/native builds where there is a compiler
+        assert profile["paths"]["packed"]["kernels"]["native"] == "on"
     assert profile["paths"]["packed/python"]["kernels"]["native"] == "off"
     for side in ("plain", "fast"):
         assert profile[side]["decode_ms"] > 0
