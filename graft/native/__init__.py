@@ -65,6 +65,8 @@ def load(verbose: bool = False):
         key = build_key()
         directory = cache_root() / "native" / key
         directory.mkdir(parents=True, exist_ok=True)
+        if not any(directory.glob("*.so")):
+            print(f"building graft/native into {directory} (once per machine, about 20 s)", file=sys.stderr)
         _module = build(
             name=f"graft_lean_layers_{key}",
             sources=[str(SOURCE)],
