@@ -109,8 +109,9 @@ def _draft_head(obj, depth: int = 0):
 
 @pytest.mark.parametrize("method", ["eagle3", "graft"])
 def test_a_bfloat16_head_drafts_for_a_float32_target_losslessly(tiny, method):
-    """method.head_dtype=bfloat16: the head's weights and cache in bfloat16, the target in float32; the
-    drafts differ in rounding only, and the target still decides every token."""
+    """method.head_dtype=bfloat16: the head's weights in bfloat16 (its activations and cache too on the
+    Python path; float32 on the native one), the target in float32; the drafts differ in rounding only,
+    and the target still decides every token."""
     from conftest import make_drafter
 
     from baselines.autoregressive import Autoregressive

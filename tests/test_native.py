@@ -135,3 +135,33 @@ def test_the_native_head_layer_matches_the_python_layer(kind):
     assert caches[1][2] == caches[0][2] == 9
     for got, want in zip(caches[1][:2], caches[0][:2], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_compiler
+def test_a_bfloat16_head_on_the_native_path_keeps_float32_activations_and_cache():
+    """A bfloat16 head's products read bfloat16 weights; its layer, cache and outputs stay float32, also for an
+    extend longer than the target's native row limit (the whole prompt at once)."""
+    from graft.eagle.checkpoint import random_head
+    from graft.kv import KVBuffer
+    from graft.methods.eagle3 import head_step
+
+    target = _target("tiny_llama", "hardware.native=on")
+    hidden_size = target.config.hidden_size
+    reference = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
+    half = random_head(target, "eagle3", layer_ids=[0, 1, 2]).to(torch.bfloat16).lean(target.product, target.native)
+    assert half.native is not None and half.fc.weight.dtype == torch.bfloat16
+    gen = torch.Generator().manual_seed(4)
+    embeds, feats = torch.randn(80, hidden_size, generator=gen), torch.randn(80, 3 * hidden_size, generator=gen)
+    outs = []
+    with torch.inference_mode():
+        for head in (reference, half):
+            cache = KVBuffer(16)
+            first = head_step(head, cache, embeds, feats, torch.arange(80), None)
+            last = head_step(head, cache, embeds[:1], first[-1:], torch.tensor([80]), None)
+            logp, _ = head.log_probs(last)
+            assert cache.keys.dtype == cache.values.dtype == first.dtype == last.dtype == torch.float32
+            assert cache.length == 81
+            outs.append((first, logp))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        assert torch.isfinite(got).all()
+        assert (got - want).norm() / want.norm() < 0.05  # rounding of weights and product inputs only

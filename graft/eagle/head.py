@@ -19,9 +19,7 @@ from torch import Tensor, nn
 
 from graft.kv import KVBuffer
 from graft.nn import RMSNorm, Rotary, fuse_linears, grouped_sdpa
-from graft.tree import prefix_causal
-
-NATIVE_MAX_ROWS = 64  # as the target's (graft/backends/lean.py): longer extends are product-bound
+from graft.tree import additive_mask, prefix_causal
 
 
 @dataclass
@@ -228,9 +226,15 @@ class DraftHead(nn.Module):
         self.fast = {"fc": fc}  # a dict: not submodules, not in the state dict
         if self.cfg.kind == "eagle3":
             self.fast["lm_head"] = product(self.lm_head)
-        if native is not None and self.fc.weight.dtype == torch.float32:
+        if native is not None and self.fc.weight.dtype in (torch.float32, torch.bfloat16):
             self._use_native(native, layer)
         return self
+
+    def _product(self, name: str, x: Tensor) -> Tensor:
+        """fc or lm_head on x; a bfloat16 head on the native path takes float32 activations, cast here."""
+        linear = self.fast.get(name, getattr(self, name))
+        dtype = self.fc.weight.dtype
+        return linear(x.to(dtype)).float() if self.native is not None and dtype != x.dtype else linear(x)
 
     def _layer(self):
         return self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
@@ -252,14 +256,22 @@ class DraftHead(nn.Module):
             p = products[name]
             weights += [p.packed, p.single_row_t, p.bias]
         weights += [empty, layer.hidden_norm.weight if eagle3 else empty]  # no q/k norm; EAGLE-3's hidden_norm
-        self._native_weights = [empty if w is None else w.detach() for w in weights]
+        # the loops run in float32 (a bfloat16 head's products read bfloat16 weights, its activations do not)
+        self._native_weights = [
+            empty if w is None else w.detach().float() if w.ndim == 1 else w.detach() for w in weights
+        ]
         self._one_row_transposed = bool(products["qkv"].one_row_transposed and products["qkv"].single_row_t is not None)
         self.native = native
 
     def _native_step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor:
-        """The decoder layer through graft/native: embeds [n, H] (EAGLE-3) or None, hidden [n, H] -> [n, H]."""
+        """The decoder layer through graft/native: embeds [n, H] (EAGLE-3) or None, hidden [n, H] -> [n, H],
+        all float32 (so is the cache)."""
         cfg, attn = self.cfg, self._layer().self_attn
         n, start, d = hidden.shape[0], cache.length, cfg.head_dim
+        if mask is None and n > 1:  # causal over the new entries, the whole cache visible
+            mask = additive_mask(prefix_causal(n, start, hidden.device), torch.float32)
+        elif mask is not None:
+            mask = mask.float()  # a bfloat16 head's callers build its masks in bfloat16
         if cache.keys is None:
             shape = (1, cfg.num_kv_heads, 0, d)
             cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
@@ -304,15 +316,15 @@ class DraftHead(nn.Module):
 
     def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer) -> Tensor:
         """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""
-        n = embeds.shape[0]
-        # the native layer: a few entries over a growing cache, with a mask unless one entry sees it all
-        if self.native is not None and not cache.static and n <= NATIVE_MAX_ROWS and (mask is not None or n == 1):
-            embeds, hidden = embeds.to(self.fc.weight.dtype), hidden.to(self.fc.weight.dtype)
+        # the native layer runs every step over a growing cache (a static one is the compiled path's), so that
+        # the cache keeps one dtype: float32, whatever the head's weights
+        if self.native is not None and not cache.static:
+            embeds, hidden = embeds.float(), hidden.float()
             if self.cfg.kind == "eagle3":
                 if hidden.shape[-1] != self.cfg.hidden_size:
-                    hidden = self.fast["fc"](hidden)
+                    hidden = self._product("fc", hidden)
                 return self._native_step(embeds, hidden, positions, mask, cache)
-            x = self.fast["fc"](torch.cat([embeds, hidden], dim=-1))
+            x = self._product("fc", torch.cat([embeds, hidden], dim=-1))
             return self._native_step(None, x, positions, mask, cache)
         embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
         if self.cfg.kind == "eagle3":
@@ -325,7 +337,7 @@ class DraftHead(nn.Module):
     def log_probs(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """Log-probabilities over the head's vocabulary, and the draft-to-target id offsets (or None)."""
         if self.cfg.kind == "eagle3":
-            logits = self.fast.get("lm_head", self.lm_head)(self.norm(out))
+            logits = self._product("lm_head", self.norm(out))
             same_vocab = self.cfg.draft_vocab_size == self.cfg.vocab_size
             return torch.log_softmax(logits.float(), dim=-1), None if same_vocab else self.d2t
         logits = self._target_lm_head[0](out)

@@ -42,8 +42,9 @@ class HeadParams:
     random_layer_ids: list[int] | None = None  # "random" heads: which target layers' inputs to fuse
     random_kind: Literal["eagle3", "eagle1"] = "eagle3"  # "random" heads
     seed: int = 0
-    # the head's weights and cache; null: the target's dtype. Drafts need not match the target's arithmetic
-    # (the target verifies every token), so a bfloat16 head reads half the bytes per level on a CPU
+    # the head's weights (and on the Python path its activations and cache; the native layer keeps those in
+    # float32); null: the target's dtype. Drafts need not match the target's arithmetic (the target verifies
+    # every token), so a bfloat16 head reads half the bytes per level on a CPU
     head_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def __post_init__(self):

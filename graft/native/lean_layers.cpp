@@ -5,7 +5,8 @@
 // a few microseconds of dispatch and allocation. Here the products and attention stay ATen calls (oneDNN's
 // packed linear, SDPA) and everything between them is one pass over the rows in plain loops: the RMSNorms,
 // Qwen3's per-head q/k norm, the rotary embedding with keys and values written straight into the cache, and
-// SiLU(gate) * up. float32 only; graft/native/__init__.py builds it once and falls back to Python otherwise.
+// SiLU(gate) * up. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
+// head); graft/native/__init__.py builds it once, and the callers fall back to Python otherwise.
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -34,6 +35,10 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
                        .typed<LinearPointwise>();
   std::optional<at::Tensor> b = present(bias) ? std::optional<at::Tensor>(bias) : std::nullopt;
+  if (packed.scalar_type() == at::kBFloat16) {  // a bfloat16 head's weights: its activations stay float32
+    return op.call(x.to(at::kBFloat16), packed, b, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""))
+        .to(at::kFloat);
+  }
   return op.call(x, packed, b, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
 }
 
@@ -87,7 +92,9 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
                   const float* cos, const float* sin, const at::Tensor& keys, const at::Tensor& values, int64_t start,
                   const at::Tensor& mask, double scaling, float eps) {
   const int64_t n = qkv.size(0), qk_heads = heads + kv_heads, groups = heads / kv_heads, capacity = keys.size(2);
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "contiguous cache keys and values");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
+                  values.scalar_type() == at::kFloat,
+              "contiguous float32 cache keys and values");
   TORCH_CHECK(start + n <= capacity, "the cache holds ", capacity, " positions, not ", start + n);
   at::Tensor query = at::empty({1, heads, n, d}, qkv.options());  // [1, heads, n, head_dim]
   const float* src = qkv.data_ptr<float>();
