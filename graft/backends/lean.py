@@ -254,10 +254,9 @@ class LeanBackend(TargetBackend):
 
     def product(self, linear: nn.Linear) -> nn.Module:
         """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
-        if self._make_linear is PackedLinear and "one_row" in (
-            self.kernels or {}
-        ):  # settled at load: no copy for the loser
-            return PackedLinear(linear, one_row=self.kernels["one_row"])
+        settled = (self.kernels or {}).get("one_row")
+        if self._make_linear is PackedLinear and settled:  # settled at load: no copy for the loser
+            return PackedLinear(linear, one_row=settled)
         return self._make_linear(linear)
 
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:

@@ -214,8 +214,8 @@ class DraftHead(nn.Module):
     def lean(self, product, native=None) -> "DraftHead":
         """Run every product of the head through `product` (a target backend's fast products, with its
         kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the
-        LM head packed. With `native` (the backend's graft/native module) a float32 head runs its layer
-        for a few entries there too. Inference only: the nn.Linear modules (and the state dict) stay as
+        LM head packed. With `native` (the backend's graft/native module) a float32 or bfloat16 head runs
+        its layer there at every step over a growing cache, activations and cache in float32. Inference only: the nn.Linear modules (and the state dict) stay as
         they are, and training reads them."""
         fc = product(self.fc)
         if fc is None:  # a backend without fast products
