@@ -58,6 +58,7 @@ class LeanForward:
         self.lm_head = make_linear(model.lm_head)
         self.native = None  # the built native module once enable_native accepted this model
         self._native_weights: list[Tensor] = []
+        self._one_row_transposed = False
         self.layers = []
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -107,18 +108,8 @@ class LeanForward:
                 raise ValueError(f"hardware.native=on, but {reason}; use hardware.native=auto or off")
             return {"native": "off", "native_reason": reason}
         self.native = native.load()
-        empty = torch.empty(0)
-        for layer in self.layers:
-            for field in native.LAYER_FIELDS:
-                part, _, kind = field.partition(".")
-                value = getattr(layer, part)
-                if kind == "packed":
-                    value = value.packed
-                elif kind == "transposed":
-                    value = value.single_row_t
-                elif kind == "bias":
-                    value = value.bias
-                self._native_weights.append(empty if value is None else value.detach())
+        self._native_weights = [w for layer in self.layers for w in native.layer_weights(vars(layer))]
+        self._one_row_transposed = native.one_row_transposed(self.layers[0].qkv)
         return {"native": "on", "native_reason": f"layer loop in C++ for forwards of up to {NATIVE_MAX_ROWS} rows"}
 
     def _native_blocker(self) -> str | None:
@@ -142,7 +133,6 @@ class LeanForward:
         flags = [0] * len(self.layers)
         for index, where in taps:
             flags[index] |= {"input": 1, "output": 2}.get(where, 0)
-        qkv = self.layers[0].qkv
         outputs = self.native.lean_layers(
             x[0],
             self._native_weights,
@@ -158,7 +148,7 @@ class LeanForward:
             self.head_dim,
             self.eps,
             self.scaling,
-            bool(qkv.one_row_transposed and qkv.single_row_t is not None),
+            self._one_row_transposed,
             flags,
         )
         for buffer in cache.layers:

@@ -239,29 +239,23 @@ class DraftHead(nn.Module):
     def _layer(self):
         return self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
 
-    def _use_native(self, native, layer) -> None:
+    def _use_native(self, module, layer) -> None:
+        """Hand the layer's weights to `module` (graft/native's built module) in its field order."""
+        from graft import native
         from graft.fast import PackedLinear
 
         products = {**layer.self_attn.fast, **layer.mlp.fast}
         if not all(isinstance(p, PackedLinear) for p in products.values()):
             return
-        empty = torch.empty(0)
         eagle3 = self.cfg.kind == "eagle3"
-        weights = [layer.input_layernorm.weight if eagle3 else empty]
-        for name in ("qkv", "o"):
-            p = products[name]
-            weights += [p.packed, p.single_row_t, p.bias]
-        weights.append(layer.post_attention_layernorm.weight)
-        for name in ("gate_up", "down"):
-            p = products[name]
-            weights += [p.packed, p.single_row_t, p.bias]
-        weights += [empty, layer.hidden_norm.weight if eagle3 else empty]  # no q/k norm; EAGLE-3's hidden_norm
+        norms = {"input_norm": layer.input_layernorm.weight if eagle3 else None}
+        norms["post_norm"] = layer.post_attention_layernorm.weight
+        weights = native.layer_weights({**norms, **products})  # no q/k norm
+        weights.append(layer.hidden_norm.weight.detach() if eagle3 else torch.empty(0))  # head_layer's 16th
         # the loops run in float32 (a bfloat16 head's products read bfloat16 weights, its activations do not)
-        self._native_weights = [
-            empty if w is None else w.detach().float() if w.ndim == 1 else w.detach() for w in weights
-        ]
-        self._one_row_transposed = bool(products["qkv"].one_row_transposed and products["qkv"].single_row_t is not None)
-        self.native = native
+        self._native_weights = [w.float() if w.ndim == 1 else w for w in weights]
+        self._one_row_transposed = native.one_row_transposed(products["qkv"])
+        self.native = module
 
     def _native_step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor:
         """The decoder layer through graft/native: embeds [n, H] (EAGLE-3) or None, hidden [n, H] -> [n, H],
@@ -275,8 +269,7 @@ class DraftHead(nn.Module):
         if cache.keys is None:
             shape = (1, cfg.num_kv_heads, 0, d)
             cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
-        if start + n > cache.capacity:
-            cache._grow(start + n)
+        cache.reserve(start + n)
         cos, sin = attn.rotary.table(start + n, hidden)
         groups = cfg.num_heads // cfg.num_kv_heads
         if mask is not None and groups > 1:

@@ -27,8 +27,30 @@ LAYER_FIELDS = (
     "qk_norm",
 )  # fmt: skip
 
+_PRODUCT_TENSORS = {"packed": "packed", "transposed": "single_row_t", "bias": "bias"}  # PackedLinear's
+
 _module = None
 _failure: str | None = None
+
+
+def layer_weights(parts: dict) -> list:
+    """One layer's tensors in LAYER_FIELDS order, from `parts`: input_norm, post_norm and qk_norm a tensor (or
+    absent / None), qkv, o, gate_up and down a graft.fast.PackedLinear; an empty tensor where one is absent."""
+    import torch
+
+    empty, weights = torch.empty(0), []
+    for field in LAYER_FIELDS:
+        part, _, kind = field.partition(".")
+        value = parts.get(part)
+        if kind and value is not None:
+            value = getattr(value, _PRODUCT_TENSORS[kind])
+        weights.append(empty if value is None else value.detach())
+    return weights
+
+
+def one_row_transposed(product) -> bool:
+    """Whether a PackedLinear (and every product settled with it) runs one row as x @ W_t."""
+    return bool(product.one_row_transposed and product.single_row_t is not None)
 
 
 def _cpu_flags() -> str:

@@ -35,11 +35,10 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
                        .typed<LinearPointwise>();
   std::optional<at::Tensor> b = present(bias) ? std::optional<at::Tensor>(bias) : std::nullopt;
-  if (packed.scalar_type() == at::kBFloat16) {  // a bfloat16 head's weights: its activations stay float32
-    return op.call(x.to(at::kBFloat16), packed, b, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""))
-        .to(at::kFloat);
-  }
-  return op.call(x, packed, b, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
+  const bool half = packed.scalar_type() == at::kBFloat16;  // a bfloat16 head's weights: activations stay float32
+  at::Tensor y = op.call(half ? x.to(at::kBFloat16) : x, packed, b, "none", c10::List<std::optional<at::Scalar>>(),
+                         c10::string_view(""));
+  return half ? y.to(at::kFloat) : y;
 }
 
 // Sum of squares vectorised (omp simd lets the compiler reorder the float reduction).
@@ -140,6 +139,19 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   return act;
 }
 
+// A decoder layer after its input norm: attention reads `input` [n, width] (the normed residual, or a head's
+// wider [norm(embeds); norm(hidden)]), both sublayers add into `residual` [n, hidden]; w in LAYER_FIELDS order.
+at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, const at::Tensor* w,
+                         const at::Tensor& keys, const at::Tensor& values, const float* cos, const float* sin,
+                         const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         float eps, double scaling, bool one_row_transposed) {
+  at::Tensor qkv = product(input, w[1], w[2], w[3], one_row_transposed);
+  at::Tensor merged = attend(qkv, heads, kv_heads, head_dim, w[14], cos, sin, keys, values, start, mask, scaling, eps);
+  at::Tensor x = residual + product(merged, w[4], w[5], w[6], one_row_transposed);
+  at::Tensor gate_up = product(rms_norm_rows(x, w[7], eps), w[8], w[9], w[10], one_row_transposed);
+  return x + product(swiglu(gate_up), w[11], w[12], w[13], one_row_transposed);
+}
+
 }  // namespace
 
 // x [n, hidden] float32; per layer `per_layer` tensors (see graft/native/__init__.py: LAYER_FIELDS), an empty
@@ -164,12 +176,9 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const at::Tensor* w = weights.data() + layer * per_layer;
     if (tap_flags[layer] & 1) result.push_back(x);
-    at::Tensor qkv = product(rms_norm_rows(x, w[0], feps), w[1], w[2], w[3], one_row_transposed);
-    at::Tensor merged = attend(qkv, heads, kv_heads, head_dim, w[14], cos.data_ptr<float>(), sin.data_ptr<float>(),
-                               keys_per_layer[layer], values_per_layer[layer], start, mask, scaling, feps);
-    x = x + product(merged, w[4], w[5], w[6], one_row_transposed);
-    at::Tensor gate_up = product(rms_norm_rows(x, w[7], feps), w[8], w[9], w[10], one_row_transposed);
-    x = x + product(swiglu(gate_up), w[11], w[12], w[13], one_row_transposed);
+    x = decoder_layer(rms_norm_rows(x, w[0], feps), x, w, keys_per_layer[layer], values_per_layer[layer],
+                      cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps,
+                      scaling, one_row_transposed);
     if (tap_flags[layer] & 2) result.push_back(x);
   }
   result[0] = x;
@@ -180,7 +189,7 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
 // (EAGLE-3; `embeds` empty for EAGLE-1, whose layer reads `hidden`, fc's output, as it is), the residual
 // stream is `hidden` [n, H]. `weights` in LAYER_FIELDS order with the EAGLE-3 norms at input_norm (embeds),
 // post_norm, and hidden_norm appended; cache, cos, sin and mask as lean_layers'. Returns the new hidden [n, H].
-at::Tensor head_layer(const at::Tensor& embeds, at::Tensor hidden, const std::vector<at::Tensor>& w,
+at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
                       const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
                       double eps, double scaling, bool one_row_transposed) {
@@ -196,12 +205,8 @@ at::Tensor head_layer(const at::Tensor& embeds, at::Tensor hidden, const std::ve
     both.select(1, 0).copy_(rms_norm_rows(embeds, w[0], feps));
     both.select(1, 1).copy_(rms_norm_rows(hidden, w[15], feps));
   }
-  at::Tensor qkv = product(input, w[1], w[2], w[3], one_row_transposed);
-  at::Tensor merged = attend(qkv, heads, kv_heads, head_dim, w[14], cos.data_ptr<float>(), sin.data_ptr<float>(), keys,
-                             values, start, mask, scaling, feps);
-  hidden = hidden + product(merged, w[4], w[5], w[6], one_row_transposed);
-  at::Tensor gate_up = product(rms_norm_rows(hidden, w[7], feps), w[8], w[9], w[10], one_row_transposed);
-  return hidden + product(swiglu(gate_up), w[11], w[12], w[13], one_row_transposed);
+  return decoder_layer(input, hidden, w.data(), keys, values, cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start,
+                       heads, kv_heads, head_dim, feps, scaling, one_row_transposed);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
