@@ -65,48 +65,158 @@ class TransposedLinear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """oneDNN's linear on weights reordered once into its blocked layout, which keeps small-row products
-    (a verification of a few tokens) close to the streaming rate. For a single row (a decode step) in fp32,
-    x @ W_t from a contiguous transposed copy is faster on some CPUs (an Intel Xeon here) and much slower
-    on others (an AMD Zen 5: 23.6 ms against 11.4 ms for a decode step's products), so fp32 keeps both until
-    `choose_one_row_kernel` has measured which is faster and dropped the loser; bf16 uses oneDNN
-    (avx512_bf16 dot products) for every row count."""
+    """A product on weights laid out once for the CPU's small-row kernels.
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = 16, one_row: str | None = None):
-        """`one_row`: a kernel already settled for these products ("packed" keeps no transposed copy);
-        None: keep both until choose_one_row_kernel measures them."""
+    `packed` is oneDNN's blocked layout, which keeps products of a few rows (a verification) near the
+    streaming rate. Up to `small_rows` rows a second layout, `small`, is read instead, where one was measured
+    faster at load:
+    - x @ W_t from a contiguous transposed copy (`single_row_t`) for one row (a decode step) in fp32: faster
+      on some CPUs (an Intel Xeon here) and much slower on others (an AMD Zen 5: 23.6 ms against 11.4 ms for a
+      decode step's products); `choose_one_row_kernel` settles it;
+    - graft/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F,
+      given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
+      every row count (oneDNN's copy dropped: `packed` is then the panels).
+    bf16 uses oneDNN (avx512_bf16 dot products) for every row count.
+    """
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        batch_hint: int = 16,
+        one_row: str | None = None,
+        products: dict | None = None,
+        native_module=None,
+    ):
+        """`one_row`: the one-row kernel already settled ("packed" keeps no transposed copy); `products`: the
+        product kernel already settled (choose_product_kernel's record: its "products" and "panel_rows");
+        None: keep every candidate until choose_one_row_kernel / choose_product_kernel measure them."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
-        self.single_row_t = None
-        self.one_row_transposed = one_row != "packed"  # switched while choose_one_row_kernel measures
-        if weight.dtype == torch.float32 and one_row != "packed":
-            self.single_row_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
+        kernel = (products or {}).get("products")
+        if kernel != "onednn" and native_module is not None and panels_apply(native_module, weight):
+            self.panels, self._native = native_module.pack_panels(weight), native_module
+        if kernel == "panel" and self.panels is not None:  # every row count
+            self.packed, self.small_rows = self.panels, 0
+            return
+        self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+        self.packed = self.onednn
+        if kernel == "mixed" and self.panels is not None:
+            self.small_rows = products["panel_rows"]
+            return
+        if kernel is not None:
+            self.panels = None
+        # x @ W_t for one row until choose_one_row_kernel has measured it (or where it was settled so)
+        transposed = weight.dtype == torch.float32 and one_row != "packed"
+        if transposed:
+            self.single_row_t = nn.Parameter(weight.t().contiguous(), requires_grad=False)
+        self.small_rows = 1 if transposed else 0
+
+    @property
+    def small(self) -> Tensor | None:
+        """The layout read up to `small_rows` rows: the panels where they serve few rows, else W_t."""
+        if self.panels is not None and self.packed is not self.panels and self.single_row_t is None:
+            return self.panels
+        return self.single_row_t
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
-        if flat.shape[0] == 1 and self.single_row_t is not None and self.one_row_transposed:
-            y = flat @ self.single_row_t
-            if self.bias is not None:
+        small = self.small
+        if small is not None and flat.shape[0] <= self.small_rows:
+            y = self._panel(flat, small) if small.dim() == 3 else flat @ small
+            if small.dim() == 2 and self.bias is not None:
                 y = y + self.bias
+        elif self.packed.dim() == 3:
+            y = self._panel(flat, self.packed)
         else:
             y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _panel(self, flat: Tensor, panels: Tensor) -> Tensor:
+        bias = self.bias if self.bias is not None else flat.new_empty(0)
+        return self._native.panel_linear(flat.contiguous(), panels, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-ONE_ROW_KERNELS = ("transposed", "packed")
+def panels_apply(native_module, weight: Tensor) -> bool:
+    """Whether the panel kernel takes this weight: float32 on the CPU, out_features divisible by 16, a build
+    with AVX-512F."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and weight.shape[0] % 16 == 0
+        and bool(native_module.panels_supported())
+    )
 
 
-def _time_one_row(linears: list[PackedLinear], rows: dict[int, Tensor]) -> float:
+PRODUCT_KERNELS = ("panel", "onednn")
+PRODUCT_ROWS = (1, 2, 4, 8, 16)  # a decode step, the verifications of this project's trees
+
+
+def choose_product_kernel(
+    linears: list[PackedLinear], kernel: str = "auto", no_panels: str | None = None, repeats: int = 5
+) -> dict:
+    """Settle which rows the panel kernel serves, after the one-row kernel is settled (oneDNN or W_t).
+
+    "auto" times the panels and the settled kernels on these weights in forward order for each of
+    PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
+    count up to the largest one at which they and every smaller one measured faster ("mixed": oneDNN above
+    it, so both copies are kept), or none (their copy freed). "panel" gives them every row count (oneDNN's
+    copy freed), "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep
+    oneDNN. Returns a record for run.json."""
+    if kernel not in ("auto", *PRODUCT_KERNELS):
+        raise ValueError(f"hardware.product_kernel={kernel!r}; allowed: auto, {', '.join(PRODUCT_KERNELS)}")
+    dual = [linear for linear in linears if linear.panels is not None and linear.onednn is not None]
+    if not dual:
+        return {"products": "onednn", "products_reason": no_panels or "no float32 products the panel kernel takes"}
+    record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
+    panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
+    if kernel == "auto":
+        settled = {linear: (linear.packed, linear.small_rows) for linear in dual}
+        times: dict[str, list[float]] = {f"{name}@{rows}": [] for name in PRODUCT_KERNELS for rows in PRODUCT_ROWS}
+        inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in dual}} for rows in PRODUCT_ROWS}
+        with torch.inference_mode():
+            for round_index in range(repeats + 1):
+                order = PRODUCT_KERNELS if round_index % 2 == 0 else PRODUCT_KERNELS[::-1]
+                for name in order:
+                    for linear in dual:
+                        linear.packed, linear.small_rows = (linear.panels, 0) if name == "panel" else settled[linear]
+                    for rows in PRODUCT_ROWS:
+                        elapsed = _time_products(dual, inputs[rows])
+                        if round_index:  # the first round warms both kernels up
+                            times[f"{name}@{rows}"].append(elapsed)
+        medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
+        panel_rows = 0
+        for rows in PRODUCT_ROWS:
+            if medians[f"panel@{rows}"] >= medians[f"onednn@{rows}"]:
+                break
+            panel_rows = rows
+        for linear in dual:
+            linear.packed, linear.small_rows = settled[linear]
+        record = {"products_reason": "measured at load", "products_ms": {k: round(v, 2) for k, v in medians.items()}}
+    for linear in dual:
+        if kernel == "panel":
+            linear.packed, linear.onednn, linear.single_row_t, linear.small_rows = linear.panels, None, None, 0
+        elif panel_rows:
+            linear.single_row_t, linear.small_rows = None, panel_rows
+        else:
+            linear.panels = None
+    products = "panel" if kernel == "panel" else "mixed" if panel_rows else "onednn"
+    return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record}
+
+
+def _time_products(linears: list[PackedLinear], inputs: dict[int, Tensor]) -> float:
     start = time.perf_counter()
     for linear in linears:
-        linear(rows[linear.in_features])
+        linear(inputs[linear.in_features])
     return time.perf_counter() - start
+
+
+ONE_ROW_KERNELS = ("transposed", "packed")
 
 
 def choose_one_row_kernel(linears: list[PackedLinear], kernel: str = "auto", repeats: int = 7) -> dict:
@@ -130,7 +240,7 @@ def choose_one_row_kernel(linears: list[PackedLinear], kernel: str = "auto", rep
                 order = ONE_ROW_KERNELS if round_index % 2 == 0 else ONE_ROW_KERNELS[::-1]
                 for name in order:
                     _use_one_row(dual, name)
-                    elapsed = _time_one_row(dual, rows)
+                    elapsed = _time_products(dual, rows)
                     if round_index:  # the first round warms both kernels up
                         times[name].append(elapsed)
         medians = {name: statistics.median(values) * 1e3 for name, values in times.items()}
@@ -147,7 +257,7 @@ def choose_one_row_kernel(linears: list[PackedLinear], kernel: str = "auto", rep
 
 def _use_one_row(linears: list[PackedLinear], kernel: str) -> None:
     for linear in linears:
-        linear.one_row_transposed = kernel == "transposed"
+        linear.small_rows = 1 if kernel == "transposed" else 0
 
 
 def apply_fast_path(model: nn.Module, mode: str):

@@ -237,6 +237,7 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
                 name=cfg.name,
                 one_row_kernel=hardware.one_row_kernel,
                 native_mode=hardware.native,
+                product_kernel=hardware.product_kernel,
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eagle_gsm8k", 1)]
 PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the target's native loop off
+ONEDNN = "_onednn"  # not a method key: the system runs on a second target whose products are oneDNN's
 SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "hf_generate": None,
     "hf_prompt_lookup": None,
@@ -65,6 +66,10 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # the target's layer loop in Python (the native C++ loop switched off for this system only)
     "ar/python": ("ar", {PYTHON_LOOP: True}),
     "graft@8/python": ("graft", {"total_tokens": 8, PYTHON_LOOP: True}),
+    # the target's products through oneDNN instead of graft/native's panel kernel (a second target, same weights)
+    "ar/onednn": ("ar", {ONEDNN: True}),
+    "graft@6/onednn": ("graft", {"total_tokens": 6, ONEDNN: True}),
+    "graft@6/bf16_head/onednn": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16", ONEDNN: True}),
 }
 
 
@@ -128,6 +133,7 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
 
     overrides = dict(overrides)
     python_loop = overrides.pop(PYTHON_LOOP, False)
+    overrides.pop(ONEDNN, None)
     raw = {**load_method_yaml(method), **overrides}
     drafter = build_drafter(method_config(raw, model_cfg.draft_head, model_cfg.block_drafter), fast.target)
     lean = getattr(fast.target, "lean", None)
@@ -170,13 +176,19 @@ def main() -> None:
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
+    onednn = None
+    if any(SYSTEMS[n] and SYSTEMS[n][1].get(ONEDNN) for n in names):
+        hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
+        hardware.product_kernel = "onednn"
+        onednn = load_model(model_cfg, hardware)
     runners = {}
     for name in names:
         spec = SYSTEMS[name]
+        target = onednn if spec and spec[1].get(ONEDNN) else fast
         runners[name] = (
             hf_runner(plain, name == "hf_prompt_lookup", args.new_tokens)
             if spec is None
-            else harness_runner(fast, model_cfg, *spec, args.new_tokens)
+            else harness_runner(target, model_cfg, *spec, args.new_tokens)
         )
     prompts = load_prompts(fast.chat, args.data_root)[: args.prompts]
     neighbour = NEIGHBOUR
@@ -237,7 +249,9 @@ def main() -> None:
 
 def summarise(records: list[dict], names: list[str]) -> list[dict]:
     """Per system: tokens/s over all prompts, ratios to HF generate and to AR, and whether every output
-    equals its baseline's (transformers systems against hf_generate, this project's against ar)."""
+    equals its baseline's (transformers systems against hf_generate, this project's against ar, or against
+    ar/onednn for the systems on the oneDNN target where it ran: a different summation order is a different
+    float target)."""
     rate = {}
     for name in names:
         tokens = sum(len(r[name]["tokens"]) for r in records)
@@ -245,6 +259,8 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
     rows = []
     for name in names:
         base = "hf_generate" if SYSTEMS[name] is None else "ar"
+        if SYSTEMS[name] and SYSTEMS[name][1].get(ONEDNN) and "ar/onednn" in names:
+            base = "ar/onednn"
         equal = all(r[name]["tokens"] == r[base]["tokens"] for r in records) if base in names else None
         row = {"system": name, "tokens_per_s": rate[name], "equal": equal}
         if "hf_generate" in rate:

@@ -129,11 +129,14 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     from graft.models import load_model
 
     timers, info = {}, {}
-    for path in paths:  # "packed@transposed": one-row kernel forced; "packed/python": the Python layer loop
-        base, _, loop = path.partition("/")
+    for path in paths:
+        # "packed@transposed": one-row kernel forced; "packed/python": the Python layer loop (and oneDNN);
+        # "packed/onednn", "packed/panel": the product kernel forced
+        base, *flags = path.split("/")
         hardware_cfg.fast_path, _, one_row = base.partition("@")
         hardware_cfg.one_row_kernel = one_row or "auto"
-        hardware_cfg.native = "off" if loop == "python" else "auto"
+        hardware_cfg.native = "off" if "python" in flags else "auto"
+        hardware_cfg.product_kernel = next((f for f in flags if f in ("onednn", "panel")), "auto")
         target = load_model(model_cfg, hardware_cfg, progress=False).target
         context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
@@ -162,7 +165,8 @@ def main() -> None:
         "--paths",
         default="none,transposed,bf16",
         help="fast paths to profile; the first is 'plain'; path@kernel forces the one-row kernel (packed@transposed), "
-        "path/python runs the Python layer loop instead of the native one (packed/python)",
+        "path/python runs the Python layer loop instead of the native one, and oneDNN's products (packed/python), "
+        "path/onednn and path/panel force the product kernel (packed/onednn)",
     )
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
@@ -190,6 +194,7 @@ def main() -> None:
         from graft.models import load_model
 
         cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
+        cfg.hardware.product_kernel = "auto"
         target = load_model(cfg.model, cfg.hardware, progress=False).target
         head_levels = head_level_ms(
             target, cfg.model.draft_head, ["float32", "bfloat16"], args.context, 10 * args.repeats, 3 * args.warmup

@@ -48,11 +48,29 @@ def _session(target) -> dict:
 
 
 @needs_compiler
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
-@pytest.mark.parametrize("one_row", ["transposed", "packed"])
-def test_the_native_loop_matches_the_python_loop(name, one_row):
-    native_target = _target(name, "hardware.native=on", f"hardware.one_row_kernel={one_row}")
-    python_target = _target(name, "hardware.native=off", f"hardware.one_row_kernel={one_row}")
+# head_dim: the native few-row attention's sizes (16 by the configs; 64 and 128 through Qwen3's explicit head_dim);
+# products "panel": the panel kernel for every row count (an AVX-512F build)
+@pytest.mark.parametrize(
+    "name,one_row,products,head_dim",
+    [
+        ("tiny_llama", "transposed", "onednn", None),
+        ("tiny_llama", "packed", "onednn", None),
+        ("tiny_qwen3", "transposed", "onednn", None),
+        ("tiny_qwen3", "packed", "onednn", None),
+        ("tiny_llama", "packed", "panel", None),
+        ("tiny_qwen3", "packed", "panel", None),
+        ("tiny_qwen3", "packed", "panel", 64),
+        ("tiny_qwen3", "packed", "onednn", 128),
+    ],
+)
+def test_the_native_loop_matches_the_python_loop(name, one_row, products, head_dim):
+    if products == "panel" and not native.load().panels_supported():
+        pytest.skip("this CPU has no AVX-512F: no panel kernel")
+    sizes = [f"model.arch_config.head_dim={head_dim}"] if head_dim else []
+    native_target = _target(
+        name, "hardware.native=on", f"hardware.one_row_kernel={one_row}", f"hardware.product_kernel={products}", *sizes
+    )
+    python_target = _target(name, "hardware.native=off", f"hardware.one_row_kernel={one_row}", *sizes)
     assert native_target.kernels["native"] == "on" and python_target.kernels["native"] == "off"
     got, expected = _session(native_target), _session(python_target)
     assert got["length"] == expected["length"] == 44

@@ -11,6 +11,7 @@ Mixture-of-experts MLPs are called as the model's own modules.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from graft import native
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
-from graft.fast import PackedLinear, choose_one_row_kernel
+from graft.fast import PackedLinear, choose_one_row_kernel, choose_product_kernel
 from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -58,7 +59,7 @@ class LeanForward:
         self.lm_head = make_linear(model.lm_head)
         self.native = None  # the built native module once enable_native accepted this model
         self._native_weights: list[Tensor] = []
-        self._one_row_transposed = False
+        self._small_rows = 0
         self.layers = []
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -109,7 +110,7 @@ class LeanForward:
             return {"native": "off", "native_reason": reason}
         self.native = native.load()
         self._native_weights = [w for layer in self.layers for w in native.layer_weights(vars(layer))]
-        self._one_row_transposed = native.one_row_transposed(self.layers[0].qkv)
+        self._small_rows = max(native.small_rows(p) for p in self.linears())
         return {"native": "on", "native_reason": f"layer loop in C++ for forwards of up to {NATIVE_MAX_ROWS} rows"}
 
     def _native_blocker(self) -> str | None:
@@ -148,7 +149,7 @@ class LeanForward:
             self.head_dim,
             self.eps,
             self.scaling,
-            self._one_row_transposed,
+            self._small_rows,
             flags,
         )
         for buffer in cache.layers:
@@ -214,6 +215,23 @@ class LeanForward:
         return x
 
 
+def _panel_module(native_mode: str, product_kernel: str) -> tuple:
+    """(graft/native's built module, None) where the panel kernel may run (hardware.native not off, an
+    AVX-512F build), else (None, why not); hardware.product_kernel=panel refuses to load without it."""
+    reason = None
+    if product_kernel == "onednn":
+        return None, "hardware.product_kernel=onednn"
+    if native_mode == "off":
+        reason = "hardware.native=off (the panel kernel is part of graft/native)"
+    elif native.load() is None:
+        reason = f"the native build failed ({native.failure()})"
+    elif not native.load().panels_supported():
+        reason = "this CPU has no AVX-512F"
+    if reason is not None and product_kernel == "panel":
+        raise ValueError(f"hardware.product_kernel=panel, but {reason}; use hardware.product_kernel=auto or onednn")
+    return (None, reason) if reason else (native.load(), None)
+
+
 class LeanBackend(TargetBackend):
     """The target through LeanForward: same weights, same cache, taps recorded by the forward itself."""
 
@@ -225,13 +243,21 @@ class LeanBackend(TargetBackend):
         name: str = "target",
         one_row_kernel: str = "auto",
         native_mode: str = "auto",
+        product_kernel: str = "auto",
     ):
         super().__init__(model, tokenizer, name)
+        self._panel_module, no_panels = None, None
+        if make_linear is PackedLinear:
+            self._panel_module, no_panels = _panel_module(native_mode, product_kernel)
+            make_linear = partial(PackedLinear, native_module=self._panel_module)
         self.lean = LeanForward(model, make_linear)
         self._make_linear = make_linear
         packed = [p for p in self.lean.linears() if isinstance(p, PackedLinear)]
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
+            self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels))
+            if product_kernel == "panel" and self.kernels["products"] != "panel":
+                raise ValueError(f"hardware.product_kernel=panel, but {self.kernels['products_reason']}")
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 
     @property
@@ -244,9 +270,11 @@ class LeanBackend(TargetBackend):
 
     def product(self, linear: nn.Linear) -> nn.Module:
         """`linear` as the target's own products run (same kernels, same one-row choice): for draft heads."""
-        settled = (self.kernels or {}).get("one_row")
-        if self._make_linear is PackedLinear and settled:  # settled at load: no copy for the loser
-            return PackedLinear(linear, one_row=settled)
+        kernels = self.kernels or {}
+        if self._panel_module is not None or kernels.get("one_row"):  # settled at load: no copy for the loser
+            return PackedLinear(
+                linear, one_row=kernels.get("one_row"), products=kernels, native_module=self._panel_module
+            )
         return self._make_linear(linear)
 
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:

@@ -254,7 +254,7 @@ class DraftHead(nn.Module):
         weights.append(layer.hidden_norm.weight.detach() if eagle3 else torch.empty(0))  # head_layer's 16th
         # the loops run in float32 (a bfloat16 head's products read bfloat16 weights, its activations do not)
         self._native_weights = [w.float() if w.ndim == 1 else w for w in weights]
-        self._one_row_transposed = native.one_row_transposed(products["qkv"])
+        self._small_rows = max(native.small_rows(p) for p in products.values())
         self.native = module
 
     def _native_step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor:
@@ -289,7 +289,7 @@ class DraftHead(nn.Module):
             d,
             cfg.rms_norm_eps,
             d**-0.5,
-            self._one_row_transposed,
+            self._small_rows,
         )
         cache.length = start + n
         return out

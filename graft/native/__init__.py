@@ -19,15 +19,15 @@ SOURCE = Path(__file__).with_name("lean_layers.cpp")
 # the order of a layer's tensors in lean_layers' `weights` (an empty tensor where one is absent)
 LAYER_FIELDS = (
     "input_norm",
-    "qkv.packed", "qkv.transposed", "qkv.bias",
-    "o.packed", "o.transposed", "o.bias",
+    "qkv.packed", "qkv.small", "qkv.bias",
+    "o.packed", "o.small", "o.bias",
     "post_norm",
-    "gate_up.packed", "gate_up.transposed", "gate_up.bias",
-    "down.packed", "down.transposed", "down.bias",
+    "gate_up.packed", "gate_up.small", "gate_up.bias",
+    "down.packed", "down.small", "down.bias",
     "qk_norm",
 )  # fmt: skip
 
-_PRODUCT_TENSORS = {"packed": "packed", "transposed": "single_row_t", "bias": "bias"}  # PackedLinear's
+_PRODUCT_TENSORS = {"packed": "packed", "small": "small", "bias": "bias"}  # PackedLinear's
 
 _module = None
 _failure: str | None = None
@@ -48,9 +48,9 @@ def layer_weights(parts: dict) -> list:
     return weights
 
 
-def one_row_transposed(product) -> bool:
-    """Whether a PackedLinear (and every product settled with it) runs one row as x @ W_t."""
-    return bool(product.one_row_transposed and product.single_row_t is not None)
+def small_rows(product) -> int:
+    """Up to how many rows a PackedLinear (and every product settled with it) reads its small-row layout."""
+    return product.small_rows if product.small is not None else 0
 
 
 def _cpu_flags() -> str:
@@ -92,7 +92,10 @@ def load(verbose: bool = False):
         _module = build(
             name=f"graft_lean_layers_{key}",
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+            # OpenMP: at::parallel_for splits the panel kernel's blocks between threads; the library resolves to the
+            # libgomp torch already loaded (same soname), so there is one thread pool
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
             verbose=verbose,
         )

@@ -2,14 +2,20 @@
 //
 // On a small model on a CPU, a decode step spent about a fifth of its time between the weight-bound products:
 // Python running the loop and some twenty small ATen ops per layer (norms, rotary, transposes, SwiGLU), each
-// a few microseconds of dispatch and allocation. Here the products and attention stay ATen calls (oneDNN's
-// packed linear, SDPA) and everything between them is one pass over the rows in plain loops: the RMSNorms,
-// Qwen3's per-head q/k norm, the rotary embedding with keys and values written straight into the cache, and
-// SiLU(gate) * up. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
+// a few microseconds of dispatch and allocation. Here everything between the products is one pass over the rows
+// in plain loops: the RMSNorms, Qwen3's per-head q/k norm, the rotary embedding with keys and values written
+// straight into the cache, SiLU(gate) * up, and attention for few rows (SDPA cost some 40 us a layer for one
+// row). The products are the panel kernel below (AVX-512F) where it was measured faster at load, else oneDNN's
+// packed linear. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
 // head); graft/native/__init__.py builds it once, and the callers fall back to Python otherwise.
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -24,13 +30,127 @@ using LinearPointwise = at::Tensor(const at::Tensor&, const at::Tensor&, const s
 
 bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
-// One product: oneDNN's packed linear, or x @ W_t for one row when that kernel was measured faster at load.
-at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& transposed,
-                   const at::Tensor& bias, bool one_row_transposed) {
-  if (x.size(0) == 1 && one_row_transposed && present(transposed)) {
-    at::Tensor y = at::mm(x, transposed);
+// ---- the panel kernel: small-row float32 products streaming the weights once -------------------------------
+//
+// oneDNN's packed linear streamed a decode step's weights at 45-54 GB/s on this project's 2-core CPU where the
+// memory gives 60-78, and its cost grew quickly with the rows (8 rows: +35%). The panel layout stores W [N, K]
+// as [N / B, K, B] for a block width B of 48, 32 or 16 columns, so that one thread reads one block as a single
+// contiguous stream, and a register-blocked micro-kernel (up to 8 rows x 3 vectors of 16 columns: 24
+// accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 over the same
+// block, which is then read from the core's cache. Blocks are split between threads; x is transposed once so
+// that a k step's row values are adjacent. Needs AVX-512F; elsewhere `panels_supported()` is false.
+
+bool panels_supported() {
+#ifdef __AVX512F__
+  return true;
+#else
+  return false;
+#endif
+}
+
+int64_t panel_width(int64_t out_features) {
+  for (int64_t width : {48, 32, 16})
+    if (out_features % width == 0) return width;
+  return 0;
+}
+
+// W [N, K] float32 -> [N / B, K, B] (B = panel_width(N)).
+at::Tensor pack_panels(const at::Tensor& weight) {
+  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight: [out, in] float32");
+  const int64_t n = weight.size(0), k = weight.size(1), width = panel_width(n);
+  TORCH_CHECK(width > 0, "the panel kernel needs out_features divisible by 16, not ", n);
+  return weight.contiguous().view({n / width, width, k}).transpose(1, 2).contiguous();
+}
+
+#ifdef __AVX512F__
+// How far ahead of the kernel its weight stream is prefetched (floats: 4.5 KiB). The hardware prefetcher alone
+// left 5-8 rows at 15.2-15.7 ms for the embedded model's products against oneDNN's 14.5-16.3; 1-8 KiB ahead
+// gave 13.3-13.8 (measured on this project's AMD EPYC, 2 threads).
+constexpr int64_t kPrefetchAhead = 1152;
+
+// y[m0 .. m0 + R) x [n0 .. n0 + 16 V) = x[m0 .. m0 + R) @ block^T for one block [K, 16 V]; xt is x^T [K, M].
+template <int R, int V>
+inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k_size,
+                       float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  const float* w = block;
+  const float* xk = xt + m0;
+  for (int64_t k = 0; k < k_size; ++k, w += 16 * V, xk += rows) {
+    for (int v = 0; v < V; ++v) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + 16 * v), _MM_HINT_T0);
+    __m512 weights[V];
+    for (int v = 0; v < V; ++v) {
+      weights[v] = _mm512_loadu_ps(w + 16 * v);
+      __asm__("" : "+v"(weights[v]));  // kept in a register: as a memory operand it is reloaded once per row
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512 value = _mm512_set1_ps(xk[r]);
+      __asm__("" : "+v"(value));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(value, weights[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(y + (m0 + r) * n_size + n0 + 16 * v, acc[r][v]);
+}
+
+template <int V>
+void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size,
+                 int64_t n0) {
+  int64_t m0 = 0;
+  for (; m0 + 8 <= rows; m0 += 8) panel_tile<8, V>(xt, rows, block, k_size, y, n_size, n0, m0);
+  switch (rows - m0) {
+    case 0: break;
+    case 1: panel_tile<1, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    case 2: panel_tile<2, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    case 3: panel_tile<3, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    case 4: panel_tile<4, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    case 5: panel_tile<5, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    case 6: panel_tile<6, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+    default: panel_tile<7, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+  }
+}
+#endif
+
+// x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B]. Returns [M, N].
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
+  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, in] float32");
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1), "panels [N / B, ", x.size(1), ", B] for x's ",
+              x.size(1), " features");
+  const int64_t rows = x.size(0), k_size = x.size(1), blocks = panels.size(0), width = panels.size(2);
+  const int64_t n_size = blocks * width;
+  at::Tensor y = at::empty({rows, n_size}, x.options());
+  if (rows == 0) return y;
+  at::Tensor xt = rows == 1 ? x.contiguous() : x.t().contiguous();  // [K, M]
+#ifdef __AVX512F__
+  const float* xp = xt.data_ptr<float>();
+  const float* wp = panels.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const float* block = wp + b * k_size * width;
+      if (width == 48) panel_block<3>(xp, rows, block, k_size, yp, n_size, b * width);
+      else if (width == 32) panel_block<2>(xp, rows, block, k_size, yp, n_size, b * width);
+      else panel_block<1>(xp, rows, block, k_size, yp, n_size, b * width);
+    }
+  });
+#endif
+  return present(bias) ? y.add_(bias) : y;
+}
+
+// One product. Up to `small_rows` rows it reads `small`, the weights laid out for few rows: the panels (the panel
+// kernel) or W_t [K, N] (x @ W_t, one row); above, `packed`: oneDNN's layout, or the panels where oneDNN's copy
+// was dropped. Which layout serves which rows was measured at load (graft/fast.py).
+at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& small, const at::Tensor& bias,
+                   int64_t small_rows) {
+  if (present(small) && x.size(0) <= small_rows) {
+    if (small.dim() == 3) return panel_linear(x, small, bias);
+    at::Tensor y = at::mm(x, small);
     return present(bias) ? y.add_(bias) : y;
   }
+  if (packed.dim() == 3 && packed.scalar_type() == at::kFloat) return panel_linear(x, packed, bias);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
                        .typed<LinearPointwise>();
@@ -83,6 +203,85 @@ inline void norm_rotate(const float* x, const float* norm_weight, const float* c
   for (int64_t i = half; i < d; ++i) out[i] = src[i] * cos[i] + src[i - half] * sin[i];
 }
 
+#ifdef __AVX512F__
+// exp(x) for x <= 0 (scores less their row's maximum): x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-6
+// Taylor polynomial (relative error about 1e-7), times 2^k; below -87 (a masked score) exactly 0.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.f);
+  const __mmask16 vanishing = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, floor);
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts (Cody-Waite)
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~vanishing), _mm512_scalef_ps(p, k));
+}
+
+// Softmax attention of n query rows over the cache, for head_dim = 16 V. The rows are few (a decode step, a
+// verification), so one row at a time: scores against every visible key (mask row i added, or causal from
+// `start`), their softmax, the weighted sum of values. A row's result does not depend on the other rows or on
+// masked positions (their weights are exactly 0), so a token's logits are the same in a decode step and in a
+// verification. query [heads, n, d]; keys, values [kv_heads, capacity, d]; mask [n, mask_stride] or null;
+// out [n, heads * d]. Heads are split between threads.
+template <int V>
+void few_row_attention(const float* query, const float* keys, const float* values, int64_t capacity, int64_t n,
+                       int64_t start, int64_t heads, int64_t kv_heads, const float* mask, int64_t mask_stride,
+                       float scaling, float* out) {
+  constexpr int64_t d = 16 * V;
+  const int64_t groups = heads / kv_heads, total = start + n;
+  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scores(total + 16);
+    for (int64_t h = first; h < last; ++h) {
+      const float* k_head = keys + (h / groups) * capacity * d;
+      const float* v_head = values + (h / groups) * capacity * d;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* q = query + (h * n + i) * d;
+        const int64_t visible = mask != nullptr ? total : start + i + 1;
+        __m512 qv[V];
+        for (int v = 0; v < V; ++v) qv[v] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * v), _mm512_set1_ps(scaling));
+        float best = -INFINITY;
+        for (int64_t s = 0; s < visible; ++s) {
+          const float* key = k_head + s * d;
+          __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
+          for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(key + 16 * v), acc);
+          const float score = _mm512_reduce_add_ps(acc) + (mask != nullptr ? mask[i * mask_stride + s] : 0.f);
+          scores[s] = score;
+          best = std::max(best, score);
+        }
+        __m512 sum = _mm512_setzero_ps();
+        const __m512 top = _mm512_set1_ps(best);
+        for (int64_t s = 0; s < visible; s += 16) {
+          const __mmask16 lanes = visible - s >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - s)) - 1);
+          __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, scores.data() + s), top));
+          e = _mm512_maskz_mov_ps(lanes, e);
+          _mm512_storeu_ps(scores.data() + s, e);
+          sum = _mm512_add_ps(sum, e);
+        }
+        __m512 acc[V];
+        for (int v = 0; v < V; ++v) acc[v] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < visible; ++s) {
+          const float weight = scores[s];
+          if (weight == 0.f) continue;  // masked
+          const __m512 w = _mm512_set1_ps(weight);
+          const float* value = v_head + s * d;
+          for (int v = 0; v < V; ++v) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(value + 16 * v), acc[v]);
+        }
+        const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+        float* o = out + i * heads * d + h * d;
+        for (int v = 0; v < V; ++v) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], inverse));
+      }
+    }
+  });
+}
+#endif
+
 // Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
 // at rows start.. of the cache, SDPA over rows 0..start + n - 1. qkv [n, (heads + 2 kv_heads) * d];
 // mask [1, 1, groups * n, S] additive (tiled along the folded query axis), or empty: causal for n > 1.
@@ -111,6 +310,18 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
     }
     for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
   }
+#ifdef __AVX512F__
+  auto few_rows = d == 16 ? few_row_attention<1> : d == 32 ? few_row_attention<2> : d == 64 ? few_row_attention<4>
+                : d == 128 ? few_row_attention<8> : nullptr;
+  if (few_rows != nullptr && (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat))) {
+    at::Tensor merged = at::empty({n, heads * d}, qkv.options());  // [n, heads * head_dim]
+    const float* rows_mask = present(mask) ? mask.data_ptr<float>() : nullptr;  // its first tile: rows 0..n-1
+    const int64_t stride = present(mask) ? mask.size(-1) : 0;
+    few_rows(q, k_cache, v_cache, capacity, n, start, heads, kv_heads, rows_mask, stride, static_cast<float>(scaling),
+             merged.data_ptr<float>());
+    return merged;
+  }
+#endif
   at::Tensor k = keys.narrow(2, 0, start + n), v = values.narrow(2, 0, start + n);
   at::Tensor attended;  // [1, heads, n, head_dim]
   if (present(mask)) {  // query heads sharing a key/value head folded into the query axis: the cache read in place
@@ -144,12 +355,12 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
 at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, const at::Tensor* w,
                          const at::Tensor& keys, const at::Tensor& values, const float* cos, const float* sin,
                          const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                         float eps, double scaling, bool one_row_transposed) {
-  at::Tensor qkv = product(input, w[1], w[2], w[3], one_row_transposed);
+                         float eps, double scaling, int64_t small_rows) {
+  at::Tensor qkv = product(input, w[1], w[2], w[3], small_rows);
   at::Tensor merged = attend(qkv, heads, kv_heads, head_dim, w[14], cos, sin, keys, values, start, mask, scaling, eps);
-  at::Tensor x = residual + product(merged, w[4], w[5], w[6], one_row_transposed);
-  at::Tensor gate_up = product(rms_norm_rows(x, w[7], eps), w[8], w[9], w[10], one_row_transposed);
-  return x + product(swiglu(gate_up), w[11], w[12], w[13], one_row_transposed);
+  at::Tensor x = residual + product(merged, w[4], w[5], w[6], small_rows);
+  at::Tensor gate_up = product(rms_norm_rows(x, w[7], eps), w[8], w[9], w[10], small_rows);
+  return x + product(swiglu(gate_up), w[11], w[12], w[13], small_rows);
 }
 
 }  // namespace
@@ -163,7 +374,7 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
                                     const std::vector<at::Tensor>& values_per_layer, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& mask, int64_t start, int64_t heads,
                                     int64_t kv_heads, int64_t head_dim, double eps, double scaling,
-                                    bool one_row_transposed, const std::vector<int64_t>& tap_flags) {
+                                    int64_t small_rows, const std::vector<int64_t>& tap_flags) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: contiguous [n, hidden] float32");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos, sin: contiguous [n, head_dim]");
   const int64_t num_layers = static_cast<int64_t>(weights.size()) / per_layer;
@@ -178,7 +389,7 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
     if (tap_flags[layer] & 1) result.push_back(x);
     x = decoder_layer(rms_norm_rows(x, w[0], feps), x, w, keys_per_layer[layer], values_per_layer[layer],
                       cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps,
-                      scaling, one_row_transposed);
+                      scaling, small_rows);
     if (tap_flags[layer] & 2) result.push_back(x);
   }
   result[0] = x;
@@ -192,7 +403,7 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
 at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
                       const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                      double eps, double scaling, bool one_row_transposed) {
+                      double eps, double scaling, int64_t small_rows) {
   TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.dim() == 2 && hidden.is_contiguous(),
               "hidden: contiguous [n, H] float32");
   const float feps = static_cast<float>(eps);
@@ -206,10 +417,13 @@ at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const 
     both.select(1, 1).copy_(rms_norm_rows(hidden, w[15], feps));
   }
   return decoder_layer(input, hidden, w.data(), keys, values, cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start,
-                       heads, kv_heads, head_dim, feps, scaling, one_row_transposed);
+                       heads, kv_heads, head_dim, feps, scaling, small_rows);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
+  m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F)");
+  m.def("pack_panels", &pack_panels, "W [N, K] float32 in the panel kernel's layout [N / B, K, B]");
+  m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32)");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
 }

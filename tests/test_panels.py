@@ -1,0 +1,137 @@
+"""graft/native's panel kernel and few-row attention: the products and the attention against torch's, and
+the load-time choice of which rows the panels serve (graft/fast.py choose_product_kernel)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graft import native
+from graft.fast import PRODUCT_ROWS, PackedLinear, choose_product_kernel
+from graft.schema import ConfigError
+
+needs_panels = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None or native.load() is None or not native.load().panels_supported(),
+    reason="no C++ compiler or no AVX-512F: graft/native's panel kernel is not built here",
+)
+
+
+def _target(name: str, *overrides: str):
+    from conftest import compose
+
+    from graft.config import validate
+    from graft.models import load_model
+
+    cfg = validate(compose([f"model={name}", "logger=none", "hardware.fast_path=packed", *overrides]))
+    return load_model(cfg.model, cfg.hardware, progress=False).target
+
+
+@needs_panels
+def test_the_panel_kernel_on_literal_arrays():
+    module = native.load()
+    weight = torch.arange(16 * 3, dtype=torch.float32).view(16, 3)  # row j: [3j, 3j + 1, 3j + 2]
+    x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, -1.0]])
+    y = module.panel_linear(x, module.pack_panels(weight), torch.full((16,), 0.5))
+    expected = torch.stack([torch.arange(16) * 3.0 + 0.5, torch.full((16,), -0.5)])  # [2, 16]
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@needs_panels
+@pytest.mark.parametrize("out_features", [16, 32, 48, 80, 96, 960])
+@pytest.mark.parametrize("in_features", [7, 64, 576])
+def test_the_panel_kernel_computes_the_linear_for_every_row_count(out_features, in_features):
+    module = native.load()
+    torch.manual_seed(out_features + in_features)
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    panels = module.pack_panels(weight)
+    assert panels.shape[0] * panels.shape[2] == out_features and panels.shape[1] == in_features
+    for rows in (1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 64, 70):
+        x = torch.randn(rows, in_features)
+        reference = F.linear(x.double(), weight.double(), bias.double()).float()
+        torch.testing.assert_close(module.panel_linear(x, panels, bias), reference, rtol=1e-4, atol=1e-4)
+        no_bias = F.linear(x.double(), weight.double()).float()
+        torch.testing.assert_close(module.panel_linear(x, panels, torch.empty(0)), no_bias, rtol=1e-4, atol=1e-4)
+
+
+@needs_panels
+def test_the_panels_refuse_what_they_cannot_lay_out():
+    module = native.load()
+    with pytest.raises(RuntimeError, match="out_features divisible by 16, not 20"):
+        module.pack_panels(torch.randn(20, 8))
+    with pytest.raises(RuntimeError, match=r"weight: \[out, in\] float32"):
+        module.pack_panels(torch.randn(16, 8, dtype=torch.bfloat16))
+    linear = PackedLinear(nn.Linear(8, 20), native_module=module)  # not divisible by 16: oneDNN only
+    assert linear.panels is None and linear.onednn is not None
+
+
+@needs_panels
+def test_a_mixed_product_reads_the_panels_up_to_its_rows_and_onednn_above():
+    module = native.load()
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 32)
+    mixed = PackedLinear(
+        linear, one_row="packed", products={"products": "mixed", "panel_rows": 4}, native_module=module
+    )
+    assert mixed.small is mixed.panels and mixed.small.dim() == 3 and mixed.packed is mixed.onednn
+    assert mixed.single_row_t is None and mixed.small_rows == 4
+    only = PackedLinear(linear, products={"products": "panel"}, native_module=module)
+    assert only.packed.dim() == 3 and only.onednn is None and only.small is None
+    for rows in (1, 4, 5, 20):
+        x = torch.randn(rows, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(mixed(x), linear(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(only(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_panels
+def test_the_choice_measures_every_row_count_and_keeps_a_prefix():
+    module = native.load()
+    torch.manual_seed(0)
+    linears = [PackedLinear(nn.Linear(64, 48), native_module=module) for _ in range(3)]
+    record = choose_product_kernel(linears, "auto", repeats=1)
+    assert record["products_reason"] == "measured at load"
+    assert set(record["products_ms"]) == {f"{k}@{rows}" for k in ("panel", "onednn") for rows in PRODUCT_ROWS}
+    if record["products"] == "mixed":
+        rows = record["panel_rows"]
+        assert rows in PRODUCT_ROWS
+        assert all(
+            record["products_ms"][f"panel@{r}"] < record["products_ms"][f"onednn@{r}"]
+            for r in PRODUCT_ROWS
+            if r <= rows
+        )
+        assert all(p.small is p.panels and p.small_rows == rows for p in linears)
+    else:
+        assert record["products"] == "onednn" and all(p.panels is None for p in linears)
+
+
+@needs_panels
+def test_an_unknown_product_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"hardware.product_kernel='mkl'; allowed: auto, panel, onednn"):
+        choose_product_kernel([PackedLinear(nn.Linear(8, 16))], "mkl")
+
+
+def test_panels_forced_without_the_native_build_are_refused_with_the_reason():
+    with pytest.raises(ConfigError, match=r"hardware.product_kernel=panel, but hardware.native=off"):
+        _target("tiny_llama", "hardware.native=off", "hardware.product_kernel=panel")
+    target = _target("tiny_llama", "hardware.native=off")
+    assert target.kernels["products"] == "onednn" and "hardware.native=off" in target.kernels["products_reason"]
+
+
+@needs_panels
+@pytest.mark.parametrize("product_kernel", ["panel", "onednn"])
+def test_a_decode_step_matches_the_transformers_forward_with_either_product_kernel(product_kernel):
+    from graft.tree import DraftTree, topology
+
+    def decode_logits(target):
+        target.reset(64)
+        target.prefill(list(range(30, 60)))
+        root = DraftTree.root_only(7)
+        return target.verify(root, topology(root.parents, target.cache_len)).logits
+
+    reference = decode_logits(_target("tiny_qwen3", "hardware.fast_path=none"))
+    target = _target("tiny_qwen3", f"hardware.product_kernel={product_kernel}")
+    assert target.kernels["products"] == product_kernel
+    torch.testing.assert_close(decode_logits(target), reference, rtol=1e-4, atol=1e-4)
