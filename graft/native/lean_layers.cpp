@@ -36,9 +36,10 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 // memory gives 60-78, and its cost grew quickly with the rows (8 rows: +35%). The panel layout stores W [N, K]
 // as [N / B, K, B] for a block width B of 48, 32 or 16 columns, so that one thread reads one block as a single
 // contiguous stream, and a register-blocked micro-kernel (up to 8 rows x 3 vectors of 16 columns: 24
-// accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 over the same
-// block, which is then read from the core's cache. Blocks are split between threads; x is transposed once so
-// that a k step's row values are adjacent. Needs AVX-512F; elsewhere `panels_supported()` is false.
+// accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 that take turns
+// over chunks of the block, which the later groups read from L1. Blocks are split between threads; x is
+// transposed once so that a k step's row values are adjacent. Needs AVX-512F; elsewhere `panels_supported()` is
+// false. graft/fast.py measures at load which row counts it serves (oneDNN the others).
 
 bool panels_supported() {
 #ifdef __AVX512F__
@@ -69,16 +70,19 @@ at::Tensor pack_panels(const at::Tensor& weight) {
 // gave 13.3-13.8 (measured on this project's AMD EPYC, 2 threads).
 constexpr int64_t kPrefetchAhead = 1152;
 
-// y[m0 .. m0 + R) x [n0 .. n0 + 16 V) = x[m0 .. m0 + R) @ block^T for one block [K, 16 V]; xt is x^T [K, M].
+// y[m0 .. m0 + R) x [n0 .. n0 + 16 V) (+)= x[m0 .. m0 + R) @ block^T over k in [k0, k1), for one block [K, 16 V]
+// (xt is x^T [K, M]): from zero where k0 = 0, else adding to what y holds. Each accumulator adds its k terms in
+// order whatever R and the k ranges, so a row's product is the same bits in a decode step and a verification.
 template <int R, int V>
-inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k_size,
-                       float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
+inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k0,
+                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  const float* w = block;
-  const float* xk = xt + m0;
-  for (int64_t k = 0; k < k_size; ++k, w += 16 * V, xk += rows) {
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y + (m0 + r) * n_size + n0 + 16 * v);
+  const float* w = block + k0 * 16 * V;
+  const float* xk = xt + k0 * rows + m0;
+  for (int64_t k = k0; k < k1; ++k, w += 16 * V, xk += rows) {
     for (int v = 0; v < V; ++v) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + 16 * v), _MM_HINT_T0);
     __m512 weights[V];
     for (int v = 0; v < V; ++v) {
@@ -95,20 +99,28 @@ inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(y + (m0 + r) * n_size + n0 + 16 * v, acc[r][v]);
 }
 
+// One block for every row, 8 rows per tile. Beyond 8 rows the tiles take turns over chunks of kChunk k steps
+// (at most 24 KiB of the block), so that the later tiles read the chunk from L1 rather than the block from L2.
+constexpr int64_t kChunk = 128;
+
 template <int V>
 void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size,
                  int64_t n0) {
-  int64_t m0 = 0;
-  for (; m0 + 8 <= rows; m0 += 8) panel_tile<8, V>(xt, rows, block, k_size, y, n_size, n0, m0);
-  switch (rows - m0) {
-    case 0: break;
-    case 1: panel_tile<1, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    case 2: panel_tile<2, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    case 3: panel_tile<3, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    case 4: panel_tile<4, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    case 5: panel_tile<5, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    case 6: panel_tile<6, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
-    default: panel_tile<7, V>(xt, rows, block, k_size, y, n_size, n0, m0); break;
+  const int64_t step = rows > 8 ? kChunk : k_size;
+  for (int64_t k0 = 0; k0 < k_size; k0 += step) {
+    const int64_t k1 = std::min(k_size, k0 + step);
+    int64_t m0 = 0;
+    for (; m0 + 8 <= rows; m0 += 8) panel_tile<8, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
+    switch (rows - m0) {
+      case 0: break;
+      case 1: panel_tile<1, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      case 2: panel_tile<2, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      case 3: panel_tile<3, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      case 4: panel_tile<4, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      case 5: panel_tile<5, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      case 6: panel_tile<6, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+      default: panel_tile<7, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+    }
   }
 }
 #endif
