@@ -135,3 +135,28 @@ def test_a_decode_step_matches_the_transformers_forward_with_either_product_kern
     target = _target("tiny_qwen3", f"hardware.product_kernel={product_kernel}")
     assert target.kernels["products"] == product_kernel
     torch.testing.assert_close(decode_logits(target), reference, rtol=1e-4, atol=1e-4)
+
+
+@needs_panels
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+def test_a_token_has_the_same_logits_bits_in_a_verification_and_in_decode_steps(name):
+    """The native path with the panel kernel adds every row's terms in the same order whatever the row count
+    and wherever masked keys sit, so greedy speculation is lossless exactly, not up to float ties."""
+    from graft.tree import DraftTree, topology
+
+    target = _target(name, "hardware.native=on", "hardware.product_kernel=panel")
+    prompt = list(range(30, 70))
+    # root 7 with children 11 and 12; 11 -> 13 -> 14 a chain
+    tree = DraftTree(tokens=torch.tensor([7, 11, 12, 13, 14]), parents=torch.tensor([-1, 0, 0, 1, 3]))
+    target.reset(128)
+    target.prefill(prompt)
+    verified = target.verify(tree, topology(tree.parents, target.cache_len)).logits  # [5, vocab]
+    for path in ([0, 1, 3, 4], [0, 2]):  # each root-to-leaf path, decoded one token per step
+        target.reset(128)
+        target.prefill(prompt)
+        for node in path:
+            root = DraftTree.root_only(int(tree.tokens[node]))
+            committed = target.cache_len
+            logits = target.verify(root, topology(root.parents, committed)).logits
+            assert torch.equal(logits[0], verified[node]), f"node {node} of path {path}"
+            target.commit(committed, [0])

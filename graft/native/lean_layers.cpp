@@ -239,9 +239,9 @@ inline __m512 exp_nonpositive(__m512 x) {
 // Softmax attention of n query rows over the cache, for head_dim = 16 V. The rows are few (a decode step, a
 // verification), so one row at a time: scores against every visible key (mask row i added, or causal from
 // `start`), their softmax, the weighted sum of values. A row's result does not depend on the other rows or on
-// masked positions (their weights are exactly 0), so a token's logits are the same in a decode step and in a
-// verification. query [heads, n, d]; keys, values [kv_heads, capacity, d]; mask [n, mask_stride] or null;
-// out [n, heads * d]. Heads are split between threads.
+// masked positions (their weights are exactly 0, and the sums run over the kept keys in key order), so a token's
+// attention is the same bits in a decode step and in a verification. query [heads, n, d]; keys, values
+// [kv_heads, capacity, d]; mask [n, mask_stride] or null; out [n, heads * d]. Heads are split between threads.
 template <int V>
 void few_row_attention(const float* query, const float* keys, const float* values, int64_t capacity, int64_t n,
                        int64_t start, int64_t heads, int64_t kv_heads, const float* mask, int64_t mask_stride,
@@ -249,7 +249,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
   constexpr int64_t d = 16 * V;
   const int64_t groups = heads / kv_heads, total = start + n;
   at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scores(total + 16);
+    std::vector<float> scores(total + 16), kept(total + 16);
     for (int64_t h = first; h < last; ++h) {
       const float* k_head = keys + (h / groups) * capacity * d;
       const float* v_head = values + (h / groups) * capacity * d;
@@ -267,14 +267,24 @@ void few_row_attention(const float* query, const float* keys, const float* value
           scores[s] = score;
           best = std::max(best, score);
         }
-        __m512 sum = _mm512_setzero_ps();
+        // the nonzero weights are also packed, in key order, into `kept` and summed from there, so that which
+        // lane adds which weight does not depend on where the masked keys sit (a tree's nodes in a verification,
+        // the same tokens committed in a row before a decode step)
         const __m512 top = _mm512_set1_ps(best);
+        int64_t count = 0;
         for (int64_t s = 0; s < visible; s += 16) {
           const __mmask16 lanes = visible - s >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - s)) - 1);
           __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, scores.data() + s), top));
           e = _mm512_maskz_mov_ps(lanes, e);
           _mm512_storeu_ps(scores.data() + s, e);
-          sum = _mm512_add_ps(sum, e);
+          const __mmask16 nonzero = _mm512_cmp_ps_mask(e, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+          _mm512_mask_compressstoreu_ps(kept.data() + count, nonzero, e);
+          count += __builtin_popcount(static_cast<unsigned>(nonzero));
+        }
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < count; c += 16) {
+          const __mmask16 lanes = count - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - c)) - 1);
+          sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(lanes, kept.data() + c));
         }
         __m512 acc[V];
         for (int v = 0; v < V; ++v) acc[v] = _mm512_setzero_ps();
