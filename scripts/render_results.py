@@ -50,10 +50,12 @@ def forward_profile(path: str) -> str:
     for name in names:
         p = paths[name]
         limit = p.get("bandwidth_limit_ms", profile["bandwidth_limit_ms"])
-        ratio16 = p["verify_ms"]["16"] / p["decode_ms"] if "16" in p["verify_ms"] else float("nan")
+        ratio8, ratio16 = (
+            p["verify_ms"][k] / p["decode_ms"] if k in p["verify_ms"] else float("nan") for k in ("8", "16")
+        )
         lines.append(
             f"- `{name}` ({p['dtype'].replace('torch.', '')}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
-            f"its bandwidth limit ({limit:.1f} ms); verify(16) = {ratio16:.2f}x decode"
+            f"its bandwidth limit ({limit:.1f} ms); verify(8) = {ratio8:.2f}x, verify(16) = {ratio16:.2f}x decode"
         )
     levels = profile.get("head_level_ms")
     if levels:
