@@ -64,22 +64,30 @@ def test_a_decode_step_matches_the_transformers_forward_with_either_kernel(kerne
     torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
 
 
-def test_the_head_on_the_target_products_drafts_as_the_plain_head():
-    """DraftHead.lean: q/k/v and gate/up fused, fc and the LM head packed; same outputs as the nn.Linear
-    modules, and the state dict unchanged (training and saving read those)."""
+@pytest.mark.parametrize("product_kernel", ["onednn", "panel"])
+def test_the_head_on_the_target_products_drafts_as_the_plain_head(product_kernel):
+    """DraftHead.lean: q/k/v and gate/up fused, fc and the LM head packed (oneDNN's layout, or the panel
+    kernel's where the native build has it); same outputs as the nn.Linear modules, and the state dict
+    unchanged (training and saving read those)."""
     from conftest import compose
 
+    from graft import native
     from graft.config import validate
     from graft.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
     from graft.models import load_model
 
-    cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]))
+    if product_kernel == "panel" and (native.load() is None or not native.load().panels_supported()):
+        pytest.skip("no native build with the panel kernel (a C++ compiler and AVX-512F)")
+    overrides = ["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]
+    cfg = validate(compose([*overrides, f"hardware.product_kernel={product_kernel}"]))
     target = load_model(cfg.model, cfg.hardware, progress=False).target
+    assert target.kernels["products"] == product_kernel
     plain = random_head(target, "eagle3", layer_ids=[0, 1, 2])
     lean = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product)
     assert lean.state_dict().keys() == plain.state_dict().keys()
     assert lean.fast and lean.midlayer.self_attn.fast is not None and lean.midlayer.mlp.fast is not None
+    assert (lean.fast["fc"].packed.dim() == 3) == (product_kernel == "panel")
     torch.manual_seed(3)
     hidden_size = target.config.hidden_size
     embeds, feats = torch.randn(5, hidden_size), torch.randn(5, 3 * hidden_size)

@@ -160,3 +160,14 @@ def test_a_token_has_the_same_logits_bits_in_a_verification_and_in_decode_steps(
             logits = target.verify(root, topology(root.parents, committed)).logits
             assert torch.equal(logits[0], verified[node]), f"node {node} of path {path}"
             target.commit(committed, [0])
+
+
+def test_an_unknown_product_kernel_in_the_config_is_refused_with_the_allowed_ones():
+    from conftest import compose
+
+    from graft.config import validate
+
+    with pytest.raises(
+        ConfigError, match=r"hardware.product_kernel='mkl' is not allowed; allowed values: auto, panel, onednn"
+    ):
+        validate(compose(["model=tiny_llama", "logger=none", "hardware.product_kernel=mkl"]))
