@@ -154,7 +154,15 @@ def panels_apply(native_module, weight: Tensor) -> bool:
 
 
 PRODUCT_KERNELS = ("panel", "onednn")
-PRODUCT_ROWS = (1, 2, 4, 8, 16)  # a decode step, the verifications of this project's trees
+PRODUCT_ROWS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+)  # a decode step, the verifications of this project's trees (up to 64 rows: the native loop's)
 
 
 def choose_product_kernel(
