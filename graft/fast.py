@@ -154,15 +154,8 @@ def panels_apply(native_module, weight: Tensor) -> bool:
 
 
 PRODUCT_KERNELS = ("panel", "onednn")
-PRODUCT_ROWS = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    32,
-    64,
-)  # a decode step, the verifications of this project's trees (up to 64 rows: the native loop's)
+# a decode step, the verifications of this project's trees (up to 64 rows: the native loop's)
+PRODUCT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def choose_product_kernel(
@@ -173,14 +166,17 @@ def choose_product_kernel(
     "auto" times the panels and the settled kernels on these weights in forward order for each of
     PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
     count up to `panel_rows_from`'s ("mixed": oneDNN above it, so both copies are kept), or none (their copy
-    freed). "panel" gives them every row count (oneDNN's
-    copy freed), "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep
-    oneDNN. Returns a record for run.json."""
+    freed). "panel" gives them every row count (oneDNN's copy freed) and refuses where no linear has panels,
+    "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep oneDNN. Returns a
+    record for run.json."""
     if kernel not in ("auto", *PRODUCT_KERNELS):
         raise ValueError(f"hardware.product_kernel={kernel!r}; allowed: auto, {', '.join(PRODUCT_KERNELS)}")
     dual = [linear for linear in linears if linear.panels is not None and linear.onednn is not None]
     if not dual:
-        return {"products": "onednn", "products_reason": no_panels or "no float32 products the panel kernel takes"}
+        reason = no_panels or "no float32 products the panel kernel takes"
+        if kernel == "panel":
+            raise ValueError(f"hardware.product_kernel=panel, but {reason}")
+        return {"products": "onednn", "products_reason": reason}
     record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
     if kernel == "auto":

@@ -73,6 +73,11 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
 }
 
 
+def on_onednn(name: str) -> bool:
+    """Whether a system runs on the second target, whose products are oneDNN's."""
+    return bool(SYSTEMS[name] and SYSTEMS[name][1].get(ONEDNN))
+
+
 def _group_yaml(group: str, name: str) -> dict:
     import yaml
 
@@ -177,14 +182,14 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
     onednn = None
-    if any(SYSTEMS[n] and SYSTEMS[n][1].get(ONEDNN) for n in names):
+    if any(on_onednn(n) for n in names):
         hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
         hardware.product_kernel = "onednn"
         onednn = load_model(model_cfg, hardware)
     runners = {}
     for name in names:
         spec = SYSTEMS[name]
-        target = onednn if spec and spec[1].get(ONEDNN) else fast
+        target = onednn if on_onednn(name) else fast
         runners[name] = (
             hf_runner(plain, name == "hf_prompt_lookup", args.new_tokens)
             if spec is None
@@ -259,7 +264,7 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
     rows = []
     for name in names:
         base = "hf_generate" if SYSTEMS[name] is None else "ar"
-        if SYSTEMS[name] and SYSTEMS[name][1].get(ONEDNN) and "ar/onednn" in names:
+        if on_onednn(name) and "ar/onednn" in names:
             base = "ar/onednn"
         equal = all(r[name]["tokens"] == r[base]["tokens"] for r in records) if base in names else None
         row = {"system": name, "tokens_per_s": rate[name], "equal": equal}

@@ -187,3 +187,10 @@ def test_an_unknown_product_kernel_in_the_config_is_refused_with_the_allowed_one
         ConfigError, match=r"hardware.product_kernel='mkl' is not allowed; allowed values: auto, panel, onednn"
     ):
         validate(compose(["model=tiny_llama", "logger=none", "hardware.product_kernel=mkl"]))
+
+
+def test_panels_forced_where_no_product_has_them_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"hardware.product_kernel=panel, but no float32 products the panel kernel"):
+        choose_product_kernel([PackedLinear(nn.Linear(8, 16))], "panel")
+    with pytest.raises(ValueError, match=r"hardware.product_kernel=panel, but hardware.native=off"):
+        choose_product_kernel([PackedLinear(nn.Linear(8, 16))], "panel", no_panels="hardware.native=off")

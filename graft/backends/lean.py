@@ -101,9 +101,7 @@ class LeanForward:
             raise ValueError(f"hardware.native={mode!r}; allowed: {', '.join(NATIVE_MODES)}")
         if mode == "off":
             return {"native": "off", "native_reason": "hardware.native=off"}
-        reason = self._native_blocker()
-        if reason is None and native.load() is None:
-            reason = f"the native build failed ({native.failure()})"
+        reason = self._native_blocker() or native.unavailable()
         if reason is not None:
             if mode == "on":
                 raise ValueError(f"hardware.native=on, but {reason}; use hardware.native=auto or off")
@@ -223,10 +221,8 @@ def _panel_module(native_mode: str, product_kernel: str) -> tuple:
         return None, "hardware.product_kernel=onednn"
     if native_mode == "off":
         reason = "hardware.native=off (the panel kernel is part of graft/native)"
-    elif native.load() is None:
-        reason = f"the native build failed ({native.failure()})"
-    elif not native.load().panels_supported():
-        reason = "this CPU has no AVX-512F"
+    else:
+        reason = native.unavailable() or (None if native.load().panels_supported() else "this CPU has no AVX-512F")
     if reason is not None and product_kernel == "panel":
         raise ValueError(f"hardware.product_kernel=panel, but {reason}; use hardware.product_kernel=auto or onednn")
     return (None, reason) if reason else (native.load(), None)
@@ -256,8 +252,6 @@ class LeanBackend(TargetBackend):
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
             self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels))
-            if product_kernel == "panel" and self.kernels["products"] != "panel":
-                raise ValueError(f"hardware.product_kernel=panel, but {self.kernels['products_reason']}")
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 
     @property

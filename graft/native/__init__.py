@@ -108,3 +108,8 @@ def load(verbose: bool = False):
 
 def failure() -> str | None:
     return _failure
+
+
+def unavailable() -> str | None:
+    """Why the native module cannot be used here (the build failed), or None where it loads."""
+    return None if load() is not None else f"the native build failed ({failure()})"

@@ -216,6 +216,11 @@ inline void norm_rotate(const float* x, const float* norm_weight, const float* c
 }
 
 #ifdef __AVX512F__
+// The first min(count, 16) lanes of a vector.
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
 // exp(x) for x <= 0 (scores less their row's maximum): x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-6
 // Taylor polynomial (relative error about 1e-7), times 2^k; below -87 (a masked score) exactly 0.
 inline __m512 exp_nonpositive(__m512 x) {
@@ -292,7 +297,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
           const int64_t visible = visible_of(f);
           if (s0 >= visible) continue;
           const int64_t count = std::min<int64_t>(16, visible - s0);
-          const __mmask16 lanes = count == 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
+          const __mmask16 lanes = first_lanes(count);
           const float* q = query + (head_of(f) * n + row_of(f)) * d;
           __m512 qv[V];
           for (int v = 0; v < V; ++v) qv[v] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * v), _mm512_set1_ps(scaling));
@@ -317,7 +322,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
         const __m512 top = _mm512_set1_ps(best[f - lo]);
         int64_t count = 0;
         for (int64_t s = 0; s < visible; s += 16) {
-          const __mmask16 lanes = visible - s >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - s)) - 1);
+          const __mmask16 lanes = first_lanes(visible - s);
           __m512 e = _mm512_maskz_mov_ps(lanes, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + s), top)));
           _mm512_mask_storeu_ps(row + s, lanes, e);
           const __mmask16 nonzero = _mm512_cmp_ps_mask(e, _mm512_setzero_ps(), _CMP_NEQ_OQ);
@@ -326,7 +331,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
         }
         __m512 sum = _mm512_setzero_ps();
         for (int64_t c = 0; c < count; c += 16) {
-          const __mmask16 lanes = count - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - c)) - 1);
+          const __mmask16 lanes = first_lanes(count - c);
           sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(lanes, kept.data() + c));
         }
         sums[f - lo] = _mm512_reduce_add_ps(sum);
@@ -366,7 +371,8 @@ void few_row_attention(const float* query, const float* keys, const float* value
 #endif
 
 // Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
-// at rows start.. of the cache, SDPA over rows 0..start + n - 1. qkv [n, (heads + 2 kv_heads) * d];
+// at rows start.. of the cache, then attention over rows 0..start + n - 1 (few_row_attention, or SDPA for other
+// head sizes or without AVX-512F). qkv [n, (heads + 2 kv_heads) * d];
 // mask [1, 1, groups * n, S] additive (tiled along the folded query axis), or empty: causal for n > 1.
 // Returns [n, heads * d].
 at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t d, const at::Tensor& qk_norm,
