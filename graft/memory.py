@@ -354,7 +354,8 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str) -> tuple[str,
     """(dtype the weights run in, extra copies of the dense weights, why) for hardware.fast_path.
 
     The lean backend keeps the model's own weights and builds its layouts beside them (graft/fast.py):
-    `transposed` one W_t copy; `packed` in float32 a W_t copy and a oneDNN-packed one; `packed` in
+    `transposed` one W_t copy; `packed` in float32 a oneDNN-packed copy and a small-row one (W_t, or the
+    panel kernel's layout; while the kernels are measured at load both are held for a moment); `packed` in
     bfloat16 and `bf16` (the model cast to bfloat16 first) one packed copy."""
     if fast_path == "none" or (fast_path != "transposed" and device_type != "cpu"):
         return dtype, 0, ""  # packed and bf16 are CPU-only: load_model refuses them on a GPU
@@ -363,7 +364,7 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str) -> tuple[str,
     if fast_path == "bf16":
         return "bfloat16", 1, "fast_path=bf16 keeps a packed copy"
     if dtype == "float32":
-        return dtype, 2, "fast_path=packed in float32 keeps a W_t and a packed copy"
+        return dtype, 2, "fast_path=packed in float32 keeps a small-row (W_t or panel) and a packed copy"
     return dtype, 1, "fast_path=packed keeps a packed copy"
 
 

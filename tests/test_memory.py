@@ -131,7 +131,8 @@ def test_the_cpu_fast_path_counts_its_weight_layouts():
     assert plan.tree_nodes == 1 and plan.draft_head == 0  # the baseline alone: no tree, no head
 
 
-@pytest.mark.parametrize("fast_path,copies", [("packed", ("single_row_t", "packed")), ("transposed", ("weight_t",))])
+# packed: oneDNN's copy and the small-row one the load-time measurements kept (W_t or the panels)
+@pytest.mark.parametrize("fast_path,copies", [("packed", ("small", "packed")), ("transposed", ("weight_t",))])
 def test_the_weight_layouts_are_what_the_lean_backend_builds(tiny, fast_path, copies):
     lean = tiny(f"tiny_qwen3:{fast_path}").target.lean  # the model's own weights stay beside these
     linears = [lean.lm_head, *(m for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))]
