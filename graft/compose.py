@@ -113,9 +113,30 @@ class Split:
     def label(self) -> str | None:
         return None
 
+    def levels_needed(self, total_tokens: int) -> int | None:
+        """Expansion levels after which drafting on cannot change this split's tree for `total_tokens` (its
+        checkpoint at that level still runs); None where any level can. A draft node at tree depth d is kept
+        only with its d - 1 ancestors (they score at least as high and come first), so with at most m draft
+        nodes kept nothing deeper than m counts: m - 1 levels below the root's children."""
+        return None
+
+    def widest_useful(self, total_tokens: int) -> int | None:
+        """The frontier width past which a wider one cannot change the tree, for a split that reads neither
+        the frontier nor candidates beyond the kept ones; None otherwise. Keeping the best m of the candidates
+        expanded with a frontier of m nodes and m children each finds the best m nodes of the whole tree (each
+        of them and its parent rank below m at their level), so a top_k above m only adds candidates that are
+        never kept, up to exactly tied scores."""
+        return None
+
 
 class DenseSplit(Split):
     decides_on_device = True  # keep() is the whole budget: nothing to decide
+
+    def levels_needed(self, total_tokens: int) -> int:
+        return max(total_tokens - 2, 0)
+
+    def widest_useful(self, total_tokens: int) -> int:
+        return max(total_tokens - 1, 1)
 
 
 register("split", "dense", description="keep the best total_tokens - 1 draft nodes")(lambda params: DenseSplit())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import statistics
 import time
 
@@ -73,10 +74,16 @@ class PackedLinear(nn.Module):
     - x @ W_t from a contiguous transposed copy (`single_row_t`) for one row (a decode step) in fp32: faster
       on some CPUs (an Intel Xeon here) and much slower on others (an AMD Zen 5: 23.6 ms against 11.4 ms for a
       decode step's products); `choose_one_row_kernel` settles it;
-    - graft/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F,
+    - graft/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F
+      or AVX2 + FMA,
       given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
       every row count (oneDNN's copy dropped: `packed` is then the panels).
-    bf16 uses oneDNN (avx512_bf16 dot products) for every row count.
+    bf16 uses oneDNN (avx512_bf16 dot products) for every row count. Where oneDNN packs no bf16 (or fp16) on
+    this CPU (it needs avx512bw/vl/dq or avx_ne_convert: an AMD Zen 3 has neither), the weights are held in
+    float32 instead, the same values (`widened_from` names their dtype), and run as the fp32 products: a
+    bfloat16 product there went through a reference loop 20x slower than fp32 (161 against 7.7 ms for the
+    embedded model's LM head at one row, measured on an AMD EPYC Zen 3). Inputs and outputs keep the
+    caller's dtype.
     """
 
     def __init__(
@@ -93,7 +100,11 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.widened_from = None if onednn_packs(weight.dtype) else weight.dtype
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        if self.widened_from is not None:
+            weight, bias = weight.float(), None if bias is None else bias.float()
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
         kernel = (products or {}).get("products")
         if kernel != "onednn" and native_module is not None and panels_apply(native_module, weight):
@@ -123,6 +134,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
+        if self.widened_from is not None:
+            flat = flat.float()
         small = self.small
         if small is not None and flat.shape[0] <= self.small_rows:
             y = self._panel(flat, small) if small.dim() == 3 else flat @ small
@@ -132,7 +145,7 @@ class PackedLinear(nn.Module):
             y = self._panel(flat, self.packed)
         else:
             y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        return y.view(*x.shape[:-1], self.out_features)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _panel(self, flat: Tensor, panels: Tensor) -> Tensor:
         bias = self.bias if self.bias is not None else flat.new_empty(0)
@@ -142,9 +155,35 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs (and so multiplies) weights of `dtype` on this CPU: float32 everywhere, bfloat16
+    and float16 only where the CPU has the instructions oneDNN asks for (it says which when it refuses)."""
+    if dtype == torch.float32:
+        return True
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
+def widened_record(linears: list[nn.Module]) -> dict:
+    """For run.json: which products hold their weights in float32 because oneDNN multiplies no narrower dtype
+    here (empty where none does)."""
+    dtypes = sorted(
+        {str(linear.widened_from).removeprefix("torch.") for linear in linears if getattr(linear, "widened_from", None)}
+    )
+    if not dtypes:
+        return {}
+    return {
+        "widened": f"{', '.join(dtypes)} weights held in float32: oneDNN has no {', '.join(dtypes)} products on this CPU"
+    }
+
+
 def panels_apply(native_module, weight: Tensor) -> bool:
     """Whether the panel kernel takes this weight: float32 on the CPU, out_features divisible by 16, a build
-    with AVX-512F."""
+    with AVX-512F or AVX2 + FMA."""
     return (
         weight.dtype == torch.float32
         and weight.device.type == "cpu"

@@ -46,9 +46,14 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@8": ("graft", {"total_tokens": 8}),
     "graft@16": ("graft", {"total_tokens": 16}),
     "eagle3@8": ("eagle3", {"total_tokens": 8}),
+    # the dense tree at small budgets: EagleSource drafts only the nodes such a budget can keep (Split.widest_useful)
+    "eagle3@4": ("eagle3", {"total_tokens": 4}),
+    "eagle3@6": ("eagle3", {"total_tokens": 6}),
     "graft@6": ("graft", {"total_tokens": 6}),
+    "graft@4": ("graft", {"total_tokens": 4}),
     # EAGLE-3 at small, shallow dense trees: the settings where drafting costs least here
     "eagle3@6/d3k3": ("eagle3", {"total_tokens": 6, "depth": 3, "top_k": 3}),
+    "eagle3@4/d2k2": ("eagle3", {"total_tokens": 4, "depth": 2, "top_k": 2}),
     "eagle3@4/d2k2/bf16_head": ("eagle3", {"total_tokens": 4, "depth": 2, "top_k": 2, "head_dtype": "bfloat16"}),
     # the draft head in bfloat16 (half the bytes per level; the target still verifies in float32), and
     # EAGLE-3's best setting measured on this CPU: a small, shallow dense tree
@@ -71,6 +76,9 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@6/onednn": ("graft", {"total_tokens": 6, ONEDNN: True}),
     "graft@6/bf16_head/onednn": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16", ONEDNN: True}),
 }
+
+
+PHASES = ("draft", "verify", "other")  # a step's phases, as graft/decode.py times them
 
 
 def on_onednn(name: str) -> bool:
@@ -114,7 +122,7 @@ def hf_runner(plain, lookup: bool, new_tokens: int):
     kwargs = {"prompt_lookup_num_tokens": 10} if lookup else {}
 
     @torch.inference_mode()
-    def run(ids: list[int]) -> tuple[list[int], float]:
+    def run(ids: list[int]) -> tuple[list[int], float, None]:
         x = torch.tensor([ids])
         start = time.perf_counter()
         out = hf.generate(
@@ -126,7 +134,7 @@ def hf_runner(plain, lookup: bool, new_tokens: int):
             pad_token_id=0,
             **kwargs,
         )
-        return out[0, len(ids) :].tolist(), time.perf_counter() - start
+        return out[0, len(ids) :].tolist(), time.perf_counter() - start, None
 
     return run
 
@@ -143,14 +151,17 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
     drafter = build_drafter(method_config(raw, model_cfg.draft_head, model_cfg.block_drafter), fast.target)
     lean = getattr(fast.target, "lean", None)
 
-    def run(ids: list[int]) -> tuple[list[int], float]:
+    def run(ids: list[int]) -> tuple[list[int], float, dict]:
         native = lean.native if lean is not None else None
         if python_loop and lean is not None:
             lean.native = None
         try:
             start = time.perf_counter()
             gen = generate(fast.target, drafter, ids, new_tokens, set())
-            return gen.new_tokens, time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            phases = {"steps": gen.steps, "prefill_s": gen.prefill_s}
+            phases.update({f"{phase}_s": sum(getattr(gen, f"{phase}_s")) for phase in PHASES})
+            return gen.new_tokens, seconds, phases
         finally:
             if lean is not None:
                 lean.native = native
@@ -205,8 +216,8 @@ def main() -> None:
             order = names[index % len(names) :] + names[: index % len(names)]
             row = {"prompt": pid, "prompt_tokens": len(ids)}
             for name in order:
-                tokens, seconds = runners[name](ids)
-                row[name] = {"tokens": tokens, "seconds": seconds}
+                tokens, seconds, phases = runners[name](ids)
+                row[name] = {"tokens": tokens, "seconds": seconds, "phases": phases}
             records.append(row)
             print(f"{pid}: " + ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names))
     finally:
@@ -226,6 +237,15 @@ def main() -> None:
             f"| {row['system']} | {row['tokens_per_s']:.1f} | {row.get('x_hf', float('nan')):.2f} | "
             f"{row.get('x_ar', float('nan')):.2f} | {row['equal']} |"
         )
+    print("\nwhere a step's time goes (means per step; tau = tokens per step after the first, graft/decode.py)")
+    print("| system | tau | draft ms | verify ms | other ms | ms per token |")
+    print("|---|---|---|---|---|---|")
+    for row in table:
+        if "tau" in row:
+            print(
+                f"| {row['system']} | {row['tau']:.2f} | {row['draft_ms']:.2f} | {row['verify_ms']:.2f} | "
+                f"{row['other_ms']:.2f} | {row['ms_per_token']:.2f} |"
+            )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -240,7 +260,7 @@ def main() -> None:
                             k: (
                                 v
                                 if k in ("prompt", "prompt_tokens")
-                                else {"n": len(v["tokens"]), "seconds": v["seconds"]}
+                                else {"n": len(v["tokens"]), "seconds": v["seconds"], "phases": v["phases"]}
                             )
                             for k, v in r.items()
                         }
@@ -272,8 +292,20 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
             row["x_hf"] = rate[name] / rate["hf_generate"]
         if "ar" in rate:
             row["x_ar"] = rate[name] / rate["ar"]
+        if SYSTEMS[name] is not None:
+            row.update(step_split([r[name] for r in records]))
         rows.append(row)
     return rows
+
+
+def step_split(runs: list[dict]) -> dict:
+    """Over a system's runs: tokens per step (tau, the first token from the prefill excluded), the mean
+    milliseconds per step of each phase, and the decode milliseconds per token (prefill excluded)."""
+    steps = sum(run["phases"]["steps"] for run in runs)
+    step_tokens = sum(len(run["tokens"]) - 1 for run in runs)
+    decode_s = sum(run["seconds"] - run["phases"]["prefill_s"] for run in runs)
+    split = {f"{phase}_ms": 1e3 * sum(run["phases"][f"{phase}_s"] for run in runs) / max(steps, 1) for phase in PHASES}
+    return {"tau": step_tokens / max(steps, 1), **split, "ms_per_token": 1e3 * decode_s / max(step_tokens, 1)}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ and its kind says what renders it:
 - `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of scripts/make_tables.py;
 - `forward_profile <json>`: the verify-time table of scripts/bench_forward.py's JSON;
 - `lossless <json ...>`: the per-method counts of scripts/check_lossless.py's JSONs;
-- `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side.
+- `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side;
+- `step_split <json>`: where a step's time goes (tau, draft / verify / other ms per step) in one of them.
 
     python scripts/render_results.py [results/README.md]           # rewrite the blocks
     python scripts/render_results.py --check [results/README.md]   # exit 1 if a block is stale
@@ -115,6 +116,23 @@ def side_by_side(*paths: str) -> str:
     return "\n".join(lines)
 
 
+def step_split(path: str) -> str:
+    """Where a step's time goes in one scripts/bench_e2e.py JSON (systems of this project; runs recorded
+    since the per-phase times were added)."""
+    run = json.loads((ROOT / path).read_text())
+    lines = [
+        "| system | tau | draft ms | verify ms | other ms | ms per token |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in run["table"]:
+        if "tau" in row:
+            lines.append(
+                f"| {row['system']} | {row['tau']:.2f} | {row['draft_ms']:.2f} | {row['verify_ms']:.2f} | "
+                f"{row['other_ms']:.2f} | {row['ms_per_token']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def tables(*paths: str) -> str:
     from make_tables import build
 
@@ -122,7 +140,13 @@ def tables(*paths: str) -> str:
     return markdown.strip()
 
 
-RENDERERS = {"tables": tables, "forward_profile": forward_profile, "lossless": lossless, "side_by_side": side_by_side}
+RENDERERS = {
+    "tables": tables,
+    "forward_profile": forward_profile,
+    "lossless": lossless,
+    "side_by_side": side_by_side,
+    "step_split": step_split,
+}
 
 
 def render(text: str) -> str:

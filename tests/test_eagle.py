@@ -336,3 +336,61 @@ def test_broken_head_files_are_one_line_errors_that_name_the_file(tiny, tmp_path
     weights.write_bytes(good_weights[: len(good_weights) // 2])  # torn by an interrupted download
     with pytest.raises(HeadLoadError, match=r"model.safetensors: not a readable safetensors file"):
         load_head(str(tmp_path / "h"), model)
+
+
+def _double_head(tiny):
+    model = tiny("tiny_llama").target
+    torch.manual_seed(0)
+    head = random_head(model, "eagle3", seed=7, layer_ids=[1, 2, 3]).double()
+    embed = torch.nn.Embedding.from_pretrained(model.model.get_input_embeddings().weight.double())
+    prefix_tokens = [5, 99, 13, 200, 42]
+    prefix_hidden = torch.randn(len(prefix_tokens), 3 * 64, dtype=torch.float64)
+    return head, embed, prefix_tokens, prefix_hidden
+
+
+@pytest.mark.parametrize("total_tokens", [2, 3, 4, 6, 8, 11, 16])
+def test_a_small_budget_drafts_only_what_it_can_keep_and_the_same_tree(tiny, total_tokens):
+    """EagleSource's caps (Split.widest_useful, Split.levels_needed) on the dense split: a frontier of at most
+    total_tokens - 1 nodes and no level past depth total_tokens - 1 keep exactly the tree of the full
+    top_k 10, depth 7 expansion, with fewer head rows."""
+    from graft.compose import DenseSplit
+
+    head, embed, prefix_tokens, prefix_hidden = _double_head(tiny)
+    split = DenseSplit()
+    width, levels = split.widest_useful(total_tokens), split.levels_needed(total_tokens)
+    assert (width, levels) == (total_tokens - 1, total_tokens - 2)
+    with torch.inference_mode():
+        trees = []
+        for top_k, cap in ((10, None), (min(10, width), levels)):
+            cache = head.new_cache(64)
+            out = extend(head, cache, embed(torch.tensor(prefix_tokens)), prefix_hidden)
+            found = expand(head, embed, cache, out[-1], 7, top_k, None, cap)
+            trees.append(select(found, 7, total_tokens - 1))
+            if cap is not None:
+                assert found.levels == min(7, levels) and found.top_k == min(10, width)
+    assert trees[1].tokens.tolist() == trees[0].tokens.tolist()
+    assert trees[1].parents.tolist() == trees[0].parents.tolist()
+
+
+@pytest.mark.parametrize("total_tokens", [3, 6, 12])
+@pytest.mark.parametrize("thresholds", [[0.35, 0.25, 0.15], [0.0, 0.0, 0.9], [0.0, 0.0, 0.0]])
+def test_the_stage_split_drafts_to_its_last_checkpoint_and_keeps_the_same_tree(tiny, total_tokens, thresholds):
+    """The pruned tree's depth cap runs every checkpoint (keep and the stage label read them) and stops below
+    the deepest node a budget can keep: the same tree, stage and kept count as the uncapped draft."""
+    from graft.methods.pruned import StageParams, StageSplit
+
+    head, embed, prefix_tokens, prefix_hidden = _double_head(tiny)
+    results = []
+    with torch.inference_mode():
+        for capped in (False, True):
+            split = StageSplit(StageParams(thresholds=thresholds))
+            split.start()
+            cache = head.new_cache(64)
+            out = extend(head, cache, embed(torch.tensor(prefix_tokens)), prefix_hidden)
+            levels = split.levels_needed(total_tokens) if capped else None
+            found = expand(head, embed, cache, out[-1], 7, 10, split.stop_after, levels)
+            keep = split.keep(torch.cat(found.scores), total_tokens)
+            tree = select(found, 7, keep - 1)
+            results.append((tree.tokens.tolist(), tree.parents.tolist(), keep, split.label(), found.levels))
+    assert results[1][:4] == results[0][:4]
+    assert results[1][4] <= max(total_tokens - 2, 5)

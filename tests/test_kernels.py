@@ -78,7 +78,7 @@ def test_the_head_on_the_target_products_drafts_as_the_plain_head(product_kernel
     from graft.models import load_model
 
     if product_kernel == "panel" and (native.load() is None or not native.load().panels_supported()):
-        pytest.skip("no native build with the panel kernel (a C++ compiler and AVX-512F)")
+        pytest.skip("no native build with the panel kernel (a C++ compiler and AVX-512F or AVX2 + FMA)")
     overrides = ["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]
     cfg = validate(compose([*overrides, f"hardware.product_kernel={product_kernel}"]))
     target = load_model(cfg.model, cfg.hardware, progress=False).target
@@ -180,3 +180,28 @@ def test_a_product_made_after_the_choice_keeps_only_the_chosen_copy(kernel):
         x = torch.randn(1, rows, 40)
         with torch.no_grad():
             torch.testing.assert_close(made(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_weights_oneDNN_cannot_multiply_here_are_held_in_float32(monkeypatch, dtype):
+    """On a CPU where oneDNN packs no bfloat16 (an AMD Zen 3: no avx512bw / avx_ne_convert) a bfloat16 head or
+    target must still load and compute: the same weight values in float32, the caller's dtype in and out."""
+    import graft.fast
+
+    monkeypatch.setattr(graft.fast, "onednn_packs", lambda weight_dtype: weight_dtype == torch.float32)
+    torch.manual_seed(3)
+    linear = nn.Linear(32, 48).to(dtype)
+    packed = PackedLinear(linear)
+    assert packed.widened_from == dtype and packed.packed.dtype == torch.float32
+    for rows in (1, 5):
+        x = torch.randn(rows, 32).to(dtype)
+        with torch.no_grad():
+            y = packed(x)
+            expected = (x.float() @ linear.weight.float().t() + linear.bias.float()).to(dtype)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y, expected)  # within one rounding of the dtype: the sums may be ordered apart
+    assert graft.fast.widened_record([packed, PackedLinear(nn.Linear(8, 16))]) == {
+        "widened": f"{str(dtype).removeprefix('torch.')} weights held in float32: oneDNN has no "
+        f"{str(dtype).removeprefix('torch.')} products on this CPU"
+    }
+    assert graft.fast.widened_record([PackedLinear(nn.Linear(8, 16))]) == {}

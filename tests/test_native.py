@@ -49,7 +49,7 @@ def _session(target) -> dict:
 
 @needs_compiler
 # head_dim: the native few-row attention's sizes (16 by the configs; 64 and 128 through Qwen3's explicit head_dim);
-# products "panel": the panel kernel for every row count (an AVX-512F build)
+# products "panel": the panel kernel for every row count (an AVX-512F or AVX2 + FMA build)
 @pytest.mark.parametrize(
     "name,one_row,products,head_dim",
     [
@@ -65,7 +65,7 @@ def _session(target) -> dict:
 )
 def test_the_native_loop_matches_the_python_loop(name, one_row, products, head_dim):
     if products == "panel" and not native.load().panels_supported():
-        pytest.skip("this CPU has no AVX-512F: no panel kernel")
+        pytest.skip("this CPU has neither AVX-512F nor AVX2 with FMA: no panel kernel")
     sizes = [f"model.arch_config.head_dim={head_dim}"] if head_dim else []
     native_target = _target(
         name, "hardware.native=on", f"hardware.one_row_kernel={one_row}", f"hardware.product_kernel={products}", *sizes

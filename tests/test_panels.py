@@ -15,7 +15,7 @@ from graft.schema import ConfigError
 
 needs_panels = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None or native.load() is None or not native.load().panels_supported(),
-    reason="no C++ compiler or no AVX-512F: graft/native's panel kernel is not built here",
+    reason="no C++ compiler, or neither AVX-512F nor AVX2 + FMA: graft/native's panel kernel is not built here",
 )
 
 

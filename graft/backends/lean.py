@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from graft import native
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
-from graft.fast import PackedLinear, choose_one_row_kernel, choose_product_kernel
+from graft.fast import PackedLinear, choose_one_row_kernel, choose_product_kernel, widened_record
 from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -215,14 +215,16 @@ class LeanForward:
 
 def _panel_module(native_mode: str, product_kernel: str) -> tuple:
     """(graft/native's built module, None) where the panel kernel may run (hardware.native not off, an
-    AVX-512F build), else (None, why not); hardware.product_kernel=panel refuses to load without it."""
+    AVX-512F or AVX2 + FMA build), else (None, why not); hardware.product_kernel=panel refuses to load without it."""
     reason = None
     if product_kernel == "onednn":
         return None, "hardware.product_kernel=onednn"
     if native_mode == "off":
         reason = "hardware.native=off (the panel kernel is part of graft/native)"
     else:
-        reason = native.unavailable() or (None if native.load().panels_supported() else "this CPU has no AVX-512F")
+        reason = native.unavailable() or (
+            None if native.load().panels_supported() else "this CPU has neither AVX-512F nor AVX2 with FMA"
+        )
     if reason is not None and product_kernel == "panel":
         raise ValueError(f"hardware.product_kernel=panel, but {reason}; use hardware.product_kernel=auto or onednn")
     return (None, reason) if reason else (native.load(), None)
@@ -252,6 +254,7 @@ class LeanBackend(TargetBackend):
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
             self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels))
+            self.kernels.update(widened_record(packed))
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 
     @property

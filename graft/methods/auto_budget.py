@@ -74,5 +74,11 @@ class AutoSplit(Split):
         costs = [self.draft_ms + c for c in self._verify_costs(total_tokens)]
         return best_budget(scores.float().exp(), costs)
 
+    def levels_needed(self, total_tokens: int) -> int:
+        return max(total_tokens - 2, 0)
+
+    def widest_useful(self, total_tokens: int) -> int:
+        return max(total_tokens - 1, 1)  # keep() reads the best total_tokens - 1 probabilities: the same values
+
     def label(self) -> str:
         return "auto"

@@ -17,6 +17,7 @@ a child without its parent).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -27,6 +28,7 @@ from graft.backends import HiddenTap, TargetBackend
 from graft.compose import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.eagle.checkpoint import load_head, random_head
+from graft.fast import widened_record
 from graft.eagle.head import DraftHead
 from graft.kv import KVBuffer
 from graft.registry import register
@@ -237,11 +239,20 @@ Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top
 
 
 def expand(
-    head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, checkpoint: Checkpoint | None = None
+    head: DraftHead,
+    embed,
+    cache: KVBuffer,
+    last: Tensor,
+    depth: int,
+    top_k: int,
+    checkpoint: Checkpoint | None = None,
+    levels: int | None = None,
 ) -> Candidates:
     """Score the root's top-k children from the head's output `last` [H] at the last committed position,
     then `depth` times expand every frontier node by its top-k children, keeping the global top-k by
-    cumulative log-probability as the next frontier. `checkpoint` may stop it after any level."""
+    cumulative log-probability as the next frontier. `checkpoint` may stop it after any level; `levels`
+    stops it after that many (their checkpoint still runs), where the split says that deeper levels cannot
+    change its tree (Split.levels_needed)."""
     device = last.device
     committed = cache.length
     logp, d2t = head.log_probs(last[None])  # [1, V_draft]
@@ -257,6 +268,8 @@ def expand(
 
     for level in range(depth):
         if checkpoint is not None and checkpoint(level, scores):
+            break
+        if levels is not None and level >= levels:
             break
         allowed = torch.ones(top_k, committed + tree_mask.shape[1], dtype=torch.bool, device=device)
         allowed[:, committed:] = tree_mask
@@ -349,6 +362,9 @@ class HeadOnCache:
         if params.head_dtype is not None:
             self.head = self.head.to(getattr(torch, params.head_dtype))
         self.head.lean(target.product, target.native)
+        widened = widened_record(list(getattr(self.head, "fast", {}).values()))
+        if widened:
+            logging.getLogger(__name__).warning("method.head_dtype=%s: %s", params.head_dtype, widened["widened"])
         cfg = self.head.cfg
         taps = (
             tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids)
@@ -405,7 +421,12 @@ class EagleSource(_HeadSource):
     def draft(self, state: SequenceState, split: Split, total_tokens: int) -> Draft:
         p, runner = self.params, self.runner
         split.start()
-        found = expand(runner.head, self.embed, runner.cache, runner.last, p.depth, p.top_k, split.stop_after)
+        # no work on candidates the split can never keep (a small budget keeps few, shallow nodes); a compiled
+        # head step keeps its one frontier width
+        width = split.widest_useful(total_tokens) if runner.head.compiled_step is None else None
+        top_k = p.top_k if width is None else min(p.top_k, width)
+        levels = split.levels_needed(total_tokens)
+        found = expand(runner.head, self.embed, runner.cache, runner.last, p.depth, top_k, split.stop_after, levels)
         keep = split.keep(torch.cat(found.scores), total_tokens)
         if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
             root = state.root_on(runner.last.device)

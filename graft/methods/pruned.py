@@ -119,6 +119,9 @@ class StageSplit(Split):
             else scaled_split(p.draft_tokens[self.fired], total_tokens, p.reference_budget)
         )
 
+    def levels_needed(self, total_tokens: int) -> int:
+        return max(total_tokens - 2, *self.params.checkpoints)  # every checkpoint runs: keep() and label() read it
+
     def level_cap(self) -> Tensor | None:
         p = self.params
         if not (self.static and p.prune) or self.fired_on_device is None:
@@ -161,6 +164,12 @@ class FixedSplit(Split):
 
     def keep(self, scores: Tensor, total_tokens: int) -> int:
         return scaled_split(self.params.fixed_draft_tokens, total_tokens, self.params.reference_budget)
+
+    def levels_needed(self, total_tokens: int) -> int:
+        return max(self.keep(None, total_tokens) - 2, 0)
+
+    def widest_useful(self, total_tokens: int) -> int:
+        return max(self.keep(None, total_tokens) - 1, 1)
 
     def label(self) -> str:
         return "fixed"
@@ -229,6 +238,9 @@ class PrefixSplit(Split):
 
     def keep(self, scores: Tensor, total_tokens: int) -> int:
         return min(self.kept, total_tokens - 1) + 1
+
+    def levels_needed(self, total_tokens: int) -> int:
+        return max(total_tokens - 2, 0)  # the checkpoint at that level can still set kept to total_tokens - 1
 
     def label(self) -> str:
         return f"prefix{self.kept}"

@@ -5,16 +5,19 @@
 // a few microseconds of dispatch and allocation. Here everything between the products is one pass over the rows
 // in plain loops: the RMSNorms, Qwen3's per-head q/k norm, the rotary embedding with keys and values written
 // straight into the cache, SiLU(gate) * up, and attention for few rows (SDPA cost some 40 us a layer for one
-// row). The products are the panel kernel below (AVX-512F) where it was measured faster at load, else oneDNN's
-// packed linear. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
+// row). The products are the panel kernel below (AVX-512F, or AVX2 with FMA in 8-float vectors) where it was
+// measured faster at load, else oneDNN's packed linear. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
 // head); graft/native/__init__.py builds it once, and the callers fall back to Python otherwise.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GRAFT_AVX2 1  // the same kernels in 8-float vectors where AVX-512F is missing (an AMD Zen 3)
 #endif
 
 #include <algorithm>
@@ -38,11 +41,12 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 // contiguous stream, and a register-blocked micro-kernel (up to 8 rows x 3 vectors of 16 columns: 24
 // accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 that take turns
 // over chunks of the block, which the later groups read from L1. Blocks are split between threads; x is
-// transposed once so that a k step's row values are adjacent. Needs AVX-512F; elsewhere `panels_supported()` is
-// false. graft/fast.py measures at load which row counts it serves (oneDNN the others).
+// transposed once so that a k step's row values are adjacent. Needs AVX-512F, or AVX2 with FMA (tiles of at
+// most 12 accumulators of 8 floats there); elsewhere `panels_supported()` is false. graft/fast.py measures at
+// load which row counts it serves (oneDNN the others).
 
 bool panels_supported() {
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
   return true;
 #else
   return false;
@@ -57,7 +61,7 @@ int64_t panel_width(int64_t out_features) {
 
 // W [N, K] float32 -> [N / B, K, B] (B = panel_width(N)).
 at::Tensor pack_panels(const at::Tensor& weight) {
-  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F");
+  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight: [out, in] float32");
   const int64_t n = weight.size(0), k = weight.size(1), width = panel_width(n);
   TORCH_CHECK(width > 0, "the panel kernel needs out_features divisible by 16, not ", n);
@@ -65,6 +69,8 @@ at::Tensor pack_panels(const at::Tensor& weight) {
 }
 
 #ifdef __AVX512F__
+constexpr int kLanes = 16;  // floats per vector
+
 // How far ahead of the kernel its weight stream is prefetched (floats: 4.5 KiB). The hardware prefetcher alone
 // left 5-8 rows at 15.2-15.7 ms for the embedded model's products against oneDNN's 14.5-16.3; 1-8 KiB ahead
 // gave 13.3-13.8 (measured on this project's AMD EPYC, 2 threads).
@@ -123,11 +129,62 @@ void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_si
     }
   }
 }
+#elif defined(GRAFT_AVX2)
+constexpr int kLanes = 8;
+constexpr int64_t kChunk = 128;
+
+// As the AVX-512F tile, in 8-float vectors: y[m0 .. m0 + R) x [n0 .. n0 + 8 V) (+)= x @ block^T over [k0, k1).
+// Sixteen registers hold at most 12 accumulators besides the broadcast row value, so the weights are read as
+// memory operands (once from memory, then from L1 for the tile's other rows). Each accumulator adds its k terms
+// in order whatever R and the k ranges. No software prefetch: on an AMD Zen 3 (2 threads, 15-20 GB/s) the
+// embedded model's products at one row took 27.5-32.6 ms without it and 32.4-35.2 ms with it 1-4.5 KiB ahead.
+template <int R, int V>
+inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k0,
+                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + r) * n_size + n0 + 8 * v);
+  const float* w = block + k0 * 8 * V;
+  const float* xk = xt + k0 * rows + m0;
+  for (int64_t k = k0; k < k1; ++k, w += 8 * V, xk += rows) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 value = _mm256_broadcast_ss(xk + r);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(value, _mm256_loadu_ps(w + 8 * v), acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(y + (m0 + r) * n_size + n0 + 8 * v, acc[r][v]);
+}
+
+// The last rows of a block (fewer than a full tile of 12 / V rows), one tile of exactly that many.
+template <int V, int R = 1>
+inline void panel_rest(int64_t left, const float* xt, int64_t rows, const float* block, int64_t k0, int64_t k1,
+                       float* y, int64_t n_size, int64_t n0, int64_t m0) {
+  if constexpr (R < 12 / V) {
+    if (left == R) panel_tile<R, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
+    else panel_rest<V, R + 1>(left, xt, rows, block, k0, k1, y, n_size, n0, m0);
+  }
+}
+
+// One block for every row, 12 / V rows per tile; beyond one tile the tiles take turns over chunks of the block.
+template <int V>
+void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size,
+                 int64_t n0) {
+  constexpr int tile = 12 / V;
+  const int64_t step = rows > tile ? kChunk : k_size;
+  for (int64_t k0 = 0; k0 < k_size; k0 += step) {
+    const int64_t k1 = std::min(k_size, k0 + step);
+    int64_t m0 = 0;
+    for (; m0 + tile <= rows; m0 += tile) panel_tile<tile, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
+    if (m0 < rows) panel_rest<V>(rows - m0, xt, rows, block, k0, k1, y, n_size, n0, m0);
+  }
+}
 #endif
 
 // x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B]. Returns [M, N].
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
-  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F");
+  TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, in] float32");
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1), "panels [N / B, ", x.size(1), ", B] for x's ",
               x.size(1), " features");
@@ -136,16 +193,16 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
   at::Tensor y = at::empty({rows, n_size}, x.options());
   if (rows == 0) return y;
   at::Tensor xt = rows == 1 ? x.contiguous() : x.t().contiguous();  // [K, M]
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
   const float* xp = xt.data_ptr<float>();
   const float* wp = panels.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
       const float* block = wp + b * k_size * width;
-      if (width == 48) panel_block<3>(xp, rows, block, k_size, yp, n_size, b * width);
-      else if (width == 32) panel_block<2>(xp, rows, block, k_size, yp, n_size, b * width);
-      else panel_block<1>(xp, rows, block, k_size, yp, n_size, b * width);
+      if (width == 48) panel_block<48 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width);
+      else if (width == 32) panel_block<32 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width);
+      else panel_block<16 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width);
     }
   });
 #endif
@@ -368,11 +425,162 @@ void few_row_attention(const float* query, const float* keys, const float* value
     }
   });
 }
+#elif defined(GRAFT_AVX2)
+// The AVX-512F attention below in 8-float vectors (AVX2 + FMA): 8 keys a block, lane masks as integer vectors,
+// the kept weights packed in key order by a scalar loop (AVX2 has no compress), 2^k built in the exponent bits.
+inline __m256i first_lanes(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(count, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// exp(x) for x <= 0 as the AVX-512F version; below -87 exactly 0.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 floor = _mm256_set1_ps(-87.f);
+  const __m256 vanishing = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, floor);
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  // k >= -126 here, so 2^k is a normal float: its exponent field is k + 127
+  const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(vanishing, _mm256_mul_ps(p, _mm256_castsi256_ps(two_k)));
+}
+
+// Lane j: the sum of products[j]'s 8 lanes, in the same tree for every j ((0+1)+(2+3), then + (4+5)+(6+7)).
+inline __m256 sum_lanes8(const __m256* products) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(products[0], products[1]), _mm256_hadd_ps(products[2], products[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(products[4], products[5]), _mm256_hadd_ps(products[6], products[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+inline float reduce_add(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float reduce_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// As the AVX-512F few_row_attention, for head_dim = 8 V; same arguments, same guarantees.
+template <int V>
+void few_row_attention(const float* query, const float* keys, const float* values, int64_t capacity, int64_t n,
+                       int64_t start, int64_t heads, int64_t kv_heads, const float* mask, int64_t mask_stride,
+                       float scaling, float* out) {
+  constexpr int64_t d = 8 * V;
+  const int64_t groups = heads / kv_heads, total = start + n, queries = groups * n;
+  const int64_t parts = queries > 1 && kv_heads < 2 * at::get_num_threads() ? 2 : 1;
+  const int64_t per_part = (queries + parts - 1) / parts;
+  at::parallel_for(0, kv_heads * parts, 1, [&](int64_t first, int64_t last) {
+    const int64_t stride = total + 8;
+    std::vector<float> scores(per_part * stride), kept(total + 8), sums(per_part), scaled(per_part * d);
+    const std::vector<float> zeros(total + 8, 0.f);
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t g = item / parts, lo = (item % parts) * per_part, hi = std::min(queries, lo + per_part);
+      if (lo >= hi) continue;
+      const float* k_head = keys + g * capacity * d;
+      const float* v_head = values + g * capacity * d;
+      auto row_of = [&](int64_t f) { return f % n; };
+      auto head_of = [&](int64_t f) { return g * groups + f / n; };
+      auto visible_of = [&](int64_t f) { return mask != nullptr ? total : start + row_of(f) + 1; };
+      for (int64_t f = lo; f < hi; ++f) {
+        const float* q = query + (head_of(f) * n + row_of(f)) * d;
+        for (int64_t i = 0; i < d; ++i) scaled[(f - lo) * d + i] = q[i] * scaling;
+      }
+      std::vector<float> best(hi - lo, -INFINITY);
+      for (int64_t s0 = 0; s0 < total; s0 += 8) {  // scores, 8 keys at a time for every query
+        for (int64_t f = lo; f < hi; ++f) {
+          const int64_t visible = visible_of(f);
+          if (s0 >= visible) continue;
+          const int64_t count = std::min<int64_t>(8, visible - s0);
+          const __m256i lanes = first_lanes(count);
+          const float* q = scaled.data() + (f - lo) * d;
+          __m256 products[8];
+          for (int j = 0; j < 8; ++j) {
+            products[j] = _mm256_setzero_ps();
+            if (j >= count) continue;
+            const float* key = k_head + (s0 + j) * d;
+            products[j] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(key));
+            for (int v = 1; v < V; ++v)
+              products[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * v), _mm256_loadu_ps(key + 8 * v), products[j]);
+          }
+          __m256 score = sum_lanes8(products);
+          if (mask != nullptr)
+            score = _mm256_add_ps(score, _mm256_maskload_ps(mask + row_of(f) * mask_stride + s0, lanes));
+          _mm256_maskstore_ps(scores.data() + (f - lo) * stride + s0, lanes, score);
+          const __m256 shown = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), score, _mm256_castsi256_ps(lanes));
+          best[f - lo] = std::max(best[f - lo], reduce_max(shown));
+        }
+      }
+      for (int64_t f = lo; f < hi; ++f) {  // softmax weights in place; their sum over the kept keys in key order
+        const int64_t visible = visible_of(f);
+        float* row = scores.data() + (f - lo) * stride;
+        const __m256 top = _mm256_set1_ps(best[f - lo]);
+        int64_t count = 0;
+        alignas(32) float lane_values[8];
+        for (int64_t s = 0; s < visible; s += 8) {
+          const __m256i lanes = first_lanes(visible - s);
+          const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), top)),
+                                         _mm256_castsi256_ps(lanes));
+          _mm256_maskstore_ps(row + s, lanes, e);
+          _mm256_store_ps(lane_values, e);
+          for (int64_t j = 0, active = std::min<int64_t>(8, visible - s); j < active; ++j)
+            if (lane_values[j] != 0.f) kept[count++] = lane_values[j];
+        }
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t c = 0; c < count; c += 8)
+          sum = _mm256_add_ps(sum, _mm256_maskload_ps(kept.data() + c, first_lanes(count - c)));
+        sums[f - lo] = reduce_add(sum);
+        std::fill(row + visible, row + total, 0.f);  // keys past a causal row's own: weight 0
+      }
+      // the weighted values, R queries x C vectors of a column chunk at a time in registers (at most 8)
+      constexpr int C = V < 8 ? V : 8;
+      constexpr int R = C == 8 ? 1 : 8 / C;
+      for (int64_t f0 = lo; f0 < hi; f0 += R) {
+        const float* weights[R];
+        int64_t reach = 0;
+        for (int r = 0; r < R; ++r) {
+          const bool real = f0 + r < hi;
+          weights[r] = real ? scores.data() + (f0 + r - lo) * stride : zeros.data();
+          if (real) reach = std::max(reach, visible_of(f0 + r));
+        }
+        for (int c0 = 0; c0 < V; c0 += C) {
+          __m256 a[R][C];
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_ps();
+          for (int64_t s = 0; s < reach; ++s) {
+            const float* value = v_head + s * d + 8 * c0;
+            for (int r = 0; r < R; ++r) {
+              const __m256 w = _mm256_broadcast_ss(weights[r] + s);
+              for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), a[r][c]);
+            }
+          }
+          for (int r = 0; r < R && f0 + r < hi; ++r) {
+            const __m256 inverse = _mm256_set1_ps(1.f / sums[f0 + r - lo]);
+            float* o = out + row_of(f0 + r) * heads * d + head_of(f0 + r) * d + 8 * c0;
+            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(a[r][c], inverse));
+          }
+        }
+      }
+    }
+  });
+}
 #endif
 
 // Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
 // at rows start.. of the cache, then attention over rows 0..start + n - 1 (few_row_attention, or SDPA for other
-// head sizes or without AVX-512F). qkv [n, (heads + 2 kv_heads) * d];
+// head sizes or without AVX-512F or AVX2). qkv [n, (heads + 2 kv_heads) * d];
 // mask [1, 1, groups * n, S] additive (tiled along the folded query axis), or empty: causal for n > 1.
 // Returns [n, heads * d].
 at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t d, const at::Tensor& qk_norm,
@@ -399,9 +607,9 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
     }
     for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
   }
-#ifdef __AVX512F__
-  auto few_rows = d == 16 ? few_row_attention<1> : d == 32 ? few_row_attention<2> : d == 64 ? few_row_attention<4>
-                : d == 128 ? few_row_attention<8> : nullptr;
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
+  auto few_rows = d == 16 ? few_row_attention<16 / kLanes> : d == 32 ? few_row_attention<32 / kLanes>
+                : d == 64 ? few_row_attention<64 / kLanes> : d == 128 ? few_row_attention<128 / kLanes> : nullptr;
   if (few_rows != nullptr && (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat))) {
     at::Tensor merged = at::empty({n, heads * d}, qkv.options());  // [n, heads * head_dim]
     const float* rows_mask = present(mask) ? mask.data_ptr<float>() : nullptr;  // its first tile: rows 0..n-1
