@@ -64,8 +64,16 @@ def _row(summary: dict, run: Path, method: str) -> dict:
         "verify_share": split.get("verify"),
         "other_share": split.get("other"),
         "stages": summary.get("stages"),
-        "hardware": (summary.get("hardware") or {}).get("gpu") or (summary.get("hardware") or {}).get("cpu"),
+        "hardware": hardware_name(summary.get("hardware") or {}),
     }
+
+
+def hardware_name(hardware: dict) -> str | None:
+    """The GPU, else the CPU with its vector instructions where recorded ("AMD EPYC, AVX2")."""
+    if hardware.get("gpu"):
+        return hardware["gpu"]
+    cpu = hardware.get("cpu")
+    return f"{cpu}, {hardware['cpu_isa']}" if cpu and hardware.get("cpu_isa") else cpu
 
 
 def _label(value) -> str | None:

@@ -226,7 +226,7 @@ def main() -> None:
     table = summarise(records, names)
     hw = hardware_info("cpu")
     print(
-        f"\n{hw['cpu']}, {hw['torch_threads']} threads, {args.new_tokens} new tokens, {len(prompts)} prompts, "
+        f"\n{hw['cpu']} ({hw.get('cpu_isa')}), {hw['torch_threads']} threads, {args.new_tokens} new tokens, {len(prompts)} prompts, "
         f"greedy{', one busy neighbour process' if neighbour else ''}; policy: {POLICY.reason if POLICY else 'fixed by the environment'}"
     )
     print("tokens/s = new tokens / generation seconds (prefill included), summed over prompts")

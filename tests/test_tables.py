@@ -173,3 +173,12 @@ def test_render_results_notices_a_hand_edited_table(tmp_path):
     assert proc.returncode == 1 and "stale" in proc.stderr
     subprocess.run([sys.executable, "scripts/render_results.py", str(readme)], cwd=ROOT, check=True)
     assert "| graft | 20/20 equal |" in readme.read_text()
+
+
+def test_the_hardware_column_names_the_gpu_else_the_cpu_and_its_vector_instructions():
+    from graft.analysis import hardware_name
+
+    assert hardware_name({"cpu": "AMD EPYC", "cpu_isa": "AVX2"}) == "AMD EPYC, AVX2"
+    assert hardware_name({"cpu": "AMD EPYC"}) == "AMD EPYC"  # records from before cpu_isa
+    assert hardware_name({"cpu": "AMD EPYC", "cpu_isa": "AVX512", "gpu": "NVIDIA H200"}) == "NVIDIA H200"
+    assert hardware_name({}) is None
