@@ -361,11 +361,23 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str) -> tuple[str,
         return dtype, 0, ""  # packed and bf16 are CPU-only: load_model refuses them on a GPU
     if fast_path == "transposed":
         return dtype, 1, "fast_path=transposed keeps a W_t copy"
+    run_dtype = "bfloat16" if fast_path == "bf16" else dtype
+    if run_dtype != "float32" and not _onednn_multiplies(run_dtype):
+        # graft/fast.PackedLinear holds them in float32: a packed and a small-row copy at twice the bytes each
+        return run_dtype, 4, f"fast_path={fast_path}: no {run_dtype} products in oneDNN on this CPU, float32 copies"
     if fast_path == "bf16":
         return "bfloat16", 1, "fast_path=bf16 keeps a packed copy"
     if dtype == "float32":
         return dtype, 2, "fast_path=packed in float32 keeps a small-row (W_t or panel) and a packed copy"
     return dtype, 1, "fast_path=packed keeps a packed copy"
+
+
+def _onednn_multiplies(dtype: str) -> bool:
+    import torch
+
+    from graft.fast import onednn_packs
+
+    return onednn_packs(getattr(torch, dtype))
 
 
 def planned_tokens(cfg: ExperimentConfig, shape: ModelShape, tree_nodes: int) -> tuple[int, str]:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import torch
 from conftest import compose
 from graft.config import ConfigError, validate
+from graft.fast import onednn_packs
 from graft.memory import (
     ModelShape,
     available_ram,
@@ -127,7 +129,10 @@ def test_qwen3_235b_plan_by_hand():
 def test_the_cpu_fast_path_counts_its_weight_layouts():
     plan = plan_memory(config("model=llama31_8b", "method=ar", "hardware=cpu"), "cpu")  # fast_path=packed, bf16
     dense = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 128256 * 4096  # + the LM head
-    assert plan.weight_layouts == dense * 2  # one packed bf16 copy beside the model's own weights
+    if onednn_packs(torch.bfloat16):
+        assert plan.weight_layouts == dense * 2  # one packed bf16 copy beside the model's own weights
+    else:  # no bf16 products here (AVX2): a packed and a small-row copy, both float32
+        assert plan.weight_layouts == dense * 2 * 4 and "float32 copies" in plan.breakdown()
     assert plan.tree_nodes == 1 and plan.draft_head == 0  # the baseline alone: no tree, no head
 
 
