@@ -137,7 +137,8 @@ constexpr int64_t kChunk = 128;
 // Sixteen registers hold at most 12 accumulators besides the broadcast row value, so the weights are read as
 // memory operands (once from memory, then from L1 for the tile's other rows). Each accumulator adds its k terms
 // in order whatever R and the k ranges. No software prefetch: on an AMD Zen 3 (2 threads, 15-20 GB/s) the
-// embedded model's products at one row took 27.5-32.6 ms without it and 32.4-35.2 ms with it 1-4.5 KiB ahead.
+// embedded model's products at one row took 27.5-32.6 ms without it, 32.4-36.1 ms with it 1-4.5 KiB ahead and
+// 30.1 ms at 8 KiB.
 template <int R, int V>
 inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k0,
                        int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
