@@ -111,7 +111,8 @@ def side_by_side(*paths: str) -> str:
                 cells.append("- | - | -")
                 continue
             mark = "" if row["equal"] else " (**not equal to its baseline**)"
-            cells.append(f"{row['tokens_per_s']:.1f}{mark} | {row['x_hf']:.2f} | {row['x_ar']:.2f}")
+            ratios = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in ("x_hf", "x_ar"))
+            cells.append(f"{row['tokens_per_s']:.1f}{mark} | {ratios}")
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
