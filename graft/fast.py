@@ -79,11 +79,13 @@ class PackedLinear(nn.Module):
       given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
       every row count (oneDNN's copy dropped: `packed` is then the panels).
     bf16 uses oneDNN (avx512_bf16 dot products) for every row count. Where oneDNN packs no bf16 (or fp16) on
-    this CPU (it needs avx512bw/vl/dq or avx_ne_convert: an AMD Zen 3 has neither), the weights are held in
-    float32 instead, the same values (`widened_from` names their dtype), and run as the fp32 products: a
-    bfloat16 product there went through a reference loop 20x slower than fp32 (161 against 7.7 ms for the
-    embedded model's LM head at one row, measured on an AMD EPYC Zen 3). Inputs and outputs keep the
-    caller's dtype.
+    this CPU (it needs avx512bw/vl/dq or avx_ne_convert: an AMD Zen 3 has neither), a bfloat16 product in
+    torch went through a reference loop 20x slower than fp32 (161 against 7.7 ms for the embedded model's LM
+    head at one row, measured on an AMD EPYC Zen 3). There bfloat16 weights go to the AVX2 build's bfloat16
+    panels for every row count (`narrow_panels`: widened to float32 in the registers, the same bits as the
+    float32 panels of the widened weights, at half the bytes streamed); without them (no native build,
+    float16, product_kernel=onednn) the weights are held in float32, the same values (`widened_from` names
+    their dtype), and run as the fp32 products. Inputs and outputs keep the caller's dtype.
     """
 
     def __init__(
@@ -100,13 +102,24 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
-        self.widened_from = None if onednn_packs(weight.dtype) else weight.dtype
+        kernel = (products or {}).get("products")
+        self.narrow_panels = (
+            not onednn_packs(weight.dtype)
+            and kernel != "onednn"
+            and native_module is not None
+            and narrow_panels_apply(native_module, weight)
+        )
+        self.widened_from = None if onednn_packs(weight.dtype) or self.narrow_panels else weight.dtype
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        if self.widened_from is not None:
-            weight, bias = weight.float(), None if bias is None else bias.float()
+        if self.widened_from is not None or self.narrow_panels:
+            weight = weight.float() if self.widened_from is not None else weight
+            bias = None if bias is None else bias.float()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
-        kernel = (products or {}).get("products")
+        if self.narrow_panels:  # every row count: oneDNN has no products for these weights here
+            self.panels, self._native = native_module.pack_panels(weight), native_module
+            self.packed, self.small_rows = self.panels, 0
+            return
         if kernel != "onednn" and native_module is not None and panels_apply(native_module, weight):
             self.panels, self._native = native_module.pack_panels(weight), native_module
         if kernel == "panel" and self.panels is not None:  # every row count
@@ -148,6 +161,7 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _panel(self, flat: Tensor, panels: Tensor) -> Tensor:
+        flat = flat.float()  # bfloat16 panels multiply float32 activations
         bias = self.bias if self.bias is not None else flat.new_empty(0)
         return self._native.panel_linear(flat.contiguous(), panels, bias)
 
@@ -169,16 +183,21 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 
 
 def widened_record(linears: list[nn.Module]) -> dict:
-    """For run.json: which products hold their weights in float32 because oneDNN multiplies no narrower dtype
-    here (empty where none does)."""
+    """For run.json: which products hold their weights in float32, or multiply bfloat16 ones through the
+    panels, because oneDNN multiplies no narrower dtype here (empty where none does)."""
+    record = {}
     dtypes = sorted(
         {str(linear.widened_from).removeprefix("torch.") for linear in linears if getattr(linear, "widened_from", None)}
     )
-    if not dtypes:
-        return {}
-    return {
-        "widened": f"{', '.join(dtypes)} weights held in float32: oneDNN has no {', '.join(dtypes)} products on this CPU"
-    }
+    if dtypes:
+        listed = ", ".join(dtypes)
+        record["widened"] = f"{listed} weights held in float32: oneDNN has no {listed} products on this CPU"
+    if any(getattr(linear, "narrow_panels", False) for linear in linears):
+        record["narrow_panels"] = (
+            "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: oneDNN has no "
+            "bfloat16 products on this CPU"
+        )
+    return record
 
 
 def panels_apply(native_module, weight: Tensor) -> bool:
@@ -189,6 +208,17 @@ def panels_apply(native_module, weight: Tensor) -> bool:
         and weight.device.type == "cpu"
         and weight.shape[0] % 16 == 0
         and bool(native_module.panels_supported())
+    )
+
+
+def narrow_panels_apply(native_module, weight: Tensor) -> bool:
+    """Whether the panel kernel takes this weight as it is, bfloat16: the AVX2 build (an AVX-512 CPU's
+    bfloat16 goes through oneDNN), on the CPU, out_features divisible by 16."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and weight.shape[0] % 16 == 0
+        and bool(getattr(native_module, "bfloat16_panels_supported", lambda: False)())
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import torch
 from conftest import compose
-from graft.config import ConfigError, validate
+from graft.config import ConfigError, HardwareConfig, validate
 from graft.fast import onednn_packs
 from graft.memory import (
     ModelShape,
@@ -23,6 +23,7 @@ from graft.memory import (
     count_parameters,
     cpu_capacity,
     cuda_capacity,
+    narrow_panels_expected,
     plan_memory,
     random_model_config,
 )
@@ -131,8 +132,12 @@ def test_the_cpu_fast_path_counts_its_weight_layouts():
     dense = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 128256 * 4096  # + the LM head
     if onednn_packs(torch.bfloat16):
         assert plan.weight_layouts == dense * 2  # one packed bf16 copy beside the model's own weights
-    else:  # no bf16 products here (AVX2): a packed and a small-row copy, both float32
+    elif narrow_panels_expected(HardwareConfig()):  # no bf16 products in oneDNN (AVX2): bf16 panels
+        assert plan.weight_layouts == dense * 2 and "bfloat16 panels" in plan.breakdown()
+    else:  # nor panels (no native build): a packed and a small-row copy, both float32
         assert plan.weight_layouts == dense * 2 * 4 and "float32 copies" in plan.breakdown()
+    off = plan_memory(config("model=llama31_8b", "method=ar", "hardware=cpu", "hardware.native=off"), "cpu")
+    assert off.weight_layouts == dense * 2 * (1 if onednn_packs(torch.bfloat16) else 4)
     assert plan.tree_nodes == 1 and plan.draft_head == 0  # the baseline alone: no tree, no head
 
 

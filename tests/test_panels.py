@@ -61,10 +61,67 @@ def test_the_panels_refuse_what_they_cannot_lay_out():
     module = native.load()
     with pytest.raises(RuntimeError, match="out_features divisible by 16, not 20"):
         module.pack_panels(torch.randn(20, 8))
-    with pytest.raises(RuntimeError, match=r"weight: \[out, in\] float32"):
-        module.pack_panels(torch.randn(16, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"weight: \[out, in\] float32.*not Half"):
+        module.pack_panels(torch.randn(16, 8, dtype=torch.float16))
+    if not module.bfloat16_panels_supported():  # an AVX-512 build: oneDNN multiplies bfloat16 there
+        with pytest.raises(RuntimeError, match="bfloat16 panels need the AVX2 build"):
+            module.pack_panels(torch.randn(16, 8, dtype=torch.bfloat16))
     linear = PackedLinear(nn.Linear(8, 20), native_module=module)  # not divisible by 16: oneDNN only
     assert linear.panels is None and linear.onednn is not None
+
+
+needs_bfloat16_panels = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None
+    or native.load() is None
+    or not native.load().bfloat16_panels_supported(),
+    reason="bfloat16 panels are the AVX2 build's (an AVX-512 CPU multiplies bfloat16 through oneDNN)",
+)
+
+
+@needs_bfloat16_panels
+@pytest.mark.parametrize("out_features,in_features", [(16, 7), (32, 64), (48, 576), (96, 100)])
+def test_bfloat16_panels_give_the_float32_panels_bits_for_the_widened_weights(out_features, in_features):
+    """Widening in the registers loses nothing: a bfloat16 weight is the high half of the float32 of the same
+    value, and each accumulator adds its terms in the same order."""
+    module = native.load()
+    torch.manual_seed(out_features)
+    weight, bias = torch.randn(out_features, in_features).bfloat16(), torch.randn(out_features)
+    narrow, wide = module.pack_panels(weight), module.pack_panels(weight.float())
+    assert narrow.dtype == torch.bfloat16 and narrow.shape == wide.shape
+    for rows in (1, 2, 3, 5, 6, 9, 16, 17, 70):
+        x = torch.randn(rows, in_features)
+        y = module.panel_linear(x, narrow, bias)
+        assert torch.equal(y, module.panel_linear(x, wide, bias))
+        reference = F.linear(x.double(), weight.double(), bias.double()).float()
+        torch.testing.assert_close(y, reference, rtol=1e-4, atol=1e-4)
+
+
+@needs_bfloat16_panels
+def test_bfloat16_weights_oneDNN_cannot_multiply_go_to_the_bfloat16_panels(monkeypatch):
+    import graft.fast
+
+    monkeypatch.setattr(graft.fast, "onednn_packs", lambda dtype: dtype == torch.float32)
+    module = native.load()
+    torch.manual_seed(5)
+    linear = nn.Linear(40, 48).bfloat16()
+    narrow = PackedLinear(linear, native_module=module)
+    assert narrow.narrow_panels and narrow.widened_from is None
+    assert narrow.packed.dtype == torch.bfloat16 and narrow.packed.dim() == 3 and narrow.onednn is None
+    widened = PackedLinear(linear)  # no native module: float32 copies
+    assert widened.widened_from == torch.bfloat16 and not widened.narrow_panels
+    forced = PackedLinear(linear, products={"products": "onednn"}, native_module=module)
+    assert forced.widened_from == torch.bfloat16 and not forced.narrow_panels
+    for rows in (1, 4, 13):
+        x = torch.randn(rows, 40).bfloat16()
+        with torch.no_grad():
+            y = narrow(x)
+            assert y.dtype == torch.bfloat16
+            torch.testing.assert_close(y, widened(x))
+    assert graft.fast.widened_record([narrow, widened]) == {
+        "widened": "bfloat16 weights held in float32: oneDNN has no bfloat16 products on this CPU",
+        "narrow_panels": "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: "
+        "oneDNN has no bfloat16 products on this CPU",
+    }
 
 
 @needs_panels

@@ -363,7 +363,7 @@ class HeadOnCache:
             self.head = self.head.to(getattr(torch, params.head_dtype))
         self.head.lean(target.product, target.native)
         widened = widened_record(list(getattr(self.head, "fast", {}).values()))
-        if widened:
+        if "widened" in widened:
             logging.getLogger(__name__).warning("method.head_dtype=%s: %s", params.head_dtype, widened["widened"])
         cfg = self.head.cfg
         taps = (

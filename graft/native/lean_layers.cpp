@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -53,16 +54,29 @@ bool panels_supported() {
 #endif
 }
 
+// Whether the panels may hold bfloat16 weights, widened to float32 in the registers: the AVX2 build only, for
+// CPUs where oneDNN has no bfloat16 products (an AMD Zen 3); an AVX-512 CPU's bfloat16 goes through oneDNN.
+bool bfloat16_panels_supported() {
+#if defined(GRAFT_AVX2)
+  return true;
+#else
+  return false;
+#endif
+}
+
 int64_t panel_width(int64_t out_features) {
   for (int64_t width : {48, 32, 16})
     if (out_features % width == 0) return width;
   return 0;
 }
 
-// W [N, K] float32 -> [N / B, K, B] (B = panel_width(N)).
+// W [N, K] float32 (or bfloat16 where bfloat16_panels_supported()) -> [N / B, K, B] (B = panel_width(N)).
 at::Tensor pack_panels(const at::Tensor& weight) {
   TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight: [out, in] float32");
+  const bool narrow = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat || narrow), "weight: [out, in] float32",
+              bfloat16_panels_supported() ? " or bfloat16" : "", ", not ", weight.scalar_type());
+  TORCH_CHECK(!narrow || bfloat16_panels_supported(), "bfloat16 panels need the AVX2 build (this one has AVX-512F)");
   const int64_t n = weight.size(0), k = weight.size(1), width = panel_width(n);
   TORCH_CHECK(width > 0, "the panel kernel needs out_features divisible by 16, not ", n);
   return weight.contiguous().view({n / width, width, k}).transpose(1, 2).contiguous();
@@ -109,9 +123,9 @@ inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __
 // (at most 24 KiB of the block), so that the later tiles read the chunk from L1 rather than the block from L2.
 constexpr int64_t kChunk = 128;
 
-template <int V>
-void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size,
-                 int64_t n0, const float* /* next_block: prefetched by the tiles' own stream */) {
+template <int V, typename W>
+void panel_block(const float* xt, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size,
+                 int64_t n0, const W* /* next_block: prefetched by the tiles' own stream */) {
   const int64_t step = rows > 8 ? kChunk : k_size;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
@@ -135,77 +149,120 @@ constexpr int kLanes = 8;
 // read and the next one, prefetched meanwhile, both stay in a 32 KiB L1.
 constexpr int64_t kChunk = 64;
 
+// Eight weights as floats: float32 as they are; bfloat16 (its bits, uint16) widened in the register - a
+// bfloat16 is the high half of the float32 with the same value.
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const uint16_t* w) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// Rows per tile for blocks of V vectors of weights of type W, so that the tile fits sixteen registers: float32
+// weights are memory operands (R x V accumulators and the broadcast row value); bfloat16 ones are widened once a
+// k step into a register that every row reuses (R x V accumulators, R row values, the widened vector).
+template <typename W>
+constexpr int tile_rows(int v) {
+  return std::is_same_v<W, float> ? 12 / v : 15 / (v + 1);
+}
+
 // As the AVX-512F tile, in 8-float vectors: y[m0 .. m0 + R) x [n0 .. n0 + 8 V) (+)= x @ block^T over [k0, k1).
-// Sixteen registers hold at most 12 accumulators besides the broadcast row value, so the weights are read as
-// memory operands (once from memory, then from L1 for the tile's other rows). Each accumulator adds its k terms
-// in order whatever R and the k ranges. While it works it prefetches `ahead_lines` cache lines from `ahead`,
-// spread evenly over its k steps (panel_block passes its share of the next chunk). A single tile over a whole
-// block (one or two rows) prefetches nothing: on an AMD Zen 3 (2 threads, 15-20 GB/s) the embedded model's
-// products at one row took 27.5-32.6 ms without a prefetch, 32.4-36.1 ms with one 1-4.5 KiB ahead.
-template <int R, int V>
-inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k0,
-                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0,
-                       const float* ahead = nullptr, int64_t ahead_lines = 0) {
+// Float32 weights are read as memory operands (once from memory, then from L1 for the tile's other rows).
+// Each accumulator adds its k terms in order whatever R and the k ranges. While it works it prefetches
+// `ahead_lines` cache lines from `ahead`, spread evenly over its k steps (panel_block passes its share of the
+// next chunk). A single tile over a whole block (one or two rows) prefetches nothing: on an AMD Zen 3 (2 threads,
+// 15-20 GB/s) the embedded model's products at one row took 27.5-32.6 ms without a prefetch, 32.4-36.1 ms with
+// one 1-4.5 KiB ahead.
+template <int R, int V, typename W>
+inline void panel_tile(const float* __restrict xt, int64_t rows, const W* __restrict block, int64_t k0, int64_t k1,
+                       float* __restrict y, int64_t n_size, int64_t n0, int64_t m0, const char* ahead = nullptr,
+                       int64_t ahead_lines = 0) {
   __m256 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v)
       acc[r][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + r) * n_size + n0 + 8 * v);
-  const float* w = block + k0 * 8 * V;
+  const W* w = block + k0 * 8 * V;
   const float* xk = xt + k0 * rows + m0;
   const int64_t steps = k1 - k0;
   int64_t owed = 0;  // ahead_lines / steps lines a k step, carried as in Bresenham's line
   for (int64_t k = k0; k < k1; ++k, w += 8 * V, xk += rows) {
-    for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 16)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-    for (int r = 0; r < R; ++r) {
-      const __m256 value = _mm256_broadcast_ss(xk + r);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(value, _mm256_loadu_ps(w + 8 * v), acc[r][v]);
+    for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
+      _mm_prefetch(ahead, _MM_HINT_T0);
+    if constexpr (std::is_same_v<W, float>) {
+      for (int r = 0; r < R; ++r) {
+        const __m256 value = _mm256_broadcast_ss(xk + r);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(value, load8(w + 8 * v), acc[r][v]);
+      }
+    } else {
+      __m256 values[R];
+      for (int r = 0; r < R; ++r) values[r] = _mm256_broadcast_ss(xk + r);
+      for (int v = 0; v < V; ++v) {
+        const __m256 weights = load8(w + 8 * v);
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(values[r], weights, acc[r][v]);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) _mm256_storeu_ps(y + (m0 + r) * n_size + n0 + 8 * v, acc[r][v]);
 }
 
-// The last rows of a block (fewer than a full tile of 12 / V rows), one tile of exactly that many.
-template <int V, int R = 1>
-inline void panel_rest(int64_t left, const float* xt, int64_t rows, const float* block, int64_t k0, int64_t k1,
-                       float* y, int64_t n_size, int64_t n0, int64_t m0) {
-  if constexpr (R < 12 / V) {
+// The last rows of a block (fewer than a full tile), one tile of exactly that many.
+template <int V, typename W, int R = 1>
+inline void panel_rest(int64_t left, const float* xt, int64_t rows, const W* block, int64_t k0, int64_t k1, float* y,
+                       int64_t n_size, int64_t n0, int64_t m0) {
+  if constexpr (R < tile_rows<W>(V)) {
     if (left == R) panel_tile<R, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
-    else panel_rest<V, R + 1>(left, xt, rows, block, k0, k1, y, n_size, n0, m0);
+    else panel_rest<V, W, R + 1>(left, xt, rows, block, k0, k1, y, n_size, n0, m0);
   }
 }
 
-// One block for every row, 12 / V rows per tile. Beyond one tile the tiles take turns over chunks of the block,
+// One block for every row, tile_rows rows per tile. Beyond one tile the tiles take turns over chunks of the block,
 // the first reading the chunk from memory and the others from L1 - and all of them prefetch a share of the next
 // chunk (or of `next_block`'s first) meanwhile, so that its read overlaps their arithmetic. Without that, the
 // read and the arithmetic took turns: 8 rows of the embedded model's products took 48.7 ms against 30.4 with it,
 // 16 rows 77.9 against 40.9 (a scratch benchmark on an AMD Zen 3, 2 threads; one row took 23.3).
-template <int V>
-void panel_block(const float* xt, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size,
-                 int64_t n0, const float* next_block) {
-  constexpr int tile = 12 / V;
-  constexpr int64_t floats_per_line = 16;
+template <int V, typename W>
+void panel_block(const float* xt, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size, int64_t n0,
+                 const W* next_block) {
+  constexpr int tile = tile_rows<W>(V);
+  constexpr int64_t line = 64, k_bytes = 8 * V * sizeof(W);
   const int64_t step = rows > tile ? kChunk : k_size;
   const int64_t full_tiles = rows / tile;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
-    const float* next = k1 < k_size ? block + k1 * 8 * V : next_block;
+    const W* next = k1 < k_size ? block + k1 * 8 * V : next_block;
     const int64_t next_steps = k1 < k_size ? std::min(step, k_size - k1) : std::min(step, k_size);
-    const int64_t lines = rows > tile && next != nullptr ? next_steps * 8 * V / floats_per_line : 0;
+    const int64_t lines = rows > tile && next != nullptr ? next_steps * k_bytes / line : 0;
     const int64_t share = (lines + full_tiles - 1) / full_tiles;
     int64_t m0 = 0;
     for (int64_t t = 0; m0 + tile <= rows; m0 += tile, ++t) {
       const int64_t first = std::min(lines, t * share);
-      panel_tile<tile, V>(xt, rows, block, k0, k1, y, n_size, n0, m0, next + first * floats_per_line,
-                          std::min(share, lines - first));
+      panel_tile<tile, V>(xt, rows, block, k0, k1, y, n_size, n0, m0,
+                          reinterpret_cast<const char*>(next) + first * line, std::min(share, lines - first));
     }
     if (m0 < rows) panel_rest<V>(rows - m0, xt, rows, block, k0, k1, y, n_size, n0, m0);
   }
 }
 #endif
 
-// x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B]. Returns [M, N].
+// The blocks of one product over the threads, each thread's tiles prefetching into its next block.
+template <typename W>
+void panel_blocks(const float* xp, int64_t rows, const W* wp, int64_t blocks, int64_t k_size, int64_t width,
+                  float* yp) {
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
+  const int64_t n_size = blocks * width;
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const W* block = wp + b * k_size * width;
+      const W* next = b + 1 < last ? block + k_size * width : nullptr;
+      if (width == 48) panel_block<48 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
+      else if (width == 32) panel_block<32 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
+      else panel_block<16 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
+    }
+  });
+#endif
+}
+
+// x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B]. Returns [M, N] float32.
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
   TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, in] float32");
@@ -227,17 +284,16 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
       for (int64_t k = 0; k < k_size; ++k) transposed[k * rows + m] = xr[m * k_size + k];
   }
   const float* xp = rows > 1 ? transposed.data() : xr;
-  const float* wp = panels.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const float* block = wp + b * k_size * width;
-      const float* next = b + 1 < last ? block + k_size * width : nullptr;
-      if (width == 48) panel_block<48 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
-      else if (width == 32) panel_block<32 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
-      else panel_block<16 / kLanes>(xp, rows, block, k_size, yp, n_size, b * width, next);
-    }
-  });
+  if (panels.scalar_type() == at::kBFloat16) {
+#if defined(GRAFT_AVX2)
+    const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
+    panel_blocks(xp, rows, wp, blocks, k_size, width, y.data_ptr<float>());
+#else
+    TORCH_CHECK(false, "bfloat16 panels need the AVX2 build");
+#endif
+  } else {
+    panel_blocks(xp, rows, panels.data_ptr<float>(), blocks, k_size, width, y.data_ptr<float>());
+  }
 #endif
   return present(bias) ? y.add_(bias) : y;
 }
@@ -252,7 +308,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
     at::Tensor y = at::mm(x, small);
     return present(bias) ? y.add_(bias) : y;
   }
-  if (packed.dim() == 3 && packed.scalar_type() == at::kFloat) return panel_linear(x, packed, bias);
+  if (packed.dim() == 3) return panel_linear(x, packed, bias);  // float32 or bfloat16 panels
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
                        .typed<LinearPointwise>();
@@ -752,7 +808,8 @@ at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
-  m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F)");
+  m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F or AVX2)");
+  m.def("bfloat16_panels_supported", &bfloat16_panels_supported, "whether the panels may hold bfloat16 weights");
   m.def("pack_panels", &pack_panels, "W [N, K] float32 in the panel kernel's layout [N / B, K, B]");
   m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32)");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
