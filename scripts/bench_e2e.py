@@ -59,7 +59,6 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # EAGLE-3's best setting measured on this CPU: a small, shallow dense tree
     "graft@16/bf16_head": ("graft", {"total_tokens": 16, "head_dtype": "bfloat16"}),
     "graft@6/bf16_head": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16"}),
-    "graft@6/bf16_head": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16"}),
     "graft@8/bf16_head": ("graft", {"total_tokens": 8, "head_dtype": "bfloat16"}),
     "eagle3@6/d3k3/bf16_head": ("eagle3", {"total_tokens": 6, "depth": 3, "top_k": 3, "head_dtype": "bfloat16"}),
     "dflash": ("dflash", {}),
