@@ -3,7 +3,8 @@
 `lean_layers` runs the lean forward's layer loop for a few rows and `head_layer` an EAGLE head's decoder
 layer (lean_layers.cpp says why); on AVX-512F (or AVX2 with FMA: the same kernels in 8-float vectors),
 `pack_panels` / `panel_linear` are the panel kernel for float32
-products of few rows (graft/fast.py decides at load which row counts it serves). It is built on first use
+products of few rows (graft/fast.py decides at load which row counts it serves), and in the AVX2 build for
+bfloat16 weights too, widened in the registers, where oneDNN has no bfloat16 products. It is built on first use
 into $GRAFT_CACHE/native/<key>, the key covering the source, torch's version and this CPU's flags (the build
 uses -march=native), so a cache shared between machines never loads another CPU's build. Building needs a C++
 compiler; where there is none, `load()` says why and the Python loop and oneDNN's products run instead.
