@@ -42,9 +42,9 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 // contiguous stream, and a register-blocked micro-kernel (up to 8 rows x 3 vectors of 16 columns: 24
 // accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 that take turns
 // over chunks of the block, which the later groups read from L1. Blocks are split between threads; x is
-// transposed once so that a k step's row values are adjacent. Needs AVX-512F, or AVX2 with FMA (tiles of at
-// most 12 accumulators of 8 floats there); elsewhere `panels_supported()` is false. graft/fast.py measures at
-// load which row counts it serves (oneDNN the others).
+// transposed once for the AVX-512F tiles so that a k step's row values are adjacent (the AVX2 tiles read it as
+// it is). Needs AVX-512F, or AVX2 with FMA (tiles of at most 12 accumulators of 8 floats there); elsewhere
+// `panels_supported()` is false. graft/fast.py measures at load which row counts it serves (oneDNN the others).
 
 bool panels_supported() {
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
@@ -173,7 +173,7 @@ constexpr int tile_rows(int v) {
 // 15-20 GB/s) the embedded model's products at one row took 27.5-32.6 ms without a prefetch, 32.4-36.1 ms with
 // one 1-4.5 KiB ahead.
 template <int R, int V, typename W>
-inline void panel_tile(const float* __restrict xt, int64_t rows, const W* __restrict block, int64_t k0, int64_t k1,
+inline void panel_tile(const float* __restrict x, int64_t x_stride, const W* __restrict block, int64_t k0, int64_t k1,
                        float* __restrict y, int64_t n_size, int64_t n0, int64_t m0, const char* ahead = nullptr,
                        int64_t ahead_lines = 0) {
   __m256 acc[R][V];
@@ -181,20 +181,20 @@ inline void panel_tile(const float* __restrict xt, int64_t rows, const W* __rest
     for (int v = 0; v < V; ++v)
       acc[r][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + r) * n_size + n0 + 8 * v);
   const W* w = block + k0 * 8 * V;
-  const float* xk = xt + k0 * rows + m0;
+  const float* xk = x + m0 * x_stride + k0;  // x row-major: row r's value at k is xk[r * x_stride]
   const int64_t steps = k1 - k0;
   int64_t owed = 0;  // ahead_lines / steps lines a k step, carried as in Bresenham's line
-  for (int64_t k = k0; k < k1; ++k, w += 8 * V, xk += rows) {
+  for (int64_t k = k0; k < k1; ++k, w += 8 * V, ++xk) {
     for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
       _mm_prefetch(ahead, _MM_HINT_T0);
     if constexpr (std::is_same_v<W, float>) {
       for (int r = 0; r < R; ++r) {
-        const __m256 value = _mm256_broadcast_ss(xk + r);
+        const __m256 value = _mm256_broadcast_ss(xk + r * x_stride);
         for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(value, load8(w + 8 * v), acc[r][v]);
       }
     } else {
       __m256 values[R];
-      for (int r = 0; r < R; ++r) values[r] = _mm256_broadcast_ss(xk + r);
+      for (int r = 0; r < R; ++r) values[r] = _mm256_broadcast_ss(xk + r * x_stride);
       for (int v = 0; v < V; ++v) {
         const __m256 weights = load8(w + 8 * v);
         for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(values[r], weights, acc[r][v]);
@@ -207,11 +207,11 @@ inline void panel_tile(const float* __restrict xt, int64_t rows, const W* __rest
 
 // The last rows of a block (fewer than a full tile), one tile of exactly that many.
 template <int V, typename W, int R = 1>
-inline void panel_rest(int64_t left, const float* xt, int64_t rows, const W* block, int64_t k0, int64_t k1, float* y,
-                       int64_t n_size, int64_t n0, int64_t m0) {
+inline void panel_rest(int64_t left, const float* x, int64_t x_stride, const W* block, int64_t k0, int64_t k1,
+                       float* y, int64_t n_size, int64_t n0, int64_t m0) {
   if constexpr (R < tile_rows<W>(V)) {
-    if (left == R) panel_tile<R, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
-    else panel_rest<V, W, R + 1>(left, xt, rows, block, k0, k1, y, n_size, n0, m0);
+    if (left == R) panel_tile<R, V>(x, x_stride, block, k0, k1, y, n_size, n0, m0);
+    else panel_rest<V, W, R + 1>(left, x, x_stride, block, k0, k1, y, n_size, n0, m0);
   }
 }
 
@@ -221,7 +221,7 @@ inline void panel_rest(int64_t left, const float* xt, int64_t rows, const W* blo
 // read and the arithmetic took turns: 8 rows of the embedded model's products took 48.7 ms against 30.4 with it,
 // 16 rows 77.9 against 40.9 (a scratch benchmark on an AMD Zen 3, 2 threads; one row took 23.3).
 template <int V, typename W>
-void panel_block(const float* xt, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size, int64_t n0,
+void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size, int64_t n0,
                  const W* next_block) {
   constexpr int tile = tile_rows<W>(V);
   constexpr int64_t line = 64, k_bytes = 8 * V * sizeof(W);
@@ -236,10 +236,10 @@ void panel_block(const float* xt, int64_t rows, const W* block, int64_t k_size, 
     int64_t m0 = 0;
     for (int64_t t = 0; m0 + tile <= rows; m0 += tile, ++t) {
       const int64_t first = std::min(lines, t * share);
-      panel_tile<tile, V>(xt, rows, block, k0, k1, y, n_size, n0, m0,
+      panel_tile<tile, V>(x, k_size, block, k0, k1, y, n_size, n0, m0,
                           reinterpret_cast<const char*>(next) + first * line, std::min(share, lines - first));
     }
-    if (m0 < rows) panel_rest<V>(rows - m0, xt, rows, block, k0, k1, y, n_size, n0, m0);
+    if (m0 < rows) panel_rest<V>(rows - m0, x, k_size, block, k0, k1, y, n_size, n0, m0);
   }
 }
 #endif
@@ -273,17 +273,17 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
   at::Tensor y = at::empty({rows, n_size}, x.options());
   if (rows == 0) return y;
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
-  // x^T [K, M] in a plain loop: through ATen (x.t().contiguous()) it cost some 17 us a product, 2.3 ms of a
-  // verification of 8 tokens on the embedded model.
+  // The AVX-512F tiles read x^T [K, M], built in a plain loop: through ATen (x.t().contiguous()) it cost some
+  // 17 us a product, 2.3 ms of a verification of 8 tokens on the embedded model. The AVX2 tiles read x as it is.
   const at::Tensor xc = x.contiguous();
   const float* xr = xc.data_ptr<float>();
   thread_local std::vector<float> transposed;
-  if (rows > 1) {
+  if (rows > 1 && kLanes == 16) {
     transposed.resize(static_cast<size_t>(rows * k_size));
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t k = 0; k < k_size; ++k) transposed[k * rows + m] = xr[m * k_size + k];
   }
-  const float* xp = rows > 1 ? transposed.data() : xr;
+  const float* xp = rows > 1 && kLanes == 16 ? transposed.data() : xr;
   if (panels.scalar_type() == at::kBFloat16) {
 #if defined(GRAFT_AVX2)
     const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
