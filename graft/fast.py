@@ -103,24 +103,22 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
         kernel = (products or {}).get("products")
-        self.narrow_panels = (
-            not onednn_packs(weight.dtype)
-            and kernel != "onednn"
-            and native_module is not None
-            and narrow_panels_apply(native_module, weight)
-        )
-        self.widened_from = None if onednn_packs(weight.dtype) or self.narrow_panels else weight.dtype
+        may_pack_panels = kernel != "onednn" and native_module is not None
+        narrow = not onednn_packs(weight.dtype)  # oneDNN has no products for these weights here
+        self.narrow_panels = narrow and may_pack_panels and panels_apply(native_module, weight)
+        self.widened_from = weight.dtype if narrow and not self.narrow_panels else None
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        if self.widened_from is not None or self.narrow_panels:
-            weight = weight.float() if self.widened_from is not None else weight
+        if narrow:  # the panels or the float32 products add a float32 bias
             bias = None if bias is None else bias.float()
+        if self.widened_from is not None:
+            weight = weight.float()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
-        if self.narrow_panels:  # every row count: oneDNN has no products for these weights here
+        if self.narrow_panels:  # every row count
             self.panels, self._native = native_module.pack_panels(weight), native_module
             self.packed, self.small_rows = self.panels, 0
             return
-        if kernel != "onednn" and native_module is not None and panels_apply(native_module, weight):
+        if may_pack_panels and weight.dtype == torch.float32 and panels_apply(native_module, weight):
             self.panels, self._native = native_module.pack_panels(weight), native_module
         if kernel == "panel" and self.panels is not None:  # every row count
             self.packed, self.small_rows = self.panels, 0
@@ -201,25 +199,14 @@ def widened_record(linears: list[nn.Module]) -> dict:
 
 
 def panels_apply(native_module, weight: Tensor) -> bool:
-    """Whether the panel kernel takes this weight: float32 on the CPU, out_features divisible by 16, a build
-    with AVX-512F or AVX2 + FMA."""
-    return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and weight.shape[0] % 16 == 0
-        and bool(native_module.panels_supported())
-    )
-
-
-def narrow_panels_apply(native_module, weight: Tensor) -> bool:
-    """Whether the panel kernel takes this weight as it is, bfloat16: the AVX2 build (an AVX-512 CPU's
-    bfloat16 goes through oneDNN), on the CPU, out_features divisible by 16."""
-    return (
-        weight.dtype == torch.bfloat16
-        and weight.device.type == "cpu"
-        and weight.shape[0] % 16 == 0
-        and bool(getattr(native_module, "bfloat16_panels_supported", lambda: False)())
-    )
+    """Whether the panel kernel takes this weight as it is: on the CPU, out_features divisible by 16, and a
+    build with AVX-512F or AVX2 + FMA for float32, the AVX2 build for bfloat16 (an AVX-512 CPU's bfloat16 goes
+    through oneDNN)."""
+    supported = {
+        torch.float32: native_module.panels_supported,
+        torch.bfloat16: getattr(native_module, "bfloat16_panels_supported", lambda: False),
+    }.get(weight.dtype)
+    return supported is not None and weight.device.type == "cpu" and weight.shape[0] % 16 == 0 and bool(supported())
 
 
 PRODUCT_KERNELS = ("panel", "onednn")

@@ -350,23 +350,23 @@ def load_dtype(model_dtype: str, device_type: str) -> str:
     return model_dtype
 
 
-def fast_path_layout(fast_path: str, dtype: str, device_type: str, narrow_panels: bool = False) -> tuple[str, int, str]:
+def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None) -> tuple[str, int, str]:
     """(dtype the weights run in, extra copies of the dense weights, why) for hardware.fast_path.
 
     The lean backend keeps the model's own weights and builds its layouts beside them (graft/fast.py):
     `transposed` one W_t copy; `packed` in float32 a oneDNN-packed copy and a small-row one (W_t, or the
     panel kernel's layout; while the kernels are measured at load both are held for a moment); `packed` in
     bfloat16 and `bf16` (the model cast to bfloat16 first) one packed copy. Where oneDNN has no bfloat16
-    products, `narrow_panels` (the AVX2 build's bfloat16 panels will take them) one panel copy, else float32
-    copies."""
+    products, one panel copy where the AVX2 build's bfloat16 panels will take them (`hardware`, the config,
+    says whether they may: narrow_panels_expected), else float32 copies."""
     if fast_path == "none" or (fast_path != "transposed" and device_type != "cpu"):
         return dtype, 0, ""  # packed and bf16 are CPU-only: load_model refuses them on a GPU
     if fast_path == "transposed":
         return dtype, 1, "fast_path=transposed keeps a W_t copy"
     run_dtype = "bfloat16" if fast_path == "bf16" else dtype
-    if run_dtype == "bfloat16" and narrow_panels and not _onednn_multiplies(run_dtype):
-        return run_dtype, 1, f"fast_path={fast_path}: no bfloat16 products in oneDNN on this CPU, bfloat16 panels"
     if run_dtype != "float32" and not _onednn_multiplies(run_dtype):
+        if run_dtype == "bfloat16" and hardware is not None and narrow_panels_expected(hardware):
+            return run_dtype, 1, f"fast_path={fast_path}: no bfloat16 products in oneDNN on this CPU, bfloat16 panels"
         # graft/fast.PackedLinear holds them in float32: a packed and a small-row copy at twice the bytes each
         return run_dtype, 4, f"fast_path={fast_path}: no {run_dtype} products in oneDNN on this CPU, float32 copies"
     if fast_path == "bf16":
@@ -479,10 +479,8 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
     shape, shape_source = model_shape(model)
     if shape is None:
         return MemoryPlan(shape=None, shape_source=shape_source, **common)
-    run_dtype = load_dtype(model.dtype, device_type)
-    narrow = device_type == "cpu" and (run_dtype == "bfloat16" or cfg.hardware.fast_path == "bf16")
     dtype, copies, layouts_note = fast_path_layout(
-        cfg.hardware.fast_path, run_dtype, device_type, narrow and narrow_panels_expected(cfg.hardware)
+        cfg.hardware.fast_path, load_dtype(model.dtype, device_type), device_type, cfg.hardware
     )
     dtype_bytes = DTYPE_BYTES[dtype]
     methods = [m.flat() for m in cfg.compared]

@@ -276,14 +276,16 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
   // The AVX-512F tiles read x^T [K, M], built in a plain loop: through ATen (x.t().contiguous()) it cost some
   // 17 us a product, 2.3 ms of a verification of 8 tokens on the embedded model. The AVX2 tiles read x as it is.
   const at::Tensor xc = x.contiguous();
-  const float* xr = xc.data_ptr<float>();
+  const float* xp = xc.data_ptr<float>();
+#if defined(__AVX512F__)
   thread_local std::vector<float> transposed;
-  if (rows > 1 && kLanes == 16) {
+  if (rows > 1) {
     transposed.resize(static_cast<size_t>(rows * k_size));
     for (int64_t m = 0; m < rows; ++m)
-      for (int64_t k = 0; k < k_size; ++k) transposed[k * rows + m] = xr[m * k_size + k];
+      for (int64_t k = 0; k < k_size; ++k) transposed[k * rows + m] = xp[m * k_size + k];
+    xp = transposed.data();
   }
-  const float* xp = rows > 1 && kLanes == 16 ? transposed.data() : xr;
+#endif
   if (panels.scalar_type() == at::kBFloat16) {
 #if defined(GRAFT_AVX2)
     const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
@@ -810,7 +812,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
   m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F or AVX2)");
   m.def("bfloat16_panels_supported", &bfloat16_panels_supported, "whether the panels may hold bfloat16 weights");
-  m.def("pack_panels", &pack_panels, "W [N, K] float32 in the panel kernel's layout [N / B, K, B]");
-  m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32)");
+  m.def("pack_panels", &pack_panels, "W [N, K] float32 (or bfloat16, AVX2) in the panel kernel's layout [N / B, K, B]");
+  m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32 x and y)");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
 }
