@@ -235,6 +235,7 @@ def choose_product_kernel(
         return {"products": "onednn", "products_reason": reason}
     record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
+    prefetch = {} if kernel == "onednn" else choose_tile_prefetch(dual)
     if kernel == "auto":
         settled = {linear: (linear.packed, linear.small_rows) for linear in dual}
         times: dict[str, list[float]] = {f"{name}@{rows}": [] for name in PRODUCT_KERNELS for rows in PRODUCT_ROWS}
@@ -262,7 +263,45 @@ def choose_product_kernel(
         else:
             linear.panels = None
     products = "panel" if kernel == "panel" else "mixed" if panel_rows else "onednn"
-    return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record}
+    return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record, **prefetch}
+
+
+# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts they are timed at: a decode step, small
+# trees (one tile of 8 rows) and a 16-node tree (two tiles), where the measured machines disagreed
+TILE_PREFETCH = ("stream_ahead", "chunk_ahead")
+PREFETCH_ROWS = (1, 2, 8, 16)
+
+
+def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
+    """Settle how the AVX-512F panel tiles prefetch their weights (lean_layers.cpp: TilePrefetch): time the
+    panels of these linears in forward order in each mode at PREFETCH_ROWS, alternating over `repeats` rounds
+    after a warm-up round, and keep the mode with less time in all. The mode is the process's (the native
+    module's), and never changes a product's bits. Returns a record for run.json; {} where the build has no
+    modes (AVX2, no native build)."""
+    native = next((linear._native for linear in linears if linear._native is not None), None)
+    if native is None or not hasattr(native, "tile_prefetch") or native.tile_prefetch() < 0:
+        return {}
+    settled = {linear: (linear.packed, linear.small_rows) for linear in linears}
+    inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}} for rows in PREFETCH_ROWS}
+    times: dict[str, list[float]] = {mode: [] for mode in TILE_PREFETCH}
+    try:
+        for linear in linears:
+            linear.packed, linear.small_rows = linear.panels, 0
+        with torch.inference_mode():
+            for round_index in range(repeats + 1):
+                order = TILE_PREFETCH if round_index % 2 == 0 else TILE_PREFETCH[::-1]
+                for mode in order:
+                    native.set_tile_prefetch(TILE_PREFETCH.index(mode))
+                    elapsed = sum(_time_products(linears, inputs[rows]) for rows in PREFETCH_ROWS)
+                    if round_index:  # the first round warms both modes up
+                        times[mode].append(elapsed)
+    finally:
+        for linear in linears:
+            linear.packed, linear.small_rows = settled[linear]
+    medians = {mode: statistics.median(values) * 1e3 for mode, values in times.items()}
+    mode = min(medians, key=medians.get)
+    native.set_tile_prefetch(TILE_PREFETCH.index(mode))
+    return {"tile_prefetch": mode, "tile_prefetch_ms": {k: round(v, 2) for k, v in medians.items()}}
 
 
 PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (this VM's noise) and keep it

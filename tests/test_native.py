@@ -183,3 +183,15 @@ def test_a_bfloat16_head_on_the_native_path_keeps_float32_activations_and_cache(
     for got, want in zip(outs[1], outs[0], strict=True):
         assert torch.isfinite(got).all()
         assert (got - want).norm() / want.norm() < 0.05  # rounding of weights and product inputs only
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native build here")
+def test_the_native_swiglu_matches_torch_over_the_whole_range():
+    gate = torch.tensor(
+        [0.0, -0.0, 1e-30, -1e-30, 0.5, -0.5, 3.0, -3.0, 20.0, -20.0, 87.0, -87.0, 88.5, -88.5, 1e4, -1e4]
+    )
+    gate = torch.cat([gate, torch.linspace(-30, 30, 1001)])  # [1017]: vector lanes and a scalar tail
+    up = torch.linspace(-2, 2, gate.shape[0])
+    out = native.load().swiglu(torch.cat([gate, up])[None])  # [1, 1017]
+    expected = (torch.nn.functional.silu(gate.double()) * up.double()).float()
+    torch.testing.assert_close(out[0], expected, rtol=2e-6, atol=1e-30)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graft import native
-from graft.fast import PRODUCT_ROWS, PackedLinear, choose_product_kernel, panel_rows_from
+from graft.fast import PRODUCT_ROWS, TILE_PREFETCH, PackedLinear, choose_product_kernel, panel_rows_from
 from graft.schema import ConfigError
 
 needs_panels = pytest.mark.skipif(
@@ -178,6 +178,51 @@ def test_the_choice_measures_every_row_count_and_keeps_a_prefix():
         assert all(p.small is p.panels and p.small_rows == rows for p in linears)
     else:
         assert record["products"] == "onednn" and all(p.panels is None for p in linears)
+
+
+needs_prefetch_modes = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None or native.load() is None or native.load().tile_prefetch() < 0,
+    reason="tile prefetch modes are the AVX-512F build's (the AVX2 tiles have one scheme)",
+)
+
+
+@needs_prefetch_modes
+@pytest.mark.parametrize("out_features,in_features", [(48, 576), (32, 1536), (80, 100)])
+def test_the_tile_prefetch_modes_give_the_same_bits(out_features, in_features):
+    module = native.load()
+    before = module.tile_prefetch()
+    torch.manual_seed(out_features)
+    panels, bias = module.pack_panels(torch.randn(out_features, in_features)), torch.randn(out_features)
+    try:
+        for rows in (1, 3, 8, 9, 16, 20, 64):
+            x = torch.randn(rows, in_features)
+            results = []
+            for mode in range(len(TILE_PREFETCH)):
+                module.set_tile_prefetch(mode)
+                results.append(module.panel_linear(x, panels, bias))
+            assert torch.equal(results[0], results[1]), rows
+        with pytest.raises(RuntimeError, match="tile prefetch mode 0 .* or 1 .*, not 2"):
+            module.set_tile_prefetch(2)
+    finally:
+        module.set_tile_prefetch(before)
+
+
+@needs_prefetch_modes
+def test_the_product_choice_times_both_tile_prefetch_modes_and_keeps_the_faster():
+    module = native.load()
+    before = module.tile_prefetch()
+    torch.manual_seed(0)
+    linears = [PackedLinear(nn.Linear(64, 48), native_module=module) for _ in range(3)]
+    try:
+        record = choose_product_kernel(linears, "auto", repeats=1)
+        times = record["tile_prefetch_ms"]
+        assert set(times) == set(TILE_PREFETCH) and times[record["tile_prefetch"]] == min(times.values())  # rounded
+        assert module.tile_prefetch() == TILE_PREFETCH.index(record["tile_prefetch"])
+        assert "tile_prefetch" not in choose_product_kernel(
+            [PackedLinear(nn.Linear(64, 48), native_module=module)], "onednn"
+        )
+    finally:
+        module.set_tile_prefetch(before)
 
 
 @needs_panels

@@ -41,9 +41,8 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 // as [N / B, K, B] for a block width B of 48, 32 or 16 columns, so that one thread reads one block as a single
 // contiguous stream, and a register-blocked micro-kernel (up to 8 rows x 3 vectors of 16 columns: 24
 // accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 that take turns
-// over chunks of the block, which the later groups read from L1. Blocks are split between threads; x is
-// transposed once for the AVX-512F tiles so that a k step's row values are adjacent (the AVX2 tiles read it as
-// it is). Needs AVX-512F, or AVX2 with FMA (tiles of at most 12 accumulators of 8 floats there); elsewhere
+// over chunks of the block, which the later groups read from L1. Blocks are split between threads; the tiles
+// read x as it is (row-major: each row a sequential stream). Needs AVX-512F, or AVX2 with FMA (tiles of at most 12 accumulators of 8 floats there); elsewhere
 // `panels_supported()` is false. graft/fast.py measures at load which row counts it serves (oneDNN the others).
 
 bool panels_supported() {
@@ -85,32 +84,60 @@ at::Tensor pack_panels(const at::Tensor& weight) {
 #ifdef __AVX512F__
 constexpr int kLanes = 16;  // floats per vector
 
-// How far ahead of the kernel its weight stream is prefetched (floats: 4.5 KiB). The hardware prefetcher alone
-// left 5-8 rows at 15.2-15.7 ms for the embedded model's products against oneDNN's 14.5-16.3; 1-8 KiB ahead
-// gave 13.3-13.8 (measured on this project's AMD EPYC, 2 threads).
-constexpr int64_t kPrefetchAhead = 1152;
+// How the AVX-512F tiles prefetch their weight stream; the machines this ran on disagreed, so graft/fast.py times
+// both at load (hardware.kernels: tile_prefetch) and sets one with set_tile_prefetch:
+// - kStreamAhead: every tile prefetches into L1 4.5 KiB ahead of its k step, and beyond 8 rows the tiles take
+//   turns over 128-step chunks. On an AMD Zen 5 (2 threads) 5-8 rows went from 15.2-15.7 ms to 13.3-13.8 ms for
+//   the embedded model's products with it.
+// - kChunkAhead: a single tile (up to 8 rows) leaves the stream to the hardware prefetcher; beyond 8 rows the tiles
+//   take turns over 64-step chunks (12 KiB of a 48-wide block) and prefetch shares of the next chunk into L2
+//   meanwhile, so that the read overlaps the arithmetic of every tile. On an AMD Zen 4 (2 threads) the products
+//   took 13.5 / 14.6 / 23 / 30 ms at 1 / 2 / 12 / 16 rows against 15.8 / 17.3 / 30 / 38 ms with kStreamAhead
+//   (8 rows alike); prefetching the chunk into L1 instead left 16 rows at 27 ms (layers only, against 23).
+// Either way each accumulator adds its k terms in order, so the mode never changes a product's bits.
+enum TilePrefetch : int64_t { kStreamAhead = 0, kChunkAhead = 1 };
+int64_t tile_prefetch_mode = kStreamAhead;
+
+void set_tile_prefetch(int64_t mode) {
+  TORCH_CHECK(mode == kStreamAhead || mode == kChunkAhead, "tile prefetch mode 0 (stream ahead) or 1 (chunk ahead), not ",
+              mode);
+  tile_prefetch_mode = mode;
+}
+int64_t tile_prefetch() { return tile_prefetch_mode; }
+
+constexpr int64_t kPrefetchAhead = 1152;  // floats: 4.5 KiB (kStreamAhead)
 
 // y[m0 .. m0 + R) x [n0 .. n0 + 16 V) (+)= x[m0 .. m0 + R) @ block^T over k in [k0, k1), for one block [K, 16 V]
-// (xt is x^T [K, M]): from zero where k0 = 0, else adding to what y holds. Each accumulator adds its k terms in
+// (x row-major, row r's value at k at x[r * x_stride + k]): from zero where k0 = 0, else adding to what y holds. Each accumulator adds its k terms in
 // order whatever R and the k ranges, so a row's product is the same bits in a decode step and a verification.
+// With `stream` it prefetches kPrefetchAhead ahead of each k step; else `ahead_lines` cache lines from `ahead`
+// into L2, spread evenly over its k steps (Bresenham), none where that is 0.
 template <int R, int V>
-inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __restrict block, int64_t k0,
-                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0) {
+inline void panel_tile(const float* __restrict x, int64_t x_stride, const float* __restrict block, int64_t k0,
+                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0, bool stream,
+                       const char* ahead, int64_t ahead_lines) {
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v)
       acc[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y + (m0 + r) * n_size + n0 + 16 * v);
   const float* w = block + k0 * 16 * V;
-  const float* xk = xt + k0 * rows + m0;
-  for (int64_t k = k0; k < k1; ++k, w += 16 * V, xk += rows) {
-    for (int v = 0; v < V; ++v) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + 16 * v), _MM_HINT_T0);
+  const float* xk = x + m0 * x_stride + k0;
+  const int64_t steps = k1 - k0;
+  int64_t owed = 0;
+  for (int64_t k = k0; k < k1; ++k, w += 16 * V, ++xk) {
+    if (stream) {
+      for (int v = 0; v < V; ++v) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + 16 * v), _MM_HINT_T0);
+    } else {
+      for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
+        _mm_prefetch(ahead, _MM_HINT_T1);
+    }
     __m512 weights[V];
     for (int v = 0; v < V; ++v) {
       weights[v] = _mm512_loadu_ps(w + 16 * v);
       __asm__("" : "+v"(weights[v]));  // kept in a register: as a memory operand it is reloaded once per row
     }
     for (int r = 0; r < R; ++r) {
-      __m512 value = _mm512_set1_ps(xk[r]);
+      __m512 value = _mm512_set1_ps(xk[r * x_stride]);
       __asm__("" : "+v"(value));
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(value, weights[v], acc[r][v]);
     }
@@ -119,27 +146,39 @@ inline void panel_tile(const float* __restrict xt, int64_t rows, const float* __
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(y + (m0 + r) * n_size + n0 + 16 * v, acc[r][v]);
 }
 
-// One block for every row, 8 rows per tile. Beyond 8 rows the tiles take turns over chunks of kChunk k steps
-// (at most 24 KiB of the block), so that the later tiles read the chunk from L1 rather than the block from L2.
-constexpr int64_t kChunk = 128;
+// The last rows of a block (fewer than 8), one tile of exactly that many.
+template <int V, int R = 1>
+inline void panel_rest(int64_t left, const float* x, int64_t x_stride, const float* block, int64_t k0, int64_t k1,
+                       float* y, int64_t n_size, int64_t n0, int64_t m0, bool stream, const char* ahead,
+                       int64_t lines) {
+  if constexpr (R < 8) {
+    if (left == R) panel_tile<R, V>(x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
+    else panel_rest<V, R + 1>(left, x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
+  }
+}
 
+// One block for every row, 8 rows per tile. Beyond 8 rows the tiles take turns over chunks of the block, so that
+// the later tiles read the chunk from L1 rather than the block from L2 (chunk sizes and prefetch: TilePrefetch).
 template <int V, typename W>
-void panel_block(const float* xt, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size,
-                 int64_t n0, const W* /* next_block: prefetched by the tiles' own stream */) {
-  const int64_t step = rows > 8 ? kChunk : k_size;
+void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size,
+                 int64_t n0, const W* next_block) {
+  constexpr int tile = 8;
+  constexpr int64_t line = 64, k_bytes = 16 * V * sizeof(W);
+  const bool stream = tile_prefetch_mode == kStreamAhead, multi = rows > tile;
+  const int64_t step = !multi ? k_size : stream ? 128 : 64;
+  const int64_t tiles = (rows + tile - 1) / tile;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
-    int64_t m0 = 0;
-    for (; m0 + 8 <= rows; m0 += 8) panel_tile<8, V>(xt, rows, block, k0, k1, y, n_size, n0, m0);
-    switch (rows - m0) {
-      case 0: break;
-      case 1: panel_tile<1, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      case 2: panel_tile<2, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      case 3: panel_tile<3, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      case 4: panel_tile<4, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      case 5: panel_tile<5, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      case 6: panel_tile<6, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
-      default: panel_tile<7, V>(xt, rows, block, k0, k1, y, n_size, n0, m0); break;
+    const W* next = k1 < k_size ? block + k1 * 16 * V : next_block;
+    const int64_t next_steps = std::min(step, k1 < k_size ? k_size - k1 : k_size);
+    const int64_t lines = multi && !stream && next != nullptr ? next_steps * k_bytes / line : 0;
+    const int64_t share = (lines + tiles - 1) / tiles;
+    for (int64_t m0 = 0, t = 0; m0 < rows; m0 += tile, ++t) {
+      const int64_t first = std::min(lines, t * share);
+      const char* ahead = reinterpret_cast<const char*>(next) + first * line;
+      const int64_t mine = std::min(share, lines - first);
+      if (m0 + tile <= rows) panel_tile<8, V>(x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
+      else panel_rest<V>(rows - m0, x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
     }
   }
 }
@@ -244,6 +283,12 @@ void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, f
 }
 #endif
 
+#ifndef __AVX512F__
+// The AVX2 tiles have one prefetch scheme (their panel_block's), so no modes to choose between.
+void set_tile_prefetch(int64_t mode) { TORCH_CHECK(false, "tile prefetch modes are the AVX-512F build's, not ", mode); }
+int64_t tile_prefetch() { return -1; }
+#endif
+
 // The blocks of one product over the threads, each thread's tiles prefetching into its next block.
 template <typename W>
 void panel_blocks(const float* xp, int64_t rows, const W* wp, int64_t blocks, int64_t k_size, int64_t width,
@@ -273,19 +318,11 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
   at::Tensor y = at::empty({rows, n_size}, x.options());
   if (rows == 0) return y;
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
-  // The AVX-512F tiles read x^T [K, M], built in a plain loop: through ATen (x.t().contiguous()) it cost some
-  // 17 us a product, 2.3 ms of a verification of 8 tokens on the embedded model. The AVX2 tiles read x as it is.
+  // The tiles read x row-major. The AVX-512F tiles used to read x^T, built serially before every product while
+  // the other threads waited: on an AMD Zen 4 (2 threads) the embedded model's products took 21.8 / 24.1 / 29.2 ms
+  // at 8 / 12 / 16 rows reading x as it is, against 26.3 / 26.8 / 33.1 with the transposition.
   const at::Tensor xc = x.contiguous();
   const float* xp = xc.data_ptr<float>();
-#if defined(__AVX512F__)
-  thread_local std::vector<float> transposed;
-  if (rows > 1) {
-    transposed.resize(static_cast<size_t>(rows * k_size));
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t k = 0; k < k_size; ++k) transposed[k * rows + m] = xp[m * k_size + k];
-    xp = transposed.data();
-  }
-#endif
   if (panels.scalar_type() == at::kBFloat16) {
 #if defined(GRAFT_AVX2)
     const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
@@ -722,19 +759,40 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
   return attended.transpose(1, 2).reshape({n, heads * d});
 }
 
+// SiLU(g) * u elementwise over `count` floats. SiLU through e = exp(-|g|) (exp_nonpositive, where the build has
+// it): g / (1 + e) for g >= 0, g e / (1 + e) below. glibc's scalar expf here was a serial 2-4% of a verification
+// of 8 tokens on the embedded model (8 x 1,536 per layer) while the other threads waited.
+inline void silu_times(const float* g, const float* u, float* o, int64_t count) {
+  int64_t t = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+  for (; t + 16 <= count; t += 16) {
+    const __m512 x = _mm512_loadu_ps(g + t);
+    const __m512 e = exp_nonpositive(_mm512_or_ps(x, sign));  // exp(-|x|)
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 top = _mm512_mask_mul_ps(x, negative, x, e);
+    _mm512_storeu_ps(o + t, _mm512_mul_ps(_mm512_div_ps(top, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + t)));
+  }
+#elif defined(GRAFT_AVX2)
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  for (; t + 8 <= count; t += 8) {
+    const __m256 x = _mm256_loadu_ps(g + t);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(x, sign));
+    const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 top = _mm256_blendv_ps(x, _mm256_mul_ps(x, e), negative);
+    _mm256_storeu_ps(o + t, _mm256_mul_ps(_mm256_div_ps(top, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + t)));
+  }
+#endif
+  for (; t < count; ++t) o[t] = g[t] / (1.f + std::exp(-g[t])) * u[t];
+}
+
 // SiLU(gate) * up for gate_up [n, 2 * inner] -> [n, inner].
 at::Tensor swiglu(const at::Tensor& gate_up) {
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
   at::Tensor act = at::empty({n, inner}, gate_up.options());
   const float* gu = gate_up.data_ptr<float>();
   float* a = act.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* g = gu + i * 2 * inner;
-    const float* u = g + inner;
-    float* o = a + i * inner;
-#pragma omp simd
-    for (int64_t t = 0; t < inner; ++t) o[t] = g[t] / (1.f + std::exp(-g[t])) * u[t];
-  }
+  for (int64_t i = 0; i < n; ++i) silu_times(gu + i * 2 * inner, gu + i * 2 * inner + inner, a + i * inner, inner);
   return act;
 }
 
@@ -814,5 +872,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bfloat16_panels_supported", &bfloat16_panels_supported, "whether the panels may hold bfloat16 weights");
   m.def("pack_panels", &pack_panels, "W [N, K] float32 (or bfloat16, AVX2) in the panel kernel's layout [N / B, K, B]");
   m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32 x and y)");
+  m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead");
+  m.def("tile_prefetch", &tile_prefetch, "the AVX-512F tiles' prefetch mode (-1: the build has none)");
+  m.def("swiglu", &swiglu, "SiLU(gate) * up for gate_up [n, 2 * inner] float32 -> [n, inner]");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
 }
