@@ -57,6 +57,20 @@ def test_the_panel_kernel_computes_the_linear_for_every_row_count(out_features, 
 
 
 @needs_panels
+@pytest.mark.parametrize("out_features", [48, 96, 960])
+def test_a_row_has_the_same_product_bits_whatever_the_row_count(out_features):
+    """Rows go through different tiles by count (in AVX2, 24-column halves from 3 to 8 rows, 2-row tiles beyond);
+    every accumulator still adds its k terms in order, so a row's product never depends on its neighbours."""
+    module = native.load()
+    torch.manual_seed(out_features)
+    panels = module.pack_panels(torch.randn(out_features, 576))
+    x = torch.randn(20, 576)
+    every_row = module.panel_linear(x, panels, torch.empty(0))
+    for rows in range(1, 20):
+        assert torch.equal(module.panel_linear(x[:rows], panels, torch.empty(0)), every_row[:rows]), rows
+
+
+@needs_panels
 def test_the_panels_refuse_what_they_cannot_lay_out():
     module = native.load()
     with pytest.raises(RuntimeError, match="out_features divisible by 16, not 20"):
