@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor
@@ -31,15 +31,18 @@ from graft.drafter import Deferred, Drafter, PrefillInfo, Proposal, SequenceStat
 from graft.grafting import Grafted
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
-from graft.tree import DraftTree
+from graft.tree import DraftTree, NodeSource
 
 
 @dataclass
 class Draft:
-    """A source's tree for one step (its nodes marked DRAFT) and the split's label for the step."""
+    """A source's tree for one step (its nodes marked DRAFT) and the split's label for the step. `widen(n)`,
+    where the source has one: its best n candidates of the step (root added) as a tree, the kept ones among
+    them - what method.refill reads when retrieval leaves part of the budget empty."""
 
     tree: DraftTree
     stage: str | None = None
+    widen: Callable[[int], DraftTree] | None = None
 
 
 @dataclass
@@ -189,6 +192,9 @@ class ComposeParams:
     retrieval: list[str] | str = ()  # retrievers, in the order their subtrees are grafted ("both" = suffix, recycling)
     attach: str = "root"
     combine: Literal["graft", "switch"] = "graft"
+    # beyond the paper: the draft's next-best candidates (already scored while drafting) fill the slots that
+    # retrieval left empty (unknown table entries, merges), so a step verifies its whole budget
+    refill: bool = False
 
     def __post_init__(self):
         if isinstance(self.retrieval, str):
@@ -229,6 +235,11 @@ class ComposedDrafter(Drafter):
                     f"method.attach={p.attach!r} continues draft leaves with chains read below any token; "
                     f"method.retrieval={p.retrieval} has no such retriever (add recycling)"
                 )
+        if p.refill and not (p.source and p.combine == "graft"):
+            raise ConfigError(
+                "method.refill=true fills the budget with the draft's next-best candidates; it needs a draft source "
+                f"(method.source) and combine='graft', not source={p.source!r}, combine={p.combine!r}"
+            )
         if p.combine == "switch" and not (p.source and p.retrieval):
             raise ConfigError("method.combine='switch' chooses between a draft source and retrieval; it needs both")
         if p.total_tokens is None:
@@ -271,6 +282,7 @@ class ComposedDrafter(Drafter):
             and (self.split is None or (self.split.decides_on_device and getattr(self.source, "static_ok", False)))
             and (self.attach_policy is None or self.attach_policy.static_ok)
             and all(r.static_read for r in self.retrievers)
+            and not p.refill  # the refill reads the room left on the host
         )
         if self.split is not None:
             self.split.static = self.static
@@ -290,7 +302,7 @@ class ComposedDrafter(Drafter):
             return self._switch(state)
         draft = self.source.draft(state, self.split, total) if self.source else Draft(self._bare_root(state))
         note = {"stage": draft.stage} if draft.stage is not None else {}
-        if not self.retrievers:
+        if not self.retrievers and not self.params.refill:
             return Proposal(draft.tree, note)
         started = time.perf_counter()
         if self.static:
@@ -298,9 +310,30 @@ class ComposedDrafter(Drafter):
             grafted = Grafted(draft.tree, total - filled, static=True)
         else:
             grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
-        self.attach_policy.attach(grafted, self.retrievers, state)
-        note.update(self._retrieval_note(draft.tree, grafted, started))
+        if self.retrievers:
+            self.attach_policy.attach(grafted, self.retrievers, state)
+            note.update(self._retrieval_note(draft.tree, grafted, started))
+        if self.params.refill:
+            note["refilled_nodes"] = self._refill(draft, grafted)
         return Proposal(grafted.finish(total), note)
+
+    @staticmethod
+    def _refill(draft: Draft, grafted: Grafted) -> int:
+        """The draft's next-best candidates in the room retrieval left: the best (kept + room) are offered in
+        candidate order, the kept ones and any already retrieved merging; while room is left (merges) the
+        next best follow, until the candidates run out. Returns how many were added."""
+        if draft.widen is None:
+            return 0
+        retrieved, wanted = grafted.added, draft.tree.num_nodes - 1
+        while grafted.room > 0:
+            wanted += grafted.room
+            wider = draft.widen(wanted)  # [<= wanted + 1] nodes, the kept ones among them
+            grafted.attach(0, wider.tokens, wider.parents, source=NodeSource.DRAFT, scores=wider.scores)
+            if wider.num_nodes <= wanted:  # every candidate offered
+                break
+        refilled = grafted.added - retrieved
+        grafted.added = retrieved  # retrieval's count stays retrieval's
+        return refilled
 
     def _bare_root(self, state: SequenceState) -> DraftTree:
         return DraftTree.root_only(state.root_on(self.target.device), self.target.device)

@@ -37,9 +37,18 @@ def path_tokens(tokens: Tensor, parents: Tensor, width: int) -> tuple[Tensor, Te
     return paths, attn.depth
 
 
-def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: int) -> GraftResult:
+def graft(
+    draft: DraftTree,
+    anchor: int,
+    tokens: Tensor,
+    parents: Tensor,
+    room: int,
+    source: NodeSource = NodeSource.RETRIEVAL,
+    scores: Tensor | None = None,
+) -> GraftResult:
     """Add up to `room` nodes of the retrieved subtree (tokens [m], parents [m], node 0 = the anchor's token)
-    under draft node `anchor`. Unknown retrieved tokens (-1) and their descendants are skipped."""
+    under draft node `anchor`. Unknown retrieved tokens (-1) and their descendants are skipped. The new nodes
+    are marked `source`, with the subtree's `scores` [m] where given (else -inf)."""
     device = draft.tokens.device
     n, m = draft.num_nodes, tokens.shape[0]
     if m <= 1 or room <= 0:
@@ -64,12 +73,13 @@ def graft(draft: DraftTree, anchor: int, tokens: Tensor, parents: Tensor, room: 
         if draft.sources is not None
         else torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
     )
-    scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
+    old_scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
+    new_scores = scores[kept] if scores is not None else torch.full((added,), float("-inf"), device=device)
     tree = DraftTree(
         tokens=torch.cat([draft.tokens, tokens[kept]]),
         parents=torch.cat([draft.parents, placed.place[parents[kept]]]),
-        scores=torch.cat([scores, torch.full((added,), float("-inf"), device=device)]),
-        sources=torch.cat([sources, torch.full((added,), int(NodeSource.RETRIEVAL), dtype=torch.int8, device=device)]),
+        scores=torch.cat([old_scores, new_scores]),
+        sources=torch.cat([sources, torch.full((added,), int(source), dtype=torch.int8, device=device)]),
     )
     return GraftResult(tree, added, int(placed.merged_count))
 
@@ -190,10 +200,18 @@ class Grafted:
         return compact(self.tree, size) if self.static else self.tree
 
     def attach(
-        self, anchor: int, tokens: Tensor, parents: Tensor, room: int | None = None, chain: bool = False
+        self,
+        anchor: int,
+        tokens: Tensor,
+        parents: Tensor,
+        room: int | None = None,
+        chain: bool = False,
+        source: NodeSource = NodeSource.RETRIEVAL,
+        scores: Tensor | None = None,
     ) -> None:
         """Graft the subtree (tokens [m], parents [m], node 0 = the anchor's token) under node `anchor`.
-        `chain`: a chain of known tokens, which on a bare root needs no merging."""
+        `chain`: a chain of known tokens, which on a bare root needs no merging. `source` and `scores` [m]: how
+        the new nodes are marked (host path; the static one grafts retrieval only)."""
         if self.static:
             room = self.room if room is None else torch.clamp(self.room, max=room)
             result = graft_static(self.tree, anchor, tokens, parents, room)
@@ -210,7 +228,7 @@ class Grafted:
                 DraftTree.build(torch.cat([self.tree.tokens, kept]), parents, NodeSource.RETRIEVAL), kept.shape[0], 0
             )
         else:
-            result = graft(self.tree, anchor, tokens, parents, room)
+            result = graft(self.tree, anchor, tokens, parents, room, source, scores)
         self.tree = result.tree
         self.room -= result.added
         self.added += result.added

@@ -68,6 +68,11 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # the budget Token Recycling leaves unfilled (unknown table entries) filled by prompt lookup after it
     "graft@8/recycling+pld": ("graft", {"total_tokens": 8, "retrieval": ["recycling", "pld"]}),
     "recycling/prefill_cold_start": ("recycling", {"cold_start": "prefill"}),
+    # the budget retrieval leaves unfilled given to the draft's next-best candidates (method.refill)
+    "graft@8/refill": ("graft", {"total_tokens": 8, "refill": True}),
+    "graft@6/refill": ("graft", {"total_tokens": 6, "refill": True}),
+    "graft@12/refill": ("graft", {"total_tokens": 12, "refill": True}),
+    "graft@8/refill/bf16_head": ("graft", {"total_tokens": 8, "refill": True, "head_dtype": "bfloat16"}),
     # the target's layer loop in Python (the native C++ loop switched off for this system only)
     "ar/python": ("ar", {PYTHON_LOOP: True}),
     "graft@8/python": ("graft", {"total_tokens": 8, PYTHON_LOOP: True}),

@@ -27,6 +27,7 @@ ORDER = [
     "graft_root",
     "graft_noprune",
     "graft_tail",
+    "graft_refill",
 ]
 
 

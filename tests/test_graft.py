@@ -302,3 +302,68 @@ def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
     )
     assert sum(s[3] for s in grafted.step_sources) > 0  # retrieved tokens were accepted
     assert all(s[1] == 0 for s in pruned.step_sources)
+
+
+def test_refill_spends_what_retrieval_left_on_the_next_best_draft_candidates():
+    from graft.compose import ComposedDrafter, Draft
+    from graft.grafting import Grafted
+
+    # candidates in candidate (topological) order: root 10's children 11 (-0.5), 12 (-1.0), 14 (-1.6); 11's child 13 (-0.9)
+    cand_tokens, cand_parents, cand_scores = [11, 12, 14, 13], [0, 0, 0, 1], [-0.5, -1.0, -1.6, -0.9]
+
+    def widen(n):  # the best n candidates, kept in candidate order (ancestor-closed: scores fall along a path)
+        best = sorted(sorted(range(4), key=lambda i: -cand_scores[i])[:n])
+        place = {c: j + 1 for j, c in enumerate(best)}
+        parents = [-1] + [0 if cand_parents[c] == 0 else place[cand_parents[c] - 1] for c in best]
+        return DraftTree(
+            tokens=T([10] + [cand_tokens[c] for c in best]),
+            parents=T(parents),
+            scores=T([0.0] + [cand_scores[c] for c in best]),
+        )
+
+    draft = Draft(_tree([10, 11], [-1, 0], [0, 1]), "check@0", widen)  # the split kept the best child only
+    grafted = Grafted(draft.tree, room=3)
+    grafted.attach(0, T([10, 12, 20]), T([-1, 0, 1]))  # retrieval: 12 -> 20 under the root
+    assert (grafted.added, grafted.room) == (2, 1)
+    refilled = ComposedDrafter._refill(draft, grafted)
+    # widen(1 + 1) = 11, 13 (13 is better than 12): 11 merges, 13 fills the last slot under 11
+    assert refilled == 1 and grafted.room == 0 and grafted.added == 2
+    assert grafted.tree.tokens.tolist() == [10, 11, 12, 20, 13]
+    assert grafted.tree.parents.tolist() == [-1, 0, 0, 2, 1]
+    assert grafted.tree.sources.tolist() == [0, 1, 2, 2, 1]
+    assert grafted.tree.scores[4].item() == pytest.approx(-0.9)
+    # with more room every candidate is offered, in candidate order; 12, already retrieved, merges and takes no slot
+    grafted = Grafted(draft.tree, room=5)
+    grafted.attach(0, T([10, 12]), T([-1, 0]))
+    assert ComposedDrafter._refill(draft, grafted) == 2
+    assert grafted.tree.tokens.tolist() == [10, 11, 12, 14, 13] and grafted.room == 2
+    assert grafted.tree.parents.tolist() == [-1, 0, 0, 0, 1]
+
+
+def test_refill_fills_the_budget_and_keeps_the_tokens(tiny):
+    from graft.data import BUILTIN
+    from graft.decode import generate
+    from conftest import make_drafter
+
+    model = tiny("tiny_llama")
+    ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])
+    runs = {
+        name: generate(model.target, make_drafter(name, model.target, total_tokens=8), ids, 48, model.stop_ids)
+        for name in ("graft", "graft_refill")
+    }
+    plain, refilled = runs["graft"], runs["graft_refill"]
+    assert refilled.new_tokens == plain.new_tokens
+    assert max(refilled.nodes) <= 8 and sum(refilled.nodes) / refilled.steps > sum(plain.nodes) / plain.steps
+    assert all(
+        i["draft_nodes"] + i["retrieved_nodes"] + i["refilled_nodes"] + 1 == n
+        for i, n in zip(refilled.step_info, refilled.nodes)
+    )
+    assert sum(i["refilled_nodes"] for i in refilled.step_info) > 0
+
+
+def test_refill_without_a_draft_source_is_refused_with_the_reason():
+    from conftest import make_drafter
+    from graft.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="method.refill=true .* needs a draft source"):
+        make_drafter("recycling", None, refill=True)

@@ -87,9 +87,10 @@ VARIANTS = {
     "graft_root": [{"total_tokens": 32}],
     "graft_noprune": [{"thresholds": [0.0, 1.0, 1.0]}],
     "graft_tail": [{}, {"tail_threshold": 0.0, "total_tokens": 16}],
+    "graft_refill": [{}, {"thresholds": [1.0, 1.0, 1.0], "total_tokens": 16}],
     "samd": [{}, {"suffix_min_match": 1, "total_tokens": 16}],
     "dflash": [{}, {"block_size": 4}, {"random_layers": 2, "total_tokens": 6}],
-    "dflash_graft": [{}, {"prefix_threshold": 0.0, "total_tokens": 12}],
+    "dflash_graft": [{}, {"prefix_threshold": 0.0, "total_tokens": 12}, {"refill": True, "total_tokens": 12}],
     "dflash_tree": [{}, {"top_k": 2, "thresholds": [0.0, 0.0, 0.0], "total_tokens": 24}],
 }
 

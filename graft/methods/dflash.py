@@ -119,4 +119,4 @@ class BlockSource(DraftSource):
         split.start()
         found = block_candidates(self.block_log_probs(state.root, size), self.params.top_k, split.stop_after)
         keep = split.keep(torch.cat(found.scores), total_tokens)
-        return Draft(select(found, state.root, keep - 1), split.label())
+        return Draft(select(found, state.root, keep - 1), split.label(), widen=lambda n: select(found, state.root, n))

@@ -431,7 +431,8 @@ class EagleSource(_HeadSource):
         if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
             root = state.root_on(runner.last.device)
             return Draft(select_static(found, root, keep - 1, total_tokens - 1, split.level_cap()), split.label())
-        return Draft(select(found, state.root_on(runner.last.device), keep - 1), split.label())
+        root = state.root_on(runner.last.device)
+        return Draft(select(found, root, keep - 1), split.label(), widen=lambda n: select(found, root, n))
 
 
 @register(
