@@ -81,6 +81,16 @@ at::Tensor pack_panels(const at::Tensor& weight) {
   return weight.contiguous().view({n / width, width, k}).transpose(1, 2).contiguous();
 }
 
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
+// A tile's share of a prefetch: `lines` cache lines from `ahead` spread evenly over `steps` k steps, this k step's
+// part of them issued here (`owed` carries the remainder, as in Bresenham's line; nothing where lines is 0).
+template <int Hint>
+inline void prefetch_share(int64_t& owed, int64_t lines, int64_t steps, const char*& ahead) {
+  for (owed += lines; owed >= steps && lines > 0; owed -= steps, ahead += 64)
+    _mm_prefetch(ahead, static_cast<_mm_hint>(Hint));
+}
+#endif
+
 #ifdef __AVX512F__
 constexpr int kLanes = 16;  // floats per vector
 
@@ -128,8 +138,7 @@ inline void panel_tile(const float* __restrict x, int64_t x_stride, const float*
     if (stream) {
       for (int v = 0; v < V; ++v) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + 16 * v), _MM_HINT_T0);
     } else {
-      for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
-        _mm_prefetch(ahead, _MM_HINT_T1);
+      prefetch_share<_MM_HINT_T1>(owed, ahead_lines, steps, ahead);
     }
     __m512 weights[V];
     for (int v = 0; v < V; ++v) {
@@ -224,8 +233,7 @@ inline void panel_tile(const float* __restrict x, int64_t x_stride, const W* __r
   const int64_t steps = k1 - k0;
   int64_t owed = 0;  // ahead_lines / steps lines a k step, carried as in Bresenham's line
   for (int64_t k = k0; k < k1; ++k, w += 8 * V, ++xk) {
-    for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
-      _mm_prefetch(ahead, _MM_HINT_T0);
+    prefetch_share<_MM_HINT_T0>(owed, ahead_lines, steps, ahead);
     if constexpr (std::is_same_v<W, float>) {
       for (int r = 0; r < R; ++r) {
         const __m256 value = _mm256_broadcast_ss(xk + r * x_stride);
@@ -270,8 +278,7 @@ inline void half_tile(const float* __restrict x, int64_t x_stride, const float* 
   const int64_t steps = k1 - k0;
   int64_t owed = 0;
   for (int64_t k = k0; k < k1; ++k, w += 8 * VB, ++xk) {
-    for (owed += ahead_lines; owed >= steps && ahead_lines > 0; owed -= steps, ahead += 64)
-      _mm_prefetch(ahead, _MM_HINT_T0);
+    prefetch_share<_MM_HINT_T0>(owed, ahead_lines, steps, ahead);
     __m256 weights[VT];
     for (int v = 0; v < VT; ++v) {
       weights[v] = _mm256_loadu_ps(w + 8 * v);
