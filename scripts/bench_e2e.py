@@ -73,6 +73,10 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@6/refill": ("graft", {"total_tokens": 6, "refill": True}),
     "graft@12/refill": ("graft", {"total_tokens": 12, "refill": True}),
     "graft@8/refill/bf16_head": ("graft", {"total_tokens": 8, "refill": True, "head_dtype": "bfloat16"}),
+    # a frontier no wider than the draft can keep (top-k 7 of 8 nodes, 5 of 6): head levels of fewer rows
+    "graft@8/k7/refill": ("graft", {"total_tokens": 8, "refill": True, "top_k": 7}),
+    "graft@6/k5/refill": ("graft", {"total_tokens": 6, "refill": True, "top_k": 5}),
+    "graft@8/k7": ("graft", {"total_tokens": 8, "top_k": 7}),
     # the target's layer loop in Python (the native C++ loop switched off for this system only)
     "ar/python": ("ar", {PYTHON_LOOP: True}),
     "graft@8/python": ("graft", {"total_tokens": 8, PYTHON_LOOP: True}),
