@@ -21,6 +21,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <optional>
 #include <type_traits>
@@ -673,6 +674,18 @@ inline __m256 sum_lanes8(const __m256* products) {
   return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
 }
 
+// The lane order that packs the lanes set in `bits` first, in lane order (AVX2 has no compress instruction).
+inline __m256i compress_order(int bits) {
+  static const auto table = [] {
+    std::array<std::array<int32_t, 8>, 256> orders{};
+    for (int m = 0; m < 256; ++m)
+      for (int lane = 0, next = 0; lane < 8; ++lane)
+        if (m & (1 << lane)) orders[m][next++] = lane;
+    return orders;
+  }();
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table[bits].data()));
+}
+
 inline float reduce_add(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -740,15 +753,14 @@ void few_row_attention(const float* query, const float* keys, const float* value
         float* row = scores.data() + (f - lo) * stride;
         const __m256 top = _mm256_set1_ps(best[f - lo]);
         int64_t count = 0;
-        alignas(32) float lane_values[8];
         for (int64_t s = 0; s < visible; s += 8) {
           const __m256i lanes = first_lanes(visible - s);
           const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), top)),
                                          _mm256_castsi256_ps(lanes));
           _mm256_maskstore_ps(row + s, lanes, e);
-          _mm256_store_ps(lane_values, e);
-          for (int64_t j = 0, active = std::min<int64_t>(8, visible - s); j < active; ++j)
-            if (lane_values[j] != 0.f) kept[count++] = lane_values[j];
+          const int nonzero = _mm256_movemask_ps(_mm256_cmp_ps(e, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+          _mm256_storeu_ps(kept.data() + count, _mm256_permutevar8x32_ps(e, compress_order(nonzero)));
+          count += __builtin_popcount(static_cast<unsigned>(nonzero));
         }
         __m256 sum = _mm256_setzero_ps();
         for (int64_t c = 0; c < count; c += 8)
