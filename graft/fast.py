@@ -16,6 +16,7 @@ import ctypes.util
 import functools
 import statistics
 import time
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -238,19 +239,18 @@ def choose_product_kernel(
     prefetch = {} if kernel == "onednn" else choose_tile_prefetch(dual)
     if kernel == "auto":
         settled = {linear: (linear.packed, linear.small_rows) for linear in dual}
-        times: dict[str, list[float]] = {f"{name}@{rows}": [] for name in PRODUCT_KERNELS for rows in PRODUCT_ROWS}
         inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in dual}} for rows in PRODUCT_ROWS}
-        with torch.inference_mode():
-            for round_index in range(repeats + 1):
-                order = PRODUCT_KERNELS if round_index % 2 == 0 else PRODUCT_KERNELS[::-1]
-                for name in order:
-                    for linear in dual:
-                        linear.packed, linear.small_rows = (linear.panels, 0) if name == "panel" else settled[linear]
-                    for rows in PRODUCT_ROWS:
-                        elapsed = _time_products(dual, inputs[rows])
-                        if round_index:  # the first round warms both kernels up
-                            times[f"{name}@{rows}"].append(elapsed)
-        medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
+
+        def use(name: str) -> None:
+            for linear in dual:
+                linear.packed, linear.small_rows = (linear.panels, 0) if name == "panel" else settled[linear]
+
+        medians = _interleaved_ms(
+            PRODUCT_KERNELS,
+            use,
+            lambda name: {f"{name}@{rows}": _time_products(dual, inputs[rows]) for rows in PRODUCT_ROWS},
+            repeats,
+        )
         panel_rows = panel_rows_from(medians)
         for linear in dual:
             linear.packed, linear.small_rows = settled[linear]
@@ -283,22 +283,18 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
         return {}
     settled = {linear: (linear.packed, linear.small_rows) for linear in linears}
     inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}} for rows in PREFETCH_ROWS}
-    times: dict[str, list[float]] = {mode: [] for mode in TILE_PREFETCH}
     try:
         for linear in linears:
             linear.packed, linear.small_rows = linear.panels, 0
-        with torch.inference_mode():
-            for round_index in range(repeats + 1):
-                order = TILE_PREFETCH if round_index % 2 == 0 else TILE_PREFETCH[::-1]
-                for mode in order:
-                    native.set_tile_prefetch(TILE_PREFETCH.index(mode))
-                    elapsed = sum(_time_products(linears, inputs[rows]) for rows in PREFETCH_ROWS)
-                    if round_index:  # the first round warms both modes up
-                        times[mode].append(elapsed)
+        medians = _interleaved_ms(
+            TILE_PREFETCH,
+            lambda mode: native.set_tile_prefetch(TILE_PREFETCH.index(mode)),
+            lambda mode: {mode: sum(_time_products(linears, inputs[rows]) for rows in PREFETCH_ROWS)},
+            repeats,
+        )
     finally:
         for linear in linears:
             linear.packed, linear.small_rows = settled[linear]
-    medians = {mode: statistics.median(values) * 1e3 for mode, values in times.items()}
     mode = min(medians, key=medians.get)
     native.set_tile_prefetch(TILE_PREFETCH.index(mode))
     return {"tile_prefetch": mode, "tile_prefetch_ms": {k: round(v, 2) for k, v in medians.items()}}
@@ -329,6 +325,24 @@ def _time_products(linears: list[PackedLinear], inputs: dict[int, Tensor]) -> fl
     return time.perf_counter() - start
 
 
+def _interleaved_ms(
+    names: tuple[str, ...], use: Callable[[str], None], time_round: Callable[[str], dict[str, float]], repeats: int
+) -> dict[str, float]:
+    """Median milliseconds per key of `time_round(name)` ({key: seconds}) after `use(name)`, over `repeats`
+    rounds in which every name runs in turn, the order alternating by round so that none always runs first;
+    one more round before them warms every name up and is not counted."""
+    times: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        for round_index in range(repeats + 1):
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                use(name)
+                for key, seconds in time_round(name).items():
+                    samples = times.setdefault(key, [])  # keys in the warm-up round's order
+                    if round_index:
+                        samples.append(seconds)
+    return {key: statistics.median(values) * 1e3 for key, values in times.items()}
+
+
 ONE_ROW_KERNELS = ("transposed", "packed")
 
 
@@ -347,16 +361,12 @@ def choose_one_row_kernel(linears: list[PackedLinear], kernel: str = "auto", rep
     record: dict = {}
     if kernel == "auto":
         rows = {linear.in_features: torch.randn(1, linear.in_features) for linear in dual}
-        times: dict[str, list[float]] = {name: [] for name in ONE_ROW_KERNELS}
-        with torch.inference_mode():
-            for round_index in range(repeats + 1):
-                order = ONE_ROW_KERNELS if round_index % 2 == 0 else ONE_ROW_KERNELS[::-1]
-                for name in order:
-                    _use_one_row(dual, name)
-                    elapsed = _time_products(dual, rows)
-                    if round_index:  # the first round warms both kernels up
-                        times[name].append(elapsed)
-        medians = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        medians = _interleaved_ms(
+            ONE_ROW_KERNELS,
+            lambda name: _use_one_row(dual, name),
+            lambda name: {name: _time_products(dual, rows)},
+            repeats,
+        )
         kernel = min(medians, key=medians.get)
         record = {"reason": "measured at load", "one_row_products_ms": {k: round(v, 2) for k, v in medians.items()}}
     else:
