@@ -90,6 +90,24 @@ inline void prefetch_share(int64_t& owed, int64_t lines, int64_t steps, const ch
   for (owed += lines; owed >= steps && lines > 0; owed -= steps, ahead += 64)
     _mm_prefetch(ahead, static_cast<_mm_hint>(Hint));
 }
+
+// What a block's tiles prefetch while they work on its k steps [k0, k1): the block's next `step` k steps, or after
+// its last chunk the first `step` of `next_block` (null: nothing), k_bytes bytes a k step; shared out between
+// `tiles` tiles, tile t prefetching lines_of(t) cache lines from ahead(t). Nothing where `wanted` is false.
+template <int64_t k_bytes>
+struct NextChunk {
+  const char* start;
+  int64_t lines, share;
+  NextChunk(const void* block, const void* next_block, int64_t k1, int64_t k_size, int64_t step, int64_t tiles,
+            bool wanted) {
+    const bool inside = k1 < k_size;
+    start = inside ? static_cast<const char*>(block) + k1 * k_bytes : static_cast<const char*>(next_block);
+    lines = wanted && start != nullptr && tiles > 0 ? std::min(step, inside ? k_size - k1 : k_size) * k_bytes / 64 : 0;
+    share = tiles > 0 ? (lines + tiles - 1) / tiles : 0;
+  }
+  const char* ahead(int64_t t) const { return start + std::min(lines, t * share) * 64; }
+  int64_t lines_of(int64_t t) const { return std::min(share, lines - std::min(lines, t * share)); }
+};
 #endif
 
 #ifdef __AVX512F__
@@ -173,20 +191,16 @@ template <int V, typename W>
 void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size,
                  int64_t n0, const W* next_block) {
   constexpr int tile = 8;
-  constexpr int64_t line = 64, k_bytes = 16 * V * sizeof(W);
+  constexpr int64_t k_bytes = 16 * V * sizeof(W);
   const bool stream = tile_prefetch_mode == kStreamAhead, multi = rows > tile;
   const int64_t step = !multi ? k_size : stream ? 128 : 64;
   const int64_t tiles = (rows + tile - 1) / tile;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
-    const W* next = k1 < k_size ? block + k1 * 16 * V : next_block;
-    const int64_t next_steps = std::min(step, k1 < k_size ? k_size - k1 : k_size);
-    const int64_t lines = multi && !stream && next != nullptr ? next_steps * k_bytes / line : 0;
-    const int64_t share = (lines + tiles - 1) / tiles;
+    const NextChunk<k_bytes> next(block, next_block, k1, k_size, step, tiles, multi && !stream);
     for (int64_t m0 = 0, t = 0; m0 < rows; m0 += tile, ++t) {
-      const int64_t first = std::min(lines, t * share);
-      const char* ahead = reinterpret_cast<const char*>(next) + first * line;
-      const int64_t mine = std::min(share, lines - first);
+      const char* ahead = next.ahead(t);
+      const int64_t mine = next.lines_of(t);
       if (m0 + tile <= rows) panel_tile<8, V>(x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
       else panel_rest<V>(rows - m0, x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
     }
@@ -306,19 +320,14 @@ inline void half_rest(int64_t left, const float* x, int64_t x_stride, const floa
 
 void half_block(const float* x, int64_t rows, const float* block, int64_t k_size, float* y, int64_t n_size, int64_t n0,
                 const float* next_block) {
-  constexpr int64_t line = 64, k_bytes = 48 * sizeof(float);
   const int64_t tiles = 2 * ((rows + kHalfRows - 1) / kHalfRows);
   for (int64_t k0 = 0; k0 < k_size; k0 += kHalfChunk) {
     const int64_t k1 = std::min(k_size, k0 + kHalfChunk);
-    const float* next = k1 < k_size ? block + k1 * 48 : next_block;
-    const int64_t next_steps = std::min(kHalfChunk, k1 < k_size ? k_size - k1 : k_size);
-    const int64_t lines = next != nullptr ? next_steps * k_bytes / line : 0;
-    const int64_t share = (lines + tiles - 1) / tiles;
+    const NextChunk<48 * sizeof(float)> next(block, next_block, k1, k_size, kHalfChunk, tiles, true);
     for (int64_t m0 = 0, t = 0; m0 < rows; m0 += kHalfRows) {
       for (int c = 0; c < 6; c += 3, ++t) {
-        const int64_t first = std::min(lines, t * share);
-        const char* ahead = reinterpret_cast<const char*>(next) + first * line;
-        const int64_t mine = std::min(share, lines - first);
+        const char* ahead = next.ahead(t);
+        const int64_t mine = next.lines_of(t);
         if (m0 + kHalfRows <= rows) half_tile<kHalfRows>(x, k_size, block, c, k0, k1, y, n_size, n0, m0, ahead, mine);
         else half_rest(rows - m0, x, k_size, block, c, k0, k1, y, n_size, n0, m0, ahead, mine);
       }
@@ -348,21 +357,14 @@ void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, f
     if (rows >= 3 && rows <= kHalfMaxRows) return half_block(x, rows, block, k_size, y, n_size, n0, next_block);
   }
   constexpr int tile = tile_rows<W>(V);
-  constexpr int64_t line = 64, k_bytes = 8 * V * sizeof(W);
   const int64_t step = rows > tile ? kChunk : k_size;
-  const int64_t full_tiles = rows / tile;
+  const int64_t full_tiles = rows / tile;  // the rest tile prefetches nothing
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
-    const W* next = k1 < k_size ? block + k1 * 8 * V : next_block;
-    const int64_t next_steps = k1 < k_size ? std::min(step, k_size - k1) : std::min(step, k_size);
-    const int64_t lines = rows > tile && next != nullptr ? next_steps * k_bytes / line : 0;
-    const int64_t share = (lines + full_tiles - 1) / full_tiles;
+    const NextChunk<8 * V * sizeof(W)> next(block, next_block, k1, k_size, step, full_tiles, rows > tile);
     int64_t m0 = 0;
-    for (int64_t t = 0; m0 + tile <= rows; m0 += tile, ++t) {
-      const int64_t first = std::min(lines, t * share);
-      panel_tile<tile, V>(x, k_size, block, k0, k1, y, n_size, n0, m0,
-                          reinterpret_cast<const char*>(next) + first * line, std::min(share, lines - first));
-    }
+    for (int64_t t = 0; m0 + tile <= rows; m0 += tile, ++t)
+      panel_tile<tile, V>(x, k_size, block, k0, k1, y, n_size, n0, m0, next.ahead(t), next.lines_of(t));
     if (m0 < rows) panel_rest<V>(rows - m0, x, k_size, block, k0, k1, y, n_size, n0, m0);
   }
 }
