@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.tree import DraftTree, Topology
+from graft.fast import top_k_rows
+from graft.tree import DraftTree, Topology, on_host
 
 
 @dataclass
@@ -35,15 +36,19 @@ class Acceptance:
 
 
 def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance:
-    """Longest root path whose every token equals the target's argmax after its parent, plus the bonus.
+    """Longest root path whose every token equals the target's argmax after its parent, plus the bonus; of
+    equally deep paths the one ending at the lowest node index.
 
-    logits: [num_nodes, vocab], row i is the target's prediction after node i's path. Everything stays
-    on the device until one packed copy to the host, the step's only sync.
+    logits: [num_nodes, vocab], row i is the target's prediction after node i's path. On a GPU everything
+    stays on the device until one packed copy to the host, the step's only sync; on a CPU the few nodes are
+    walked in Python, where a dozen tiny tensor ops cost more than the walk.
     """
-    target = logits.argmax(-1)  # [num_nodes]
+    target = top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
     n = tree.num_nodes
     if n == 1:
         return Acceptance(path=[0], tokens=target.tolist(), token_ids=target)
+    if on_host(logits):
+        return _accept_walk(tree, target)
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
     on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
@@ -59,6 +64,31 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance
     tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
     token_ids = torch.cat([tree.tokens[path[1:length]], target[deepest].view(1)])
     return Acceptance(path=path_list, tokens=tokens, path_index=path[:length], token_ids=token_ids)
+
+
+def _accept_walk(tree: DraftTree, target: Tensor) -> Acceptance:
+    """accept_greedy on the host: one pass in topological order (parents first)."""
+    tokens, parents, best = tree.tokens.tolist(), tree.parents.tolist(), target.tolist()
+    n = len(tokens)
+    depth, on_path, deepest = [0] * n, [True] + [False] * (n - 1), 0
+    for i in range(1, n):
+        parent = parents[i]
+        depth[i] = depth[parent] + 1
+        on_path[i] = on_path[parent] and tokens[i] == best[parent]
+        if on_path[i] and depth[i] > depth[deepest]:
+            deepest = i
+    path = [deepest]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    path.reverse()
+    committed = [tokens[i] for i in path[1:]] + [best[deepest]]
+    device = target.device
+    return Acceptance(
+        path=path,
+        tokens=committed,
+        path_index=torch.tensor(path, device=device),
+        token_ids=torch.tensor(committed, device=device),
+    )
 
 
 def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:

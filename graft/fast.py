@@ -49,6 +49,24 @@ def keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
+def top_k_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(values, indices) [n, k]: each row's k largest values of x [n, V], largest first, equal values in index
+    order (k = 1 is torch.argmax's first maximum). Through graft/native's one-pass kernel where a fast path has
+    loaded it and x is a float32 CPU matrix without NaN; else ATen (topk orders equal values its own way)."""
+    from graft import native
+    from graft.tree import on_host
+
+    module = native.loaded()
+    if module is not None and on_host(x) and x.dtype == torch.float32 and x.dim() == 2:
+        values, indices, unordered = module.row_topk(x.contiguous(), k)
+        if not bool(unordered):
+            return values, indices
+    if k == 1:
+        indices = x.argmax(-1, keepdim=True)
+        return x.gather(-1, indices), indices
+    return x.topk(k, dim=-1)
+
+
 class TransposedLinear(nn.Module):
     """y = x @ W_t + b with W_t = W.T stored contiguous; numerically the same product as nn.Linear."""
 

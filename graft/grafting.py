@@ -6,7 +6,8 @@ draft node (merged, same token under the same parent), so it costs nothing; the 
 unknown entries (-1) free go to the next retrieved nodes in the subtree's order. Retrieved nodes are
 offered in the subtree's order (parents first), so any prefix of the new nodes is ancestor-closed.
 
-Everything is tensor code over paths: no Python loop over nodes.
+graft() works on the host (a dict of the draft's paths); graft_static() is tensor code with fixed shapes, so
+that a GPU step needs no host read.
 """
 
 from __future__ import annotations
@@ -26,17 +27,6 @@ class GraftResult:
     merged: int  # retrieved nodes that the draft already held
 
 
-def path_tokens(tokens: Tensor, parents: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """[n, width] token at each depth along each node's root path (-2 past its depth), and depths [n]."""
-    attn = topology(parents, 0)
-    n = tokens.shape[0]
-    paths = torch.full((n, width), -2, dtype=torch.long, device=tokens.device)
-    row, node = torch.nonzero(attn.ancestors, as_tuple=True)
-    keep = attn.depth[node] < width
-    paths[row[keep], attn.depth[node][keep]] = tokens[node[keep]]
-    return paths, attn.depth
-
-
 def graft(
     draft: DraftTree,
     anchor: int,
@@ -48,40 +38,60 @@ def graft(
 ) -> GraftResult:
     """Add up to `room` nodes of the retrieved subtree (tokens [m], parents [m], node 0 = the anchor's token)
     under draft node `anchor`. Unknown retrieved tokens (-1) and their descendants are skipped. The new nodes
-    are marked `source`, with the subtree's `scores` [m] where given (else -inf)."""
+    are marked `source`, with the subtree's `scores` [m] where given (else -inf).
+
+    The host path: a draft of a few dozen nodes is keyed by its token paths in a dict, which costs some tens of
+    microseconds where the tensor form (graft_static's) costs a few dozen tiny ops."""
     device = draft.tokens.device
     n, m = draft.num_nodes, tokens.shape[0]
     if m <= 1 or room <= 0:
         return GraftResult(draft, 0, 0)
-    r_attn = topology(parents, 0)
-    d_paths, d_depth = path_tokens(draft.tokens, draft.parents, n)  # [n, n]
-    anchor_depth = int(d_depth[anchor])
-    width = max(n, anchor_depth + int(r_attn.depth.max()) + 1)  # every path fits, so equal rows mean equal paths
-    d_paths = torch.nn.functional.pad(d_paths, (0, width - n), value=-2)
-    # retrieved node i's path from the draft root: the anchor's path, then the subtree's tokens below it
-    r_paths = torch.full((m, width), -2, dtype=torch.long, device=device)
-    r_paths[:, : anchor_depth + 1] = d_paths[anchor, : anchor_depth + 1]
-    row, node = torch.nonzero(r_attn.ancestors, as_tuple=True)
-    below = r_attn.depth[node] > 0
-    r_paths[row[below], anchor_depth + r_attn.depth[node][below]] = tokens[node[below]]
-
-    placed = place_retrieved(draft, anchor, tokens, r_attn, r_paths, d_paths, room)
-    kept = torch.nonzero(placed.keep).squeeze(1)  # [added], in subtree order
-    added = kept.shape[0]
-    sources = (
+    host = torch.cat([draft.tokens, draft.parents, tokens, parents]).tolist()  # one read (a sync on a GPU)
+    d_tokens, d_parents, r_tokens, r_parents = host[:n], host[n : 2 * n], host[2 * n : 2 * n + m], host[2 * n + m :]
+    d_paths: list[tuple] = [(d_tokens[0],)]
+    node_at: dict[tuple, int] = {}  # a draft path -> its first node; empty slots (-1) take no merge
+    for i in range(1, n):
+        d_paths.append(d_paths[d_parents[i]] + (d_tokens[i],))
+        if d_tokens[i] >= 0:
+            node_at.setdefault(d_paths[i], i)
+    r_paths, place = [d_paths[anchor]], [anchor]  # retrieved node i's path from the draft root, its node
+    unknown, kept, merged = [False], [], 0
+    for i in range(1, m):
+        parent = r_parents[i]
+        r_paths.append(r_paths[parent] + (r_tokens[i],))
+        unknown.append(unknown[parent] or r_tokens[i] < 0)
+        same = node_at.get(r_paths[i])
+        if unknown[i]:
+            place.append(-1)
+        elif same is not None:
+            place.append(same)
+            merged += 1
+        elif len(kept) < room:
+            place.append(n + len(kept))
+            kept.append(i)
+        else:
+            place.append(-1)  # beyond the room: neither it nor its descendants are added
+    added = len(kept)
+    old_sources = (
         draft.sources
         if draft.sources is not None
         else torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
     )
     old_scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
-    new_scores = scores[kept] if scores is not None else torch.full((added,), float("-inf"), device=device)
-    tree = DraftTree(
-        tokens=torch.cat([draft.tokens, tokens[kept]]),
-        parents=torch.cat([draft.parents, placed.place[parents[kept]]]),
-        scores=torch.cat([old_scores, new_scores]),
-        sources=torch.cat([sources, torch.full((added,), int(source), dtype=torch.int8, device=device)]),
+    new_scores = (
+        scores[torch.tensor(kept, dtype=torch.long, device=device)]
+        if scores is not None
+        else torch.full((added,), float("-inf"), device=device)
     )
-    return GraftResult(tree, added, int(placed.merged_count))
+    tree = DraftTree(
+        tokens=torch.cat([draft.tokens, torch.tensor([r_tokens[i] for i in kept], dtype=torch.long, device=device)]),
+        parents=torch.cat(
+            [draft.parents, torch.tensor([place[r_parents[i]] for i in kept], dtype=torch.long, device=device)]
+        ),
+        scores=torch.cat([old_scores, new_scores]),
+        sources=torch.cat([old_sources, torch.full((added,), int(source), dtype=torch.int8, device=device)]),
+    )
+    return GraftResult(tree, added, merged)
 
 
 @dataclass

@@ -18,6 +18,16 @@ import torch
 from torch import Tensor
 
 
+# CPU tensors take host paths (Python over a few nodes, native helpers) where tensor code would cost more in op
+# dispatch than it computes; tests switch them off to count what the device path reads back (test_host_syncs.py)
+HOST_PATHS = True
+
+
+def on_host(t: Tensor) -> bool:
+    """Whether work on `t` takes the host path: a CPU tensor, host paths on."""
+    return HOST_PATHS and t.device.type == "cpu"
+
+
 class NodeSource(IntEnum):
     """Where a node came from, recorded per node so acceptance can be attributed to a source."""
 
@@ -146,6 +156,8 @@ def topology(parents: Tensor, cache_len: int) -> Topology:
     of a boolean matrix: ceil(log2(num_nodes)) small matrix products, a fixed count, so no host sync.
     """
     n = parents.shape[0]
+    if on_host(parents) and 1 < n <= HOST_TOPOLOGY_NODES:
+        return _topology_walk(parents.tolist(), cache_len)
     reach = torch.eye(n, dtype=torch.bool, device=parents.device)
     if n > 1:
         child = torch.arange(1, n, device=parents.device)
@@ -156,6 +168,24 @@ def topology(parents: Tensor, cache_len: int) -> Topology:
         reach = closure > 0
     depth = reach.sum(1) - 1
     return Topology(ancestors=reach, depth=depth, cache_len=cache_len)
+
+
+# up to this many nodes a CPU tree's ancestors are one walk over Python ints used as bit sets (some 20 us for
+# 8 nodes, where the squarings' dozen tiny tensor ops took 100); beyond, 64-bit rows would not hold them
+HOST_TOPOLOGY_NODES = 62
+
+
+def _topology_walk(parents: list[int], cache_len: int) -> Topology:
+    """topology() for a topologically ordered tree on the host: node i's ancestor set is its parent's plus i."""
+    n = len(parents)
+    if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
+        raise ValueError(f"parents {parents}: each node's parent must come before it (parents[i] < i)")
+    sets, depth = [1], [0]
+    for i in range(1, n):
+        sets.append(sets[parents[i]] | (1 << i))
+        depth.append(depth[parents[i]] + 1)
+    bits = torch.tensor(sets)[:, None] >> torch.arange(n)[None, :]  # [n, n]: bit j of node i's set
+    return Topology(ancestors=(bits & 1).bool(), depth=torch.tensor(depth), cache_len=cache_len)
 
 
 @dataclass(frozen=True)

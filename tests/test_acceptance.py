@@ -111,3 +111,32 @@ def test_the_float_tie_rule_is_four_ulps_in_bfloat16_and_sixteen_in_float32():
     assert float_tie(3.0e-5, 20.0, torch.float32)
     assert not float_tie(3.1e-5, 20.0, torch.float32)
     assert not float_tie(0.5, 20.0, torch.bfloat16, ulps=2)  # an explicit run.float_tie_ulps wins
+
+
+def _random_tree(generator, n: int, vocab: int) -> DraftTree:
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, n)]
+    return DraftTree(tokens=torch.randint(0, vocab, (n,), generator=generator), parents=torch.tensor(parents))
+
+
+def test_the_host_walk_accepts_what_the_device_path_accepts(monkeypatch):
+    """The CPU's host walk against the device path's tensor code, on random trees whose tokens often match
+    (a 3-token vocabulary) and on equally deep correct paths (the lowest node index wins in both)."""
+    import graft.tree
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(2, 20, (1,), generator=g))
+        tree = _random_tree(g, n, 3)
+        logits = torch.randn(n, 3, generator=g)
+        attn = topology(tree.parents, 7)
+        host = accept_greedy(tree, attn, logits)
+        monkeypatch.setattr(graft.tree, "HOST_PATHS", False)
+        device = accept_greedy(tree, attn, logits)
+        monkeypatch.setattr(graft.tree, "HOST_PATHS", True)
+        assert (host.path, host.tokens) == (device.path, device.tokens), trial
+        assert host.path_index.tolist() == device.path_index.tolist()
+        assert host.token_ids.tolist() == device.token_ids.tolist()
+    # two correct paths of depth 2: nodes 3 and 4 both end one; node 3 (the lower index) is kept
+    tree = DraftTree(tokens=torch.tensor([0, 1, 1, 2, 2]), parents=torch.tensor([-1, 0, 0, 1, 2]))
+    acc = accept_greedy(tree, topology(tree.parents, 0), _logits_with_argmax([1, 2, 2, 0, 0]))
+    assert acc.path == [0, 1, 3] and acc.tokens == [1, 2, 0]

@@ -11,11 +11,19 @@ import collections
 import pytest
 import torch
 
+import graft.tree
+
 from baselines.autoregressive import Autoregressive
 from conftest import make_drafter
 from graft.decode import generate
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
+
+
+@pytest.fixture(autouse=True)
+def device_paths(monkeypatch):
+    """Count the device path's reads: the CPU's host paths (graft.tree.on_host) read values on purpose."""
+    monkeypatch.setattr(graft.tree, "HOST_PATHS", False)
 
 
 def host_reads_per_step(target, drafter, prompt: list[int]) -> float:

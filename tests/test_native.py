@@ -195,3 +195,54 @@ def test_the_native_swiglu_matches_torch_over_the_whole_range():
     out = native.load().swiglu(torch.cat([gate, up])[None])  # [1, 1017]
     expected = (torch.nn.functional.silu(gate.double()) * up.double()).float()
     torch.testing.assert_close(out[0], expected, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native build here")
+def test_the_native_row_top_k_orders_as_torch_and_breaks_ties_by_index():
+    from graft.fast import top_k_rows
+
+    g = torch.Generator().manual_seed(0)
+    for rows, width, k in [(1, 49152, 1), (8, 49152, 8), (3, 17, 5), (5, 8192, 10), (2, 7, 7), (4, 9, 1)]:
+        x = torch.randn(rows, width, generator=g)
+        values, indices = top_k_rows(x, k)
+        expected = x.topk(k, dim=-1)
+        assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+        assert torch.equal(top_k_rows(x, 1)[1][:, 0], x.argmax(-1))
+    # equal values: the lower index first, as torch.argmax's first maximum (ties in the vector part and the tail)
+    x = torch.zeros(2, 37)
+    x[0, [3, 9, 20, 36]] = 2.0
+    x[1, [30, 35]] = 1.0
+    values, indices = top_k_rows(x, 3)
+    assert indices.tolist() == [[3, 9, 20], [30, 35, 0]] and values.tolist() == [[2, 2, 2], [1, 1, 0]]
+    assert top_k_rows(x, 1)[1][:, 0].tolist() == x.argmax(-1).tolist() == [3, 30]
+    ramp = torch.full((1, 40), float("-inf"))
+    assert top_k_rows(ramp, 2)[1].tolist() == [[0, 1]]
+    # a NaN: the row's order is torch's (argmax takes the NaN)
+    x = torch.zeros(2, 50)
+    x[1, 33] = float("nan")
+    assert top_k_rows(x, 1)[1][:, 0].tolist() == x.argmax(-1).tolist() == [0, 33]
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native build here")
+def test_a_commit_moves_the_same_rows_natively_as_through_aten():
+    from graft.backends import PositionalKVCache
+
+    g = torch.Generator().manual_seed(0)
+    caches = []
+    for _ in range(2):
+        cache = PositionalKVCache(3, 20)
+        for layer in cache.layers:
+            layer.append(torch.randn(1, 2, 12, 4, generator=g), torch.randn(1, 2, 12, 4, generator=g))
+        caches.append(cache)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        b.keys.copy_(a.keys), b.values.copy_(a.values)
+    rows = torch.tensor([0, 2, 3, 6])
+    assert native.loaded() is not None
+    caches[0].keep(5, rows, 4)  # native: one call for every layer
+    for layer in caches[1].layers:
+        layer.keep(5, rows, 4)  # each layer through ATen's indexed copies
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert a.length == b.length == 9
+        assert torch.equal(a.keys[:, :, :9], b.keys[:, :, :9]) and torch.equal(a.values[:, :, :9], b.values[:, :, :9])
+    with pytest.raises(RuntimeError, match="ascend"):
+        native.load().move_rows([caches[0].layers[0].keys], 0, torch.tensor([0, 3, 2]))

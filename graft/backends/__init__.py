@@ -86,6 +86,21 @@ class PositionalKVCache(Cache):
         self.static = static
 
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
+        from graft import native
+        from graft.tree import on_host
+
+        module = native.loaded()
+        first = self.layers[0]
+        if (
+            rows is not None
+            and module is not None
+            and not self.static
+            and first.keys is not None
+            and on_host(first.keys)
+        ):
+            # one native call moves every layer's rows (60 indexed copies through ATen cost some 0.3 ms a step)
+            module.move_rows([t for layer in self.layers for t in (layer.keys, layer.values)], committed, rows.cpu())
+            rows = None  # in place now: the layers only set their lengths
         for layer in self.layers:
             layer.keep(committed, rows, count)
 

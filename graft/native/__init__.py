@@ -108,6 +108,12 @@ def load(verbose: bool = False):
     return _module
 
 
+def loaded():
+    """The module where this process has already loaded it, else None; never starts a build (helpers that any
+    path may call, such as graft.fast.top_k_rows, use it only where a fast path loaded it)."""
+    return _module
+
+
 def failure() -> str | None:
     return _failure
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graft.fast import top_k_rows
 from graft.tree import RankTree
 
 # How often the target's rank-r successor is the next token, as a prior for shaping templates. Rough
@@ -55,7 +56,7 @@ class SuccessorTable:
         """tokens [n] verified node tokens (-1: an empty slot, skipped), logits [n, vocab] the target's
         logits at them, on_path [n] bool. Shapes do not depend on the data (no sync on a GPU)."""
         n = tokens.shape[0]
-        successors = logits.topk(self.k, dim=-1).indices  # [n, k]
+        successors = top_k_rows(logits, self.k)[1]  # [n, k]
         priority = torch.arange(n, device=tokens.device) + on_path.long() * n  # [n], distinct
         same_key = tokens[:, None] == tokens[None, :]  # [n, n]
         beaten = (same_key & (priority[None, :] > priority[:, None])).any(1)  # another node of the key wins
