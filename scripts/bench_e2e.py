@@ -84,6 +84,10 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "ar/onednn": ("ar", {ONEDNN: True}),
     "graft@6/onednn": ("graft", {"total_tokens": 6, ONEDNN: True}),
     "graft@6/bf16_head/onednn": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16", ONEDNN: True}),
+    # the head in float32 whatever method.head_dtype=auto picks (bfloat16 on an AVX2 build)
+    "graft@6/f32_head": ("graft", {"total_tokens": 6, "head_dtype": "float32"}),
+    "graft@8/refill/f32_head": ("graft", {"total_tokens": 8, "refill": True, "head_dtype": "float32"}),
+    "eagle3@4/f32_head": ("eagle3", {"total_tokens": 4, "head_dtype": "float32"}),
 }
 
 

@@ -135,6 +135,23 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_losslessly(tiny, method):
     assert out.step_sources and all(drafted > 0 for drafted, *_ in out.step_sources)  # the bf16 head drafted
 
 
+def test_head_dtype_auto_is_bfloat16_only_where_native_panels_hold_bfloat16():
+    from types import SimpleNamespace
+
+    from graft.methods.eagle3 import head_dtype_for
+
+    def target(dtype=torch.float32, device="cpu", bf16_panels: bool | None = True):
+        native = None if bf16_panels is None else SimpleNamespace(bfloat16_panels_supported=lambda: bf16_panels)
+        return SimpleNamespace(dtype=dtype, device=torch.device(device), native=native)
+
+    assert head_dtype_for("auto", target()) == "bfloat16"  # an AVX2 build
+    assert head_dtype_for("auto", target(bf16_panels=False)) is None  # AVX-512: oneDNN's bfloat16 instead
+    assert head_dtype_for("auto", target(bf16_panels=None)) is None  # no native build
+    assert head_dtype_for("auto", target(dtype=torch.bfloat16)) is None  # already the target's dtype
+    assert head_dtype_for("auto", target(device="meta")) is None  # not a CPU
+    assert head_dtype_for("float32", target()) == "float32" and head_dtype_for(None, target()) is None
+
+
 def test_the_block_drafter_on_the_target_products_drafts_as_the_plain_one():
     """BlockDrafter.lean (q, fused k/v, o, gate/up, down and fc on the target's products) and the target's
     packed LM head give the plain drafter's outputs; the state dict is unchanged."""
