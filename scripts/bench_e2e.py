@@ -6,8 +6,10 @@ baseline's tokens.
 
 Prompts: 8 from EAGLE's question sets (3 MT-Bench, 2 CNN/DM, 2 HumanEval, 1 GSM8K; ../shared/data), or
 the built-in prompts where those files are absent. Each system runs once untimed on the first prompt
-(warm-up), then per prompt every system runs in an order that rotates with the prompt index. tokens/s =
-all new tokens / all generation seconds (prefill included, as `generate` includes it). `--neighbour`
+(warm-up), then per prompt every system runs in an order that rotates with the prompt index (and with the
+round: `--repeats R` runs the whole set R times). tokens/s = all new tokens / all generation seconds of a
+round (prefill included, as `generate` includes it); with several rounds the table gives the median over
+the rounds of the tokens/s and of each round's ratios, and the ratios' range. `--neighbour`
 runs the same with one busy process beside it (a competing load on the machine), to measure the thread
 and spin policy of graft/threads.py.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -188,6 +191,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over the prompt set; medians reported")
     parser.add_argument("--data-root", default=os.environ.get("GRAFT_DATA", str(ROOT.parent / "shared" / "data")))
     parser.add_argument("--neighbour", action="store_true", help="run beside one busy process")
     parser.add_argument("--out", help="write the table and per-prompt records as JSON")
@@ -219,20 +223,24 @@ def main() -> None:
             if spec is None
             else harness_runner(target, model_cfg, *spec, args.new_tokens)
         )
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: need at least one round")
     prompts = load_prompts(fast.chat, args.data_root)[: args.prompts]
     neighbour = NEIGHBOUR
     try:
         for run in runners.values():  # warm-up, untimed
             run(prompts[0][1][:64])
         records = []
-        for index, (pid, ids) in enumerate(prompts):
-            order = names[index % len(names) :] + names[: index % len(names)]
-            row = {"prompt": pid, "prompt_tokens": len(ids)}
-            for name in order:
-                tokens, seconds, phases = runners[name](ids)
-                row[name] = {"tokens": tokens, "seconds": seconds, "phases": phases}
-            records.append(row)
-            print(f"{pid}: " + ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names))
+        for round_ in range(args.repeats):
+            for index, (pid, ids) in enumerate(prompts):
+                shift = (index + round_) % len(names)
+                row = {"prompt": pid, "prompt_tokens": len(ids), "round": round_}
+                for name in names[shift:] + names[:shift]:
+                    tokens, seconds, phases = runners[name](ids)
+                    row[name] = {"tokens": tokens, "seconds": seconds, "phases": phases}
+                records.append(row)
+                rates = ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names)
+                print(f"{pid}{f' (round {round_ + 1})' if args.repeats > 1 else ''}: {rates}")
     finally:
         if neighbour:
             neighbour.kill()
@@ -243,12 +251,16 @@ def main() -> None:
         f"greedy{', one busy neighbour process' if neighbour else ''}; policy: {POLICY.reason if POLICY else 'fixed by the environment'}"
     )
     print("tokens/s = new tokens / generation seconds (prefill included), summed over prompts")
+    if args.repeats > 1:
+        print(f"medians over {args.repeats} rounds; x AR's range over the rounds in brackets")
     print("| system | tokens/s | x HF generate | x this project's AR | equal to its baseline |")
     print("|---|---|---|---|---|")
     for row in table:
+        spread = row.get("x_ar_range")
+        spread = f" [{spread[0]:.2f}-{spread[1]:.2f}]" if spread else ""
         print(
             f"| {row['system']} | {row['tokens_per_s']:.1f} | {row.get('x_hf', float('nan')):.2f} | "
-            f"{row.get('x_ar', float('nan')):.2f} | {row['equal']} |"
+            f"{row.get('x_ar', float('nan')):.2f}{spread} | {row['equal']} |"
         )
     print("\nwhere a step's time goes (means per step; tau = tokens per step after the first, graft/decode.py)")
     print("| system | tau | draft ms | verify ms | other ms | ms per token |")
@@ -266,13 +278,14 @@ def main() -> None:
                     "hardware": hw,
                     "new_tokens": args.new_tokens,
                     "neighbour": bool(neighbour),
+                    "rounds": args.repeats,
                     "policy": POLICY.as_record() if POLICY else None,
                     "table": table,
                     "records": [
                         {
                             k: (
                                 v
-                                if k in ("prompt", "prompt_tokens")
+                                if k in ("prompt", "prompt_tokens", "round")
                                 else {"n": len(v["tokens"]), "seconds": v["seconds"], "phases": v["phases"]}
                             )
                             for k, v in r.items()
@@ -286,25 +299,29 @@ def main() -> None:
 
 
 def summarise(records: list[dict], names: list[str]) -> list[dict]:
-    """Per system: tokens/s over all prompts, ratios to HF generate and to AR, and whether every output
-    equals its baseline's (transformers systems against hf_generate, this project's against ar, or against
-    ar/onednn for the systems on the oneDNN target where it ran: a different summation order is a different
-    float target)."""
-    rate = {}
-    for name in names:
-        tokens = sum(len(r[name]["tokens"]) for r in records)
-        rate[name] = tokens / sum(r[name]["seconds"] for r in records)
+    """Per system: tokens/s over all prompts of a round, ratios to HF generate and to AR within the round, and
+    whether every output equals its baseline's (transformers systems against hf_generate, this project's
+    against ar, or against ar/onednn for the systems on the oneDNN target where it ran: a different summation
+    order is a different float target). Over several rounds (records' `round`) the medians, and x AR's range."""
+    rounds = sorted({r.get("round", 0) for r in records})
+    rates = []  # per round: system -> tokens/s
+    for round_ in rounds:
+        taken = [r for r in records if r.get("round", 0) == round_]
+        rates.append({n: sum(len(r[n]["tokens"]) for r in taken) / sum(r[n]["seconds"] for r in taken) for n in names})
     rows = []
     for name in names:
         base = "hf_generate" if SYSTEMS[name] is None else "ar"
         if on_onednn(name) and "ar/onednn" in names:
             base = "ar/onednn"
         equal = all(r[name]["tokens"] == r[base]["tokens"] for r in records) if base in names else None
-        row = {"system": name, "tokens_per_s": rate[name], "equal": equal}
-        if "hf_generate" in rate:
-            row["x_hf"] = rate[name] / rate["hf_generate"]
-        if "ar" in rate:
-            row["x_ar"] = rate[name] / rate["ar"]
+        row = {"system": name, "tokens_per_s": statistics.median(rate[name] for rate in rates), "equal": equal}
+        if "hf_generate" in names:
+            row["x_hf"] = statistics.median(rate[name] / rate["hf_generate"] for rate in rates)
+        if "ar" in names:
+            per_round = [rate[name] / rate["ar"] for rate in rates]
+            row["x_ar"] = statistics.median(per_round)
+            if len(rates) > 1:
+                row["x_ar_range"] = [min(per_round), max(per_round)]
         if SYSTEMS[name] is not None:
             row.update(step_split([r[name] for r in records]))
         rows.append(row)

@@ -112,6 +112,8 @@ def side_by_side(*paths: str) -> str:
                 continue
             mark = "" if row["equal"] else " (**not equal to its baseline**)"
             ratios = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in ("x_hf", "x_ar"))
+            if "x_ar_range" in row:  # several rounds: medians, and x AR's range over the rounds
+                ratios += " ({:.2f}-{:.2f})".format(*row["x_ar_range"])
             cells.append(f"{row['tokens_per_s']:.1f}{mark} | {ratios}")
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

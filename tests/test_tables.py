@@ -182,3 +182,40 @@ def test_the_hardware_column_names_the_gpu_else_the_cpu_and_its_vector_instructi
     assert hardware_name({"cpu": "AMD EPYC"}) == "AMD EPYC"  # records from before cpu_isa
     assert hardware_name({"cpu": "AMD EPYC", "cpu_isa": "AVX512", "gpu": "NVIDIA H200"}) == "NVIDIA H200"
     assert hardware_name({}) is None
+
+
+def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatch):
+    """scripts/bench_e2e.py's summary over two rounds of hand-written records: tokens/s per round = tokens /
+    seconds summed over the round's prompts, the table the median of the rounds, x AR the median of each
+    round's own ratio, with its range."""
+    import importlib
+    import os
+
+    saved = dict(os.environ)
+    monkeypatch.setenv("GRAFT_THREADS", "fixed")  # importing the script measures no threads here
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        bench = importlib.import_module("bench_e2e")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+    def run(tokens, seconds):
+        phases = {"steps": tokens, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": seconds, "other_s": 0.0}
+        return {"tokens": [1] * tokens, "seconds": seconds, "phases": phases}
+
+    records = [  # ar 10 tokens/s in round 0, 20 in round 1; graft 15 then 20 (two prompts a round)
+        {"prompt": "a", "round": 0, "ar": run(5, 0.5), "graft@6": run(5, 0.25)},
+        {"prompt": "b", "round": 0, "ar": run(5, 0.5), "graft@6": run(5, 0.41666666666666663)},
+        {"prompt": "a", "round": 1, "ar": run(10, 0.5), "graft@6": run(10, 0.5)},
+        {"prompt": "b", "round": 1, "ar": run(10, 0.5), "graft@6": run(10, 0.5)},
+    ]
+    records[2]["graft@6"]["tokens"] = [2] * 10  # not equal to AR's in one record
+    table = {row["system"]: row for row in bench.summarise(records, ["ar", "graft@6"])}
+    assert abs(table["ar"]["tokens_per_s"] - 15.0) < 1e-9  # median of 10 and 20
+    assert abs(table["graft@6"]["tokens_per_s"] - 17.5) < 1e-9  # median of 15 and 20
+    assert abs(table["graft@6"]["x_ar"] - 1.25) < 1e-9  # median of 1.5 and 1.0, not 17.5 / 15
+    assert table["graft@6"]["x_ar_range"] == [1.0, 1.5]
+    assert table["ar"]["equal"] and table["graft@6"]["equal"] is False
+    one_round = bench.summarise(records[:2], ["ar", "graft@6"])
+    assert "x_ar_range" not in one_round[1] and abs(one_round[1]["x_ar"] - 1.5) < 1e-9
