@@ -21,7 +21,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from graft import native
 from graft.nn import grouped_sdpa
+from graft.tree import on_host
 
 ATTENTION_NAME = "graft_sdpa"
 
@@ -53,9 +55,6 @@ def top_k_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(values, indices) [n, k]: each row's k largest values of x [n, V], largest first, equal values in index
     order (k = 1 is torch.argmax's first maximum). Through graft/native's one-pass kernel where a fast path has
     loaded it and x is a float32 CPU matrix without NaN; else ATen (topk orders equal values its own way)."""
-    from graft import native
-    from graft.tree import on_host
-
     module = native.loaded()
     if module is not None and on_host(x) and x.dtype == torch.float32 and x.dim() == 2:
         values, indices, unordered = module.row_topk(x.contiguous(), k)
@@ -296,8 +295,8 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
     after a warm-up round, and keep the mode with less time in all. The mode is the process's (the native
     module's), and never changes a product's bits. Returns a record for run.json; {} where the build has no
     modes (AVX2, no native build)."""
-    native = next((linear._native for linear in linears if linear._native is not None), None)
-    if native is None or not hasattr(native, "tile_prefetch") or native.tile_prefetch() < 0:
+    module = next((linear._native for linear in linears if linear._native is not None), None)
+    if module is None or not hasattr(module, "tile_prefetch") or module.tile_prefetch() < 0:
         return {}
     settled = {linear: (linear.packed, linear.small_rows) for linear in linears}
     inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}} for rows in PREFETCH_ROWS}
@@ -306,7 +305,7 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
             linear.packed, linear.small_rows = linear.panels, 0
         medians = _interleaved_ms(
             TILE_PREFETCH,
-            lambda mode: native.set_tile_prefetch(TILE_PREFETCH.index(mode)),
+            lambda mode: module.set_tile_prefetch(TILE_PREFETCH.index(mode)),
             lambda mode: {mode: sum(_time_products(linears, inputs[rows]) for rows in PREFETCH_ROWS)},
             repeats,
         )
@@ -314,7 +313,7 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
         for linear in linears:
             linear.packed, linear.small_rows = settled[linear]
     mode = min(medians, key=medians.get)
-    native.set_tile_prefetch(TILE_PREFETCH.index(mode))
+    module.set_tile_prefetch(TILE_PREFETCH.index(mode))
     return {"tile_prefetch": mode, "tile_prefetch_ms": {k: round(v, 2) for k, v in medians.items()}}
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from graft.kv import KVBuffer
-from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
+from graft.tree import DraftTree, Topology, additive_mask, on_host, prefix_causal
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ class PositionalKVCache(Cache):
         self.static = static
 
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
-        from graft import native
-        from graft.tree import on_host
+        from graft import native  # the module; TargetBackend.native below is a backend's handle on it
 
         module = native.loaded()
         first = self.layers[0]
