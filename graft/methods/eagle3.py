@@ -370,15 +370,15 @@ class HeadOnCache:
             self.head: DraftHead = random_head(target, params.random_kind, params.seed, params.random_layer_ids)
         else:
             self.head = load_head(params.head, target)
-        self.head_dtype = head_dtype_for(params.head_dtype, target)
+        dtype = head_dtype_for(params.head_dtype, target)
         if params.head_dtype == "auto":
-            logging.getLogger(__name__).info("method.head_dtype=auto: %s", self.head_dtype or "the target's dtype")
-        if self.head_dtype is not None:
-            self.head = self.head.to(getattr(torch, self.head_dtype))
+            logging.getLogger(__name__).info("method.head_dtype=auto: %s", dtype or "the target's dtype")
+        if dtype is not None:
+            self.head = self.head.to(getattr(torch, dtype))
         self.head.lean(target.product, target.native)
         widened = widened_record(list(getattr(self.head, "fast", {}).values()))
         if "widened" in widened:
-            logging.getLogger(__name__).warning("method.head_dtype=%s: %s", self.head_dtype, widened["widened"])
+            logging.getLogger(__name__).warning("method.head_dtype=%s: %s", dtype, widened["widened"])
         cfg = self.head.cfg
         taps = (
             tuple(HiddenTap(layer, "input") for layer in cfg.layer_ids)

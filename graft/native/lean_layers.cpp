@@ -1005,7 +1005,7 @@ std::vector<at::Tensor> row_topk(const at::Tensor& x, int64_t k) {
       };
       int64_t j = 0;
       for (; j < width && held < k; ++j) offer(j);
-#if defined(__AVX2__)
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)  // where immintrin.h is included (AVX2 without FMA: the scalar loop)
       for (; j + 8 <= width; j += 8) {
         const __m256 v = _mm256_loadu_ps(row + j);
         const __m256 hit = _mm256_or_ps(_mm256_cmp_ps(v, _mm256_set1_ps(best[k - 1]), _CMP_GT_OQ),
