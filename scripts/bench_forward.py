@@ -45,6 +45,34 @@ class StreamProbe:
         return self.data.numel() * 4 / (time.perf_counter() - start) / 1e9
 
 
+class ComputeProbe:
+    """The CPU's float32 FMA rate with every torch thread busy and nothing read from memory (graft/native's
+    fma_rate; None without the native build). Sampled once per round beside the bandwidth, as the clock moves."""
+
+    def __init__(self, iterations: int = 5_000_000):
+        from graft import native
+
+        self.module = native.load()
+        self.iterations = iterations
+        if self.module is not None and self.module.fma_rate(self.iterations // 5) <= 0:
+            self.module = None  # a build without vector kernels
+
+    def once(self) -> float | None:
+        return None if self.module is None else self.module.fma_rate(self.iterations)
+
+
+def product_fmas(model) -> int:
+    """Multiply-adds per row of a forward's products: every linear's weight once (a tied LM head included);
+    attention's are not counted (under 7% of a row's at the profile's context on the embedded model)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def roofline_ms(rows: int, fmas_per_row: int, gfmas: float, bandwidth_limit_ms: float) -> float:
+    """The least a forward of `rows` rows can take here: its weights streamed once, or its products at the FMA
+    rate, whichever is slower (both overlap at best)."""
+    return max(bandwidth_limit_ms, rows * fmas_per_row / (gfmas * 1e9) * 1e3)
+
+
 def weight_bytes(model) -> int:
     seen, total = set(), 0
     for p in model.parameters():
@@ -90,9 +118,15 @@ def head_level_ms(
     from graft.eagle.checkpoint import load_head, random_head
     from graft.tree import additive_mask
 
-    results = {}
+    results, fmas_per_node = {}, 0
     for dtype in dtypes:
         head = random_head(target) if source in (None, "random") else load_head(source, target)
+        # a level runs the decoder layer and the draft LM head (fc runs only when accepted tokens are encoded)
+        fmas_per_node = sum(
+            m.weight.numel() for name, m in head.named_modules() if isinstance(m, torch.nn.Linear) and name != "fc"
+        )
+        if head.cfg.kind == "eagle1":  # its logits are the target's LM head's
+            fmas_per_node += target.model.get_output_embeddings().weight.numel()
         head = head.to(getattr(torch, dtype)).lean(target.product, target.native)
         cfg, g = head.cfg, torch.Generator().manual_seed(0)
         cache = head.new_cache(context_len + nodes + 8)
@@ -121,7 +155,7 @@ def head_level_ms(
                 if index >= warmup:
                     samples.append(1e3 * elapsed)
         results[dtype] = statistics.median(samples)
-    return results
+    return results, fmas_per_node
 
 
 def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats: int, warmup: int) -> dict:
@@ -140,22 +174,30 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
         target = load_model(model_cfg, hardware_cfg, progress=False).target
         context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
-        info[path] = {"weight_bytes": weight_bytes(target.model), "dtype": str(target.dtype), "kernels": target.kernels}
+        info[path] = {
+            "weight_bytes": weight_bytes(target.model),
+            "product_fmas": product_fmas(target.model),
+            "dtype": str(target.dtype),
+            "kernels": target.kernels,
+        }
     samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}
     probe, bandwidths = StreamProbe(), []
+    compute, rates = ComputeProbe(), []
     for round_ in range(warmup + repeats):
         for k in TOKEN_COUNTS:
             for path in paths if round_ % 2 == 0 else reversed(paths):
                 ms = timers[path].once(k)
                 if round_ >= warmup:
                     samples[path][k].append(ms)
-        gbs = probe.once()
+        gbs, rate = probe.once(), compute.once()
         if round_ >= warmup:
             bandwidths.append(gbs)
+            if rate is not None:
+                rates.append(rate)
     for path in paths:
         verify = {k: statistics.median(v) for k, v in samples[path].items()}
         info[path].update(decode_ms=verify[1], verify_ms=verify)
-    return info, bandwidths
+    return info, bandwidths, rates
 
 
 def main() -> None:
@@ -187,7 +229,7 @@ def main() -> None:
 
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path
-    results, bandwidths = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
+    results, bandwidths, rates = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
     bandwidth = statistics.median(bandwidths)
     head_levels = None
     if args.head_level:
@@ -196,7 +238,7 @@ def main() -> None:
         cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
         cfg.hardware.product_kernel = "auto"
         target = load_model(cfg.model, cfg.hardware, progress=False).target
-        head_levels = head_level_ms(
+        head_levels, head_fmas = head_level_ms(
             target, cfg.model.draft_head, ["float32", "bfloat16"], args.context, 10 * args.repeats, 3 * args.warmup
         )
     plain_bytes = results[paths[0]]["weight_bytes"]
@@ -210,6 +252,8 @@ def main() -> None:
         "bandwidth_range_gbs": [min(bandwidths), max(bandwidths)],
         "weight_bytes": plain_bytes,
         "bandwidth_limit_ms": plain_bytes / (bandwidth * 1e9) * 1e3,
+        "fma_rate_gfmas": statistics.median(rates) if rates else None,
+        "fma_rate_range_gfmas": [min(rates), max(rates)] if rates else None,
         "plain": results[paths[0]],
         "fast_path": fast,
         "fast": results[fast],
@@ -217,16 +261,30 @@ def main() -> None:
     }
     if head_levels:
         report["head_level_ms"] = {"nodes": 10, "context_tokens": args.context, **head_levels}
+        if rates:
+            report["head_level_fmas_per_node"] = head_fmas
+            report["head_level_compute_limit_ms"] = 10 * head_fmas / (statistics.median(rates) * 1e9) * 1e3
     params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
         # the bytes one decode step must stream: every parameter once, in the path's dtype
         r["bandwidth_limit_ms"] = params * (2 if "bfloat16" in r["dtype"] else 4) / (bandwidth * 1e9) * 1e3
+        if rates:
+            gfmas = statistics.median(rates)
+            r["roofline_ms"] = {
+                k: roofline_ms(k, r["product_fmas"], gfmas, r["bandwidth_limit_ms"]) for k in TOKEN_COUNTS
+            }
 
     print(f"model {cfg.model.name}, {torch.get_num_threads()} threads, context {args.context} tokens")
     print(
         f"streaming read bandwidth {bandwidth:.1f} GB/s (median of {len(bandwidths)} samples between the rounds, "
         f"{min(bandwidths):.1f}-{max(bandwidths):.1f})"
     )
+    if rates:
+        print(
+            f"float32 FMA rate, every thread busy on registers only: {statistics.median(rates):.1f} G FMA/s (median of "
+            f"{len(rates)} samples, {min(rates):.1f}-{max(rates):.1f}); a forward's roofline = max(bandwidth limit, "
+            "rows x its products' FMAs / that rate)"
+        )
     for name, r in results.items():
         print(
             f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step"
@@ -240,11 +298,21 @@ def main() -> None:
             f"{name}: decode {r['decode_ms']:.1f} ms = {r['decode_ms'] / r['bandwidth_limit_ms']:.2f}x its bandwidth limit; "
             f"verify(16) = {r['verify_ms'][16] / r['decode_ms']:.2f}x decode"
         )
+        if "roofline_ms" in r:
+            print(
+                f"  {name} against its roofline (verify ms / roofline ms): "
+                + ", ".join(f"{k}: {r['verify_ms'][k] / r['roofline_ms'][k]:.2f}x" for k in TOKEN_COUNTS)
+            )
     if head_levels:
         decode = results[fast]["decode_ms"]
         for dtype, ms in head_levels.items():
             print(
                 f"EAGLE head, one draft level of 10 nodes ({dtype}): {ms:.2f} ms = 1/{decode / ms:.1f} of a decode step ({fast})"
+            )
+        if "head_level_compute_limit_ms" in report:
+            print(
+                f"  its products' compute limit: {report['head_level_compute_limit_ms']:.2f} ms "
+                f"({report['head_level_fmas_per_node'] / 1e6:.2f} M FMAs a node)"
             )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,16 @@ def forward_profile(path: str) -> str:
             f"- `{name}` ({p['dtype'].replace('torch.', '')}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
             f"its bandwidth limit ({limit:.1f} ms); verify(8) = {ratio8:.2f}x, verify(16) = {ratio16:.2f}x decode"
         )
+        if "roofline_ms" in p:  # profiles since the compute roof was measured
+            lines.append(
+                f"  - against its roofline (the slower of that limit and the products' FMAs at "
+                f"{profile['fma_rate_gfmas']:.0f} G FMA/s): "
+                + ", ".join(
+                    f"verify({k}) {p['verify_ms'][k] / p['roofline_ms'][k]:.2f}x ({p['roofline_ms'][k]:.1f} ms)"
+                    for k in ("1", "8", "16", "60")
+                    if k in p["roofline_ms"]
+                )
+            )
     levels = profile.get("head_level_ms")
     if levels:
         decode = paths[profile["fast_path"]]["decode_ms"]
@@ -67,6 +77,11 @@ def forward_profile(path: str) -> str:
                     f"- EAGLE head, one draft level of {levels['nodes']} nodes ({dtype} head): {levels[dtype]:.2f} ms "
                     f"= 1/{decode / levels[dtype]:.1f} of a `{profile['fast_path']}` decode step"
                 )
+        if "head_level_compute_limit_ms" in profile:
+            lines.append(
+                f"  - its products' compute limit: {profile['head_level_compute_limit_ms']:.2f} ms "
+                f"({profile['head_level_fmas_per_node'] / 1e6:.2f} M FMAs a node at {profile['fma_rate_gfmas']:.0f} G FMA/s)"
+            )
     return "\n".join(lines)
 
 

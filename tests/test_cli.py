@@ -152,11 +152,25 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert profile["bandwidth_limit_ms"] > 0 and profile["fast_path"] == "packed"
     if shutil.which(os.environ.get("CXX", "c++")):  # graft/native builds where there is a compiler
         assert profile["paths"]["packed"]["kernels"]["native"] == "on"
+        if profile["fma_rate_gfmas"] is not None:  # a vector build: the compute roof beside the bandwidth limit
+            packed = profile["paths"]["packed"]
+            assert profile["fma_rate_gfmas"] > 0 and packed["product_fmas"] > 0
+            assert all(packed["roofline_ms"][k] >= packed["bandwidth_limit_ms"] for k in packed["verify_ms"])
+            assert "roofline" in proc.stdout
     assert profile["paths"]["packed/python"]["kernels"]["native"] == "off"
     for side in ("plain", "fast"):
         assert profile[side]["decode_ms"] > 0
         assert set(profile[side]["verify_ms"]) == {"1", "2", "4", "8", "16", "32", "60", "128"}
     assert "bandwidth" in proc.stdout and "verify" in proc.stdout
+
+
+def test_a_forward_roofline_is_the_slower_of_streaming_the_weights_and_the_products_arithmetic():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_forward import roofline_ms
+
+    # the embedded model's 134,479,872 product FMAs a row at 102 G FMA/s: 1.318 ms a row of arithmetic
+    assert roofline_ms(1, 134_479_872, 102.0, 15.0) == 15.0  # one row: the weights' stream bounds it
+    assert abs(roofline_ms(16, 134_479_872, 102.0, 15.0) - 21.0949) < 1e-3  # 16 rows: the arithmetic does
 
 
 def test_a_comparison_shares_one_baseline_per_prompt_and_resumes(tmp_path):

@@ -270,14 +270,19 @@ def test_a_decode_step_matches_the_transformers_forward_with_either_product_kern
 
 
 @needs_panels
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
-def test_a_token_has_the_same_logits_bits_in_a_verification_and_in_decode_steps(name):
+@pytest.mark.parametrize(
+    "name,head_dim,prompt_length",
+    [("tiny_llama", None, 40), ("tiny_qwen3", None, 40), ("tiny_qwen3", 64, 40), ("tiny_qwen3", 64, 101)],
+)
+def test_a_token_has_the_same_logits_bits_in_a_verification_and_in_decode_steps(name, head_dim, prompt_length):
     """The native path with the panel kernel adds every row's terms in the same order whatever the row count
-    and wherever masked keys sit, so greedy speculation is lossless exactly, not up to float ties."""
+    and wherever masked keys sit, so greedy speculation is lossless exactly, not up to float ties. The attention
+    pairs queries and reads values in blocks of keys: head_dim 64 and a prompt over several blocks cover that."""
     from graft.tree import DraftTree, topology
 
-    target = _target(name, "hardware.native=on", "hardware.product_kernel=panel")
-    prompt = list(range(30, 70))
+    sizes = [f"model.arch_config.head_dim={head_dim}"] if head_dim else []
+    target = _target(name, "hardware.native=on", "hardware.product_kernel=panel", *sizes)
+    prompt = [30 + i % 40 for i in range(prompt_length)]
     # root 7 with children 11 and 12; 11 -> 13 -> 14 a chain
     tree = DraftTree(tokens=torch.tensor([7, 11, 12, 13, 14]), parents=torch.tensor([-1, 0, 0, 1, 3]))
     target.reset(128)

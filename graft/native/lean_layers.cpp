@@ -22,8 +22,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -670,13 +672,6 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(vanishing, _mm256_mul_ps(p, _mm256_castsi256_ps(two_k)));
 }
 
-// Lane j: the sum of products[j]'s 8 lanes, in the same tree for every j ((0+1)+(2+3), then + (4+5)+(6+7)).
-inline __m256 sum_lanes8(const __m256* products) {
-  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(products[0], products[1]), _mm256_hadd_ps(products[2], products[3]));
-  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(products[4], products[5]), _mm256_hadd_ps(products[6], products[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
-}
-
 // The lane order that packs the lanes set in `bits` first, in lane order (AVX2 has no compress instruction).
 inline __m256i compress_order(int bits) {
   static const auto table = [] {
@@ -713,6 +708,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
   at::parallel_for(0, kv_heads * parts, 1, [&](int64_t first, int64_t last) {
     const int64_t stride = total + 8;
     std::vector<float> scores(per_part * stride), kept(total + 8), sums(per_part), scaled(per_part * d);
+    std::vector<float> partial((per_part + 8) * d);  // the weighted values' running sums (R-row groups padded)
     const std::vector<float> zeros(total + 8, 0.f);
     for (int64_t item = first; item < last; ++item) {
       const int64_t g = item / parts, lo = (item % parts) * per_part, hi = std::min(queries, lo + per_part);
@@ -727,28 +723,51 @@ void few_row_attention(const float* query, const float* keys, const float* value
         for (int64_t i = 0; i < d; ++i) scaled[(f - lo) * d + i] = q[i] * scaling;
       }
       std::vector<float> best(hi - lo, -INFINITY);
-      for (int64_t s0 = 0; s0 < total; s0 += 8) {  // scores, 8 keys at a time for every query
-        for (int64_t f = lo; f < hi; ++f) {
-          const int64_t visible = visible_of(f);
-          if (s0 >= visible) continue;
-          const int64_t count = std::min<int64_t>(8, visible - s0);
-          const __m256i lanes = first_lanes(count);
-          const float* q = scaled.data() + (f - lo) * d;
-          __m256 products[8];
-          for (int j = 0; j < 8; ++j) {
-            products[j] = _mm256_setzero_ps();
-            if (j >= count) continue;
-            const float* key = k_head + (s0 + j) * d;
-            products[j] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(key));
-            for (int v = 1; v < V; ++v)
-              products[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * v), _mm256_loadu_ps(key + 8 * v), products[j]);
+      // scores, 8 keys at a time for every query, two queries at a time: each key vector is loaded once for both
+      // (4 keys x 2 queries of accumulators; the query vectors loaded once a dimension step). Each key's score is
+      // its lanes summed in sum_lanes8's tree, whatever the pairing, so a query's scores are the same bits alone.
+      for (int64_t s0 = 0; s0 < total; s0 += 8) {
+        for (int64_t f = lo; f < hi; f += 2) {
+          const bool pair = f + 1 < hi;
+          const int64_t visible = visible_of(f), visible_next = pair ? visible_of(f + 1) : 0;
+          if (s0 >= std::max(visible, visible_next)) continue;
+          const int64_t count = std::min<int64_t>(8, std::max(visible, visible_next) - s0);  // keys read
+          const float* q0 = scaled.data() + (f - lo) * d;
+          const float* q1 = pair ? q0 + d : q0;
+          __m256 score[2];
+          for (int half = 0; half < 2; ++half) {  // keys s0 + 4 half .. + 3
+            __m256 products[2][4];
+            for (int j = 0; j < 4; ++j) products[0][j] = products[1][j] = _mm256_setzero_ps();
+            const int live = static_cast<int>(std::clamp<int64_t>(count - 4 * half, 0, 4));
+            if (live > 0) {
+              const float* key = k_head + (s0 + 4 * half) * d;
+              for (int v = 0; v < V; ++v) {
+                const __m256 a = _mm256_loadu_ps(q0 + 8 * v), b = _mm256_loadu_ps(q1 + 8 * v);
+                for (int j = 0; j < 4; ++j) {
+                  if (j >= live) break;
+                  const __m256 k = _mm256_loadu_ps(key + j * d + 8 * v);
+                  products[0][j] = v == 0 ? _mm256_mul_ps(a, k) : _mm256_fmadd_ps(a, k, products[0][j]);
+                  products[1][j] = v == 0 ? _mm256_mul_ps(b, k) : _mm256_fmadd_ps(b, k, products[1][j]);
+                }
+              }
+            }
+            for (int p = 0; p < 2; ++p) {  // sum_lanes8's tree for 4 keys: ((0+1)+(2+3)) + ((4+5)+(6+7))
+              const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(products[p][0], products[p][1]),
+                                                _mm256_hadd_ps(products[p][2], products[p][3]));
+              const __m128 sums4 = _mm_add_ps(_mm256_castps256_ps128(low), _mm256_extractf128_ps(low, 1));
+              score[p] = half == 0 ? _mm256_castps128_ps256(sums4) : _mm256_insertf128_ps(score[p], sums4, 1);
+            }
           }
-          __m256 score = sum_lanes8(products);
-          if (mask != nullptr)
-            score = _mm256_add_ps(score, _mm256_maskload_ps(mask + row_of(f) * mask_stride + s0, lanes));
-          _mm256_maskstore_ps(scores.data() + (f - lo) * stride + s0, lanes, score);
-          const __m256 shown = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), score, _mm256_castsi256_ps(lanes));
-          best[f - lo] = std::max(best[f - lo], reduce_max(shown));
+          for (int p = 0; p < (pair ? 2 : 1); ++p) {
+            const int64_t query = f + p, seen = p == 0 ? visible : visible_next;
+            if (s0 >= seen) continue;
+            const __m256i lanes = first_lanes(seen - s0);
+            __m256 sc = score[p];
+            if (mask != nullptr) sc = _mm256_add_ps(sc, _mm256_maskload_ps(mask + row_of(query) * mask_stride + s0, lanes));
+            _mm256_maskstore_ps(scores.data() + (query - lo) * stride + s0, lanes, sc);
+            const __m256 shown = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, _mm256_castsi256_ps(lanes));
+            best[query - lo] = std::max(best[query - lo], reduce_max(shown));
+          }
         }
       }
       for (int64_t f = lo; f < hi; ++f) {  // softmax weights in place; their sum over the kept keys in key order
@@ -771,34 +790,46 @@ void few_row_attention(const float* query, const float* keys, const float* value
         sums[f - lo] = reduce_add(sum);
         std::fill(row + visible, row + total, 0.f);  // keys past a causal row's own: weight 0
       }
-      // the weighted values, R queries x C vectors of a column chunk at a time in registers (at most 8)
-      constexpr int C = V < 8 ? V : 8;
-      constexpr int R = C == 8 ? 1 : 8 / C;
-      for (int64_t f0 = lo; f0 < hi; f0 += R) {
-        const float* weights[R];
-        int64_t reach = 0;
-        for (int r = 0; r < R; ++r) {
-          const bool real = f0 + r < hi;
-          weights[r] = real ? scores.data() + (f0 + r - lo) * stride : zeros.data();
-          if (real) reach = std::max(reach, visible_of(f0 + r));
-        }
-        for (int c0 = 0; c0 < V; c0 += C) {
-          __m256 a[R][C];
-          for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_ps();
-          for (int64_t s = 0; s < reach; ++s) {
-            const float* value = v_head + s * d + 8 * c0;
-            for (int r = 0; r < R; ++r) {
-              const __m256 w = _mm256_broadcast_ss(weights[r] + s);
-              for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), a[r][c]);
+      // the weighted values in blocks of kValueBlock keys, each block read into L1 once for every query: R queries x
+      // C vectors of a column chunk at a time in registers (8 accumulators), carried between blocks in `partial`.
+      // Each accumulator still adds its keys' terms in key order from 0, so the bits do not depend on the blocks.
+      constexpr int C = V < 4 ? V : 4;
+      constexpr int R = 8 / C;
+      constexpr int64_t kValueBlock = 32;
+      std::fill(partial.begin(), partial.end(), 0.f);
+      int64_t reach_all = 0;
+      for (int64_t f = lo; f < hi; ++f) reach_all = std::max(reach_all, visible_of(f));
+      for (int64_t b0 = 0; b0 < reach_all; b0 += kValueBlock) {
+        for (int64_t f0 = lo; f0 < hi; f0 += R) {
+          const float* weights[R];
+          int64_t reach = 0;
+          for (int r = 0; r < R; ++r) {
+            const bool real = f0 + r < hi;
+            weights[r] = real ? scores.data() + (f0 + r - lo) * stride : zeros.data();
+            if (real) reach = std::max(reach, visible_of(f0 + r));
+          }
+          const int64_t b1 = std::min(reach, b0 + kValueBlock);
+          if (b0 >= b1) continue;
+          for (int c0 = 0; c0 < V; c0 += C) {
+            __m256 a[R][C];
+            for (int r = 0; r < R; ++r)
+              for (int c = 0; c < C; ++c) a[r][c] = _mm256_loadu_ps(partial.data() + (f0 + r - lo) * d + 8 * (c0 + c));
+            for (int64_t s = b0; s < b1; ++s) {
+              const float* value = v_head + s * d + 8 * c0;
+              for (int r = 0; r < R; ++r) {
+                const __m256 w = _mm256_broadcast_ss(weights[r] + s);
+                for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), a[r][c]);
+              }
             }
-          }
-          for (int r = 0; r < R && f0 + r < hi; ++r) {
-            const __m256 inverse = _mm256_set1_ps(1.f / sums[f0 + r - lo]);
-            float* o = out + row_of(f0 + r) * heads * d + head_of(f0 + r) * d + 8 * c0;
-            for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(a[r][c], inverse));
+            for (int r = 0; r < R; ++r)
+              for (int c = 0; c < C; ++c) _mm256_storeu_ps(partial.data() + (f0 + r - lo) * d + 8 * (c0 + c), a[r][c]);
           }
         }
+      }
+      for (int64_t f = lo; f < hi; ++f) {
+        const __m256 inverse = _mm256_set1_ps(1.f / sums[f - lo]);
+        float* o = out + row_of(f) * heads * d + head_of(f) * d;
+        for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(partial.data() + (f - lo) * d + 8 * v), inverse));
       }
     }
   });
@@ -1045,6 +1076,49 @@ void move_rows(const std::vector<at::Tensor>& buffers, int64_t start, const at::
   }
 }
 
+// The CPU's float32 multiply-add rate with every torch thread busy and nothing read from memory: each thread runs
+// independent chains of vector FMAs (more chains than an FMA's latency times the FMA units, on the CPUs seen),
+// `iterations` rounds. The forward profile's compute roof, set beside its bandwidth limit. Returns G FMA/s, or 0
+// where the build has no vector kernels.
+double fma_rate(int64_t iterations) {
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
+#if defined(__AVX512F__)
+  using Vec = __m512;
+  constexpr int kChains = 16, kWidth = 16;
+  auto splat = [](float v) { return _mm512_set1_ps(v); };
+  auto fma = [](Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); };
+  auto lane0 = [](Vec v) { return _mm512_cvtss_f32(v); };
+#else
+  using Vec = __m256;
+  constexpr int kChains = 12, kWidth = 8;
+  auto splat = [](float v) { return _mm256_set1_ps(v); };
+  auto fma = [](Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); };
+  auto lane0 = [](Vec v) { return _mm256_cvtss_f32(v); };
+#endif
+  const int64_t threads = at::get_num_threads();
+  std::vector<float> sinks(threads, 0.f);
+  const auto start = std::chrono::steady_clock::now();
+  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      Vec chains[kChains];
+      for (int c = 0; c < kChains; ++c) chains[c] = splat(static_cast<float>(c));
+      const Vec scale = splat(0.999999f), shift = splat(1e-7f);
+      for (int64_t i = 0; i < iterations; ++i)
+        for (int c = 0; c < kChains; ++c) chains[c] = fma(chains[c], scale, shift);
+      float sum = 0.f;
+      for (int c = 0; c < kChains; ++c) sum += lane0(chains[c]);
+      sinks[t] = sum;  // the chains' results are used: the loop is not optimised away
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  volatile float keep = std::accumulate(sinks.begin(), sinks.end(), 0.f);
+  (void)keep;
+  return static_cast<double>(threads) * iterations * kChains * kWidth / seconds / 1e9;
+#else
+  return 0.0;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
   m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F or AVX2)");
@@ -1056,5 +1130,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu", &swiglu, "SiLU(gate) * up for gate_up [n, 2 * inner] float32 -> [n, inner]");
   m.def("move_rows", &move_rows, "every buffer's positions start + rows[j] moved to start + j (a commit)");
   m.def("row_topk", &row_topk, "each row's k largest float32 values, largest first, ties in index order");
+  m.def("fma_rate", &fma_rate, "float32 G FMA/s with every torch thread running register-only vector FMAs");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
 }
