@@ -164,6 +164,23 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert "bandwidth" in proc.stdout and "verify" in proc.stdout
 
 
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/native needs a C++ compiler")
+def test_ab_native_times_two_builds_in_one_process_and_checks_their_bits(tmp_path):
+    out = tmp_path / "ab.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts/ab_native.py", "model=tiny_llama", "--ref", "HEAD", "--contexts", "40"]
+        + ["--tokens", "1,4", "--rounds", "1", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["contexts"]["40"]) == {"1", "4"}
+    assert all(r["old"] > 0 and r["new"] > 0 for r in report["contexts"]["40"].values())
+
+
 def test_a_forward_roofline_is_the_slower_of_streaming_the_weights_and_the_products_arithmetic():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_forward import roofline_ms
