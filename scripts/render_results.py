@@ -151,10 +151,14 @@ def step_split(path: str) -> str:
     return "\n".join(lines)
 
 
-def tables(*paths: str) -> str:
+def tables(*args: str) -> str:
+    """make_tables' tables of the run folders; a leading `metric=<name>` picks the ratio (speedup_wall by default)."""
     from make_tables import build
 
-    markdown, _, _ = build([str(ROOT / p) for p in paths], "speedup_wall")
+    metric = "speedup_wall"
+    if args and args[0].startswith("metric="):
+        metric, args = args[0].removeprefix("metric="), args[1:]
+    markdown, _, _ = build([str(ROOT / p) for p in args], metric)
     return markdown.strip()
 
 
