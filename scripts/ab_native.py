@@ -13,7 +13,6 @@ once, by this checkout's build); the logits of both are compared bit for bit on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -69,7 +68,7 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from bench_forward import VerifyTimer
+    from bench_forward import VerifyTimer, write_report
     from graft.config import CONFIG_DIR, register_schemas, validate
     from graft.models import load_model
     from graft.tree import DraftTree, NodeSource, topology
@@ -123,10 +122,7 @@ def main() -> None:
     print(
         f"verify ms for k tokens, median of {args.rounds} alternating rounds: {args.ref} ({commit[:12]}) -> this checkout"
     )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -314,10 +314,15 @@ def main() -> None:
                 f"  its products' compute limit: {report['head_level_compute_limit_ms']:.2f} ms "
                 f"({report['head_level_fmas_per_node'] / 1e6:.2f} M FMAs a node)"
             )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    write_report(args.out, report)
+
+
+def write_report(path: Path | None, report: dict) -> None:
+    """The report as JSON at `path` (folders made), where one was asked for."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
