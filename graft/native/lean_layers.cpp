@@ -769,7 +769,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
         const float* q = query + (head_of(f) * n + row_of(f)) * d;
         for (int64_t i = 0; i < d; ++i) scaled[(f - lo) * d + i] = q[i] * scaling;
       }
-      std::vector<float> best(hi - lo, -INFINITY);
+      std::vector<__m256> best(hi - lo, _mm256_set1_ps(-INFINITY));  // each query's running max, lane-wise
       // scores, 8 keys at a time for every query, two queries at a time (four_key_scores: each key vector loaded
       // once for both); a query's scores are the same bits paired or alone.
       for (int64_t s0 = 0; s0 < total; s0 += 8) {
@@ -793,32 +793,47 @@ void few_row_attention(const float* query, const float* keys, const float* value
           for (int p = 0; p < (pair ? 2 : 1); ++p) {
             const int64_t query = f + p, seen = p == 0 ? visible : visible_next;
             if (s0 >= seen) continue;
-            const __m256i lanes = first_lanes(seen - s0);
+            float* out_row = scores.data() + (query - lo) * stride + s0;
+            const float* mask_row = mask != nullptr ? mask + row_of(query) * mask_stride + s0 : nullptr;
             __m256 sc = score[p];
-            if (mask != nullptr) sc = _mm256_add_ps(sc, _mm256_maskload_ps(mask + row_of(query) * mask_stride + s0, lanes));
-            _mm256_maskstore_ps(scores.data() + (query - lo) * stride + s0, lanes, sc);
-            const __m256 shown = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, _mm256_castsi256_ps(lanes));
-            best[query - lo] = std::max(best[query - lo], reduce_max(shown));
+            if (seen - s0 >= 8) {  // a whole block: plain loads and stores (AMD's masked stores are microcoded)
+              if (mask_row != nullptr) sc = _mm256_add_ps(sc, _mm256_loadu_ps(mask_row));
+              _mm256_storeu_ps(out_row, sc);
+              best[query - lo] = _mm256_max_ps(best[query - lo], sc);
+            } else {
+              const __m256i lanes = first_lanes(seen - s0);
+              if (mask_row != nullptr) sc = _mm256_add_ps(sc, _mm256_maskload_ps(mask_row, lanes));
+              _mm256_maskstore_ps(out_row, lanes, sc);
+              best[query - lo] = _mm256_max_ps(
+                  best[query - lo], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, _mm256_castsi256_ps(lanes)));
+            }
           }
         }
       }
       for (int64_t f = lo; f < hi; ++f) {  // softmax weights in place; their sum over the kept keys in key order
         const int64_t visible = visible_of(f);
         float* row = scores.data() + (f - lo) * stride;
-        const __m256 top = _mm256_set1_ps(best[f - lo]);
+        const __m256 top = _mm256_set1_ps(reduce_max(best[f - lo]));  // the max is exact in any order
         int64_t count = 0;
         for (int64_t s = 0; s < visible; s += 8) {
-          const __m256i lanes = first_lanes(visible - s);
-          const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), top)),
-                                         _mm256_castsi256_ps(lanes));
-          _mm256_maskstore_ps(row + s, lanes, e);
+          __m256 e;
+          if (visible - s >= 8) {
+            e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + s), top));
+            _mm256_storeu_ps(row + s, e);
+          } else {
+            const __m256i lanes = first_lanes(visible - s);
+            e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), top)),
+                              _mm256_castsi256_ps(lanes));
+            _mm256_maskstore_ps(row + s, lanes, e);
+          }
           const int nonzero = _mm256_movemask_ps(_mm256_cmp_ps(e, _mm256_setzero_ps(), _CMP_NEQ_UQ));
           _mm256_storeu_ps(kept.data() + count, _mm256_permutevar8x32_ps(e, compress_order(nonzero)));
           count += __builtin_popcount(static_cast<unsigned>(nonzero));
         }
         __m256 sum = _mm256_setzero_ps();
         for (int64_t c = 0; c < count; c += 8)
-          sum = _mm256_add_ps(sum, _mm256_maskload_ps(kept.data() + c, first_lanes(count - c)));
+          sum = _mm256_add_ps(sum, count - c >= 8 ? _mm256_loadu_ps(kept.data() + c)
+                                                  : _mm256_maskload_ps(kept.data() + c, first_lanes(count - c)));
         sums[f - lo] = reduce_add(sum);
         std::fill(row + visible, row + total, 0.f);  // keys past a causal row's own: weight 0
       }
