@@ -91,7 +91,9 @@ class VerifyTimer:
         target.prefill(context)
         self.committed = target.cache_len
 
-    def once(self, k: int) -> float:
+    def chain(self, k: int):
+        """The draft verified for k tokens: the context's last token and the k - 1 after its first, and the
+        tree's topology on top of the context."""
         from graft.tree import DraftTree, NodeSource, topology
 
         target, context = self.target, self.context
@@ -99,14 +101,23 @@ class VerifyTimer:
             tree = DraftTree.chain(context[-1], context[1:k], NodeSource.TEST, device=target.device)
         else:
             tree = DraftTree.root_only(context[-1], target.device)
-        topo = topology(tree.parents, self.committed)
+        return tree, topology(tree.parents, self.committed)
+
+    def once(self, k: int) -> float:
+        tree, topo = self.chain(k)
         start = time.perf_counter()
-        target.verify(tree, topo)  # the backend builds the mask: it is part of a verification's cost
-        if target.device.type == "cuda":
+        self.target.verify(tree, topo)  # the backend builds the mask: it is part of a verification's cost
+        if self.target.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        target.cache.keep(self.committed, None, 0)  # roll back: every repeat sees the same context
+        self.target.cache.keep(self.committed, None, 0)  # roll back: every repeat sees the same context
         return 1e3 * elapsed
+
+    def logits(self, k: int) -> torch.Tensor:
+        """The same verification's logits [k, vocab] (untimed), the cache rolled back after it."""
+        logits = self.target.verify(*self.chain(k)).logits.clone()
+        self.target.cache.keep(self.committed, None, 0)
+        return logits
 
 
 def head_level_ms(
@@ -231,6 +242,7 @@ def main() -> None:
     selected = cfg.hardware.fast_path
     results, bandwidths, rates = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
     bandwidth = statistics.median(bandwidths)
+    gfmas = statistics.median(rates) if rates else None
     head_levels = None
     if args.head_level:
         from graft.models import load_model
@@ -252,7 +264,7 @@ def main() -> None:
         "bandwidth_range_gbs": [min(bandwidths), max(bandwidths)],
         "weight_bytes": plain_bytes,
         "bandwidth_limit_ms": plain_bytes / (bandwidth * 1e9) * 1e3,
-        "fma_rate_gfmas": statistics.median(rates) if rates else None,
+        "fma_rate_gfmas": gfmas,
         "fma_rate_range_gfmas": [min(rates), max(rates)] if rates else None,
         "plain": results[paths[0]],
         "fast_path": fast,
@@ -261,15 +273,14 @@ def main() -> None:
     }
     if head_levels:
         report["head_level_ms"] = {"nodes": 10, "context_tokens": args.context, **head_levels}
-        if rates:
+        if gfmas:
             report["head_level_fmas_per_node"] = head_fmas
-            report["head_level_compute_limit_ms"] = 10 * head_fmas / (statistics.median(rates) * 1e9) * 1e3
+            report["head_level_compute_limit_ms"] = 10 * head_fmas / (gfmas * 1e9) * 1e3
     params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
         # the bytes one decode step must stream: every parameter once, in the path's dtype
         r["bandwidth_limit_ms"] = params * (2 if "bfloat16" in r["dtype"] else 4) / (bandwidth * 1e9) * 1e3
-        if rates:
-            gfmas = statistics.median(rates)
+        if gfmas:
             r["roofline_ms"] = {
                 k: roofline_ms(k, r["product_fmas"], gfmas, r["bandwidth_limit_ms"]) for k in TOKEN_COUNTS
             }
@@ -279,9 +290,9 @@ def main() -> None:
         f"streaming read bandwidth {bandwidth:.1f} GB/s (median of {len(bandwidths)} samples between the rounds, "
         f"{min(bandwidths):.1f}-{max(bandwidths):.1f})"
     )
-    if rates:
+    if gfmas:
         print(
-            f"float32 FMA rate, every thread busy on registers only: {statistics.median(rates):.1f} G FMA/s (median of "
+            f"float32 FMA rate, every thread busy on registers only: {gfmas:.1f} G FMA/s (median of "
             f"{len(rates)} samples, {min(rates):.1f}-{max(rates):.1f}); a forward's roofline = max(bandwidth limit, "
             "rows x its products' FMAs / that rate)"
         )

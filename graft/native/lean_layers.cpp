@@ -704,11 +704,10 @@ inline void four_key_scores(const float* q0, const float* q1, const float* key, 
   constexpr int64_t d = 8 * V;
   __m256 products[2][4];
   for (int j = 0; j < 4; ++j) products[0][j] = products[1][j] = _mm256_setzero_ps();
-  if (live > 0)
-  for (int v = 0; v < V; ++v) {
+  for (int v = 0; v < V && live > 0; ++v) {
     const __m256 a = _mm256_loadu_ps(q0 + 8 * v);
     const __m256 b = Pair ? _mm256_loadu_ps(q1 + 8 * v) : a;
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; ++j) {  // a fixed bound with a break: the accumulators stay in registers
       if (j >= live) break;
       const __m256 k = _mm256_loadu_ps(key + j * d + 8 * v);
       products[0][j] = v == 0 ? _mm256_mul_ps(a, k) : _mm256_fmadd_ps(a, k, products[0][j]);
