@@ -151,6 +151,21 @@ def step_split(path: str) -> str:
     return "\n".join(lines)
 
 
+def ab_native(path: str) -> str:
+    """scripts/ab_native.py's JSON: verify ms for k tokens per context, the --ref build -> this checkout's."""
+    report = json.loads((ROOT / path).read_text())
+    tokens = list(next(iter(report["contexts"].values())))
+    label = {"1": "1 (decode)"}
+    lines = [
+        "| context | " + " | ".join(label.get(k, k) for k in tokens) + " |",
+        "|---|" + "---|" * len(tokens),
+    ]
+    for context, row in report["contexts"].items():
+        cells = [f"{row[k]['old']:.2f} -> {row[k]['new']:.2f}" for k in tokens]
+        lines.append(f"| {int(context):,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables(*args: str) -> str:
     """make_tables' tables of the run folders; a leading `metric=<name>` picks the ratio (speedup_wall by default)."""
     from make_tables import build
@@ -163,6 +178,7 @@ def tables(*args: str) -> str:
 
 
 RENDERERS = {
+    "ab_native": ab_native,
     "tables": tables,
     "forward_profile": forward_profile,
     "lossless": lossless,

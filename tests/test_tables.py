@@ -219,3 +219,23 @@ def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatc
     assert table["ar"]["equal"] and table["graft@6"]["equal"] is False
     one_round = bench.summarise(records[:2], ["ar", "graft@6"])
     assert "x_ar_range" not in one_round[1] and abs(one_round[1]["x_ar"] - 1.5) < 1e-9
+
+
+def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from render_results import ab_native
+
+    report = {
+        "contexts": {
+            "256": {"1": {"old": 15.0, "new": 14.5}, "8": {"old": 23.25, "new": 22.0}},
+            "4096": {"1": {"old": 26.0, "new": 25.0}, "8": {"old": 66.0, "new": 49.75}},
+        }
+    }
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps(report))
+    assert ab_native(str(path)).splitlines() == [
+        "| context | 1 (decode) | 8 |",
+        "|---|---|---|",
+        "| 256 | 15.00 -> 14.50 | 23.25 -> 22.00 |",
+        "| 4,096 | 26.00 -> 25.00 | 66.00 -> 49.75 |",
+    ]
