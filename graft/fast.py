@@ -96,14 +96,20 @@ class PackedLinear(nn.Module):
       or AVX2 + FMA,
       given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
       every row count (oneDNN's copy dropped: `packed` is then the panels).
-    bf16 uses oneDNN (avx512_bf16 dot products) for every row count. Where oneDNN packs no bf16 (or fp16) on
-    this CPU (it needs avx512bw/vl/dq or avx_ne_convert: an AMD Zen 3 has neither), a bfloat16 product in
-    torch went through a reference loop 20x slower than fp32 (161 against 7.7 ms for the embedded model's LM
-    head at one row, measured on an AMD EPYC Zen 3). There bfloat16 weights go to the AVX2 build's bfloat16
-    panels for every row count (`narrow_panels`: widened to float32 in the registers, the same bits as the
-    float32 panels of the widened weights, at half the bytes streamed); without them (no native build,
-    float16, product_kernel=onednn) the weights are held in float32, the same values (`widened_from` names
-    their dtype), and run as the fp32 products. Inputs and outputs keep the caller's dtype.
+    bfloat16 weights go to the native build's bfloat16 panels for every row count where it has them
+    (`narrow_panels`; lean_layers.cpp: bfloat16_panel_products), else to oneDNN:
+    - AVX2 ("widened"): where oneDNN packs no bf16 (or fp16) on this CPU (it needs avx512bw/vl/dq or
+      avx_ne_convert: an AMD Zen 3 has neither) a bfloat16 product in torch went through a reference loop 20x
+      slower than fp32 (161 against 7.7 ms for the embedded model's LM head at one row, on an AMD EPYC Zen 3).
+      The panels widen each weight to float32 in the registers: the float32 panels' bits for the widened
+      weights, at half the bytes streamed.
+    - AVX512-BF16 ("dot"): activations rounded to bfloat16 as oneDNN's bfloat16 products round them, k pairs
+      multiplied and added by vdpbf16ps: twice the multiply-adds an instruction of the float32 panels. On an
+      AMD Zen 4 (2 threads) a draft head's products at 10 rows took 0.57 ms, against 0.68 through oneDNN's
+      bfloat16 and 1.02 on the float32 panels (one process, scratch timing).
+    Without them (no native build, float16, product_kernel=onednn) weights oneDNN cannot multiply are held in
+    float32, the same values (`widened_from` names their dtype), and run as the fp32 products. Inputs and
+    outputs keep the caller's dtype.
     """
 
     def __init__(
@@ -123,10 +129,10 @@ class PackedLinear(nn.Module):
         kernel = (products or {}).get("products")
         may_pack_panels = kernel != "onednn" and native_module is not None
         narrow = not onednn_packs(weight.dtype)  # oneDNN has no products for these weights here
-        self.narrow_panels = narrow and may_pack_panels and panels_apply(native_module, weight)
+        self.narrow_panels = weight.dtype == torch.bfloat16 and may_pack_panels and panels_apply(native_module, weight)
         self.widened_from = weight.dtype if narrow and not self.narrow_panels else None
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        if narrow:  # the panels or the float32 products add a float32 bias
+        if narrow or self.narrow_panels:  # the panels or the float32 products add a float32 bias
             bias = None if bias is None else bias.float()
         if self.widened_from is not None:
             weight = weight.float()
@@ -177,7 +183,7 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _panel(self, flat: Tensor, panels: Tensor) -> Tensor:
-        flat = flat.float()  # bfloat16 panels multiply float32 activations
+        flat = flat.float()  # the panels take float32 activations (the "dot" ones round them to bfloat16 inside)
         bias = self.bias if self.bias is not None else flat.new_empty(0)
         return self._native.panel_linear(flat.contiguous(), panels, bias)
 
@@ -199,8 +205,8 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 
 
 def widened_record(linears: list[nn.Module]) -> dict:
-    """For run.json: which products hold their weights in float32, or multiply bfloat16 ones through the
-    panels, because oneDNN multiplies no narrower dtype here (empty where none does)."""
+    """For run.json: which products hold their weights in float32 because oneDNN multiplies no narrower dtype
+    here, and which multiply bfloat16 ones through the panels, and how (empty where none does)."""
     record = {}
     dtypes = sorted(
         {str(linear.widened_from).removeprefix("torch.") for linear in linears if getattr(linear, "widened_from", None)}
@@ -208,18 +214,25 @@ def widened_record(linears: list[nn.Module]) -> dict:
     if dtypes:
         listed = ", ".join(dtypes)
         record["widened"] = f"{listed} weights held in float32: oneDNN has no {listed} products on this CPU"
-    if any(getattr(linear, "narrow_panels", False) for linear in linears):
-        record["narrow_panels"] = (
-            "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: oneDNN has no "
-            "bfloat16 products on this CPU"
-        )
+    narrow = [linear for linear in linears if getattr(linear, "narrow_panels", False)]
+    if narrow:
+        kind = getattr(narrow[0]._native, "bfloat16_panel_products", lambda: "widened")()
+        record["narrow_panels"] = NARROW_PANELS[kind]
     return record
+
+
+NARROW_PANELS = {  # what run.json says of bfloat16 weights in the panels, by lean_layers' bfloat16_panel_products
+    "widened": "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: oneDNN has no "
+    "bfloat16 products on this CPU",
+    "dot": "bfloat16 weights multiplied by the panel kernel's AVX512-BF16 dot products, activations rounded to "
+    "bfloat16 (as oneDNN's bfloat16 products round them)",
+}
 
 
 def panels_apply(native_module, weight: Tensor) -> bool:
     """Whether the panel kernel takes this weight as it is: on the CPU, out_features divisible by 16, and a
-    build with AVX-512F or AVX2 + FMA for float32, the AVX2 build for bfloat16 (an AVX-512 CPU's bfloat16 goes
-    through oneDNN)."""
+    build with AVX-512F or AVX2 + FMA for float32, the AVX2 or AVX512-BF16 build for bfloat16 (elsewhere
+    bfloat16 goes through oneDNN)."""
     supported = {
         torch.float32: native_module.panels_supported,
         torch.bfloat16: getattr(native_module, "bfloat16_panels_supported", lambda: False),

@@ -60,6 +60,12 @@ class ComputeProbe:
     def once(self) -> float | None:
         return None if self.module is None else self.module.fma_rate(self.iterations)
 
+    def once_dot(self) -> float | None:
+        """bfloat16 G multiply-adds/s through the "dot" panels' vdpbf16ps (AVX512-BF16); None where the build has
+        none: the roof of a bfloat16 draft head's products there."""
+        rate = 0.0 if self.module is None else getattr(self.module, "dot_rate", lambda _: 0.0)(self.iterations)
+        return rate or None
+
 
 def product_fmas(model) -> int:
     """Multiply-adds per row of a forward's products: every linear's weight once (a tied LM head included);
@@ -159,8 +165,7 @@ def head_level_ms(
             for index in range(warmup + repeats):
                 start = time.perf_counter()
                 out = head.step(embeds, hidden, positions, mask, cache)
-                logp, _ = head.log_probs(out)
-                torch.topk(logp, nodes, dim=-1)
+                head.top_log_probs(out, nodes)
                 elapsed = time.perf_counter() - start
                 cache.length = committed  # tree levels are scratch, as in expand()
                 if index >= warmup:
@@ -193,22 +198,22 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
         }
     samples = {p: {k: [] for k in TOKEN_COUNTS} for p in paths}
     probe, bandwidths = StreamProbe(), []
-    compute, rates = ComputeProbe(), []
+    compute, rates, dot_rates = ComputeProbe(), [], []
     for round_ in range(warmup + repeats):
         for k in TOKEN_COUNTS:
             for path in paths if round_ % 2 == 0 else reversed(paths):
                 ms = timers[path].once(k)
                 if round_ >= warmup:
                     samples[path][k].append(ms)
-        gbs, rate = probe.once(), compute.once()
+        gbs, rate, dot = probe.once(), compute.once(), compute.once_dot()
         if round_ >= warmup:
             bandwidths.append(gbs)
-            if rate is not None:
-                rates.append(rate)
+            rates.extend([rate] if rate is not None else [])
+            dot_rates.extend([dot] if dot is not None else [])
     for path in paths:
         verify = {k: statistics.median(v) for k, v in samples[path].items()}
         info[path].update(decode_ms=verify[1], verify_ms=verify)
-    return info, bandwidths, rates
+    return info, bandwidths, rates, dot_rates
 
 
 def main() -> None:
@@ -240,9 +245,12 @@ def main() -> None:
 
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path
-    results, bandwidths, rates = profile(cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup)
+    results, bandwidths, rates, dot_rates = profile(
+        cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup
+    )
     bandwidth = statistics.median(bandwidths)
     gfmas = statistics.median(rates) if rates else None
+    dot_gmacs = statistics.median(dot_rates) if dot_rates else None
     head_levels = None
     if args.head_level:
         from graft.models import load_model
@@ -266,6 +274,7 @@ def main() -> None:
         "bandwidth_limit_ms": plain_bytes / (bandwidth * 1e9) * 1e3,
         "fma_rate_gfmas": gfmas,
         "fma_rate_range_gfmas": [min(rates), max(rates)] if rates else None,
+        "dot_rate_gmacs": dot_gmacs,
         "plain": results[paths[0]],
         "fast_path": fast,
         "fast": results[fast],
@@ -276,6 +285,8 @@ def main() -> None:
         if gfmas:
             report["head_level_fmas_per_node"] = head_fmas
             report["head_level_compute_limit_ms"] = 10 * head_fmas / (gfmas * 1e9) * 1e3
+        if dot_gmacs:  # a bfloat16 head on the dot panels: its products' roof at the vdpbf16ps rate
+            report["head_level_dot_limit_ms"] = 10 * head_fmas / (dot_gmacs * 1e9) * 1e3
     params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
         # the bytes one decode step must stream: every parameter once, in the path's dtype
@@ -296,6 +307,8 @@ def main() -> None:
             f"{len(rates)} samples, {min(rates):.1f}-{max(rates):.1f}); a forward's roofline = max(bandwidth limit, "
             "rows x its products' FMAs / that rate)"
         )
+    if dot_gmacs:
+        print(f"bfloat16 dot products (vdpbf16ps), every thread busy on registers only: {dot_gmacs:.1f} G MAC/s")
     for name, r in results.items():
         print(
             f"  {name:>10}: {r['dtype']}, parameters streamed once per step -> bandwidth limit {r['bandwidth_limit_ms']:.1f} ms/step"
@@ -325,6 +338,8 @@ def main() -> None:
                 f"  its products' compute limit: {report['head_level_compute_limit_ms']:.2f} ms "
                 f"({report['head_level_fmas_per_node'] / 1e6:.2f} M FMAs a node)"
             )
+        if "head_level_dot_limit_ms" in report:
+            print(f"  a bfloat16 head's products at the dot rate: {report['head_level_dot_limit_ms']:.2f} ms")
     write_report(args.out, report)
 
 

@@ -82,6 +82,11 @@ def forward_profile(path: str) -> str:
                 f"  - its products' compute limit: {profile['head_level_compute_limit_ms']:.2f} ms "
                 f"({profile['head_level_fmas_per_node'] / 1e6:.2f} M FMAs a node at {profile['fma_rate_gfmas']:.0f} G FMA/s)"
             )
+        if profile.get("head_level_dot_limit_ms"):  # AVX512-BF16: the bfloat16 head on the dot panels
+            lines.append(
+                f"  - a bfloat16 head's products at the bfloat16 dot rate ({profile['dot_rate_gmacs']:.0f} G MAC/s, "
+                f"vdpbf16ps): {profile['head_level_dot_limit_ms']:.2f} ms"
+            )
     return "\n".join(lines)
 
 

@@ -144,8 +144,8 @@ def test_head_dtype_auto_is_bfloat16_only_where_native_panels_hold_bfloat16():
         native = None if bf16_panels is None else SimpleNamespace(bfloat16_panels_supported=lambda: bf16_panels)
         return SimpleNamespace(dtype=dtype, device=torch.device(device), native=native)
 
-    assert head_dtype_for("auto", target()) == "bfloat16"  # an AVX2 build
-    assert head_dtype_for("auto", target(bf16_panels=False)) is None  # AVX-512: oneDNN's bfloat16 instead
+    assert head_dtype_for("auto", target()) == "bfloat16"  # an AVX2 or AVX512-BF16 build
+    assert head_dtype_for("auto", target(bf16_panels=False)) is None  # AVX-512F without BF16: oneDNN's bfloat16
     assert head_dtype_for("auto", target(bf16_panels=None)) is None  # no native build
     assert head_dtype_for("auto", target(dtype=torch.bfloat16)) is None  # already the target's dtype
     assert head_dtype_for("auto", target(device="meta")) is None  # not a CPU

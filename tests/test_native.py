@@ -246,3 +246,66 @@ def test_a_commit_moves_the_same_rows_natively_as_through_aten():
         assert torch.equal(a.keys[:, :, :9], b.keys[:, :, :9]) and torch.equal(a.values[:, :, :9], b.values[:, :, :9])
     with pytest.raises(RuntimeError, match="ascend"):
         native.load().move_rows([caches[0].layers[0].keys], 0, torch.tensor([0, 3, 2]))
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native build here")
+def test_the_native_row_logsumexp_matches_torch_with_infinities_and_nan():
+    torch.manual_seed(2)
+    for width in (8192, 37, 5):  # vector blocks and a scalar tail
+        x = torch.randn(6, width) * 8
+        x[1, ::3] = float("-inf")
+        x[2] = float("-inf")  # every entry masked
+        torch.testing.assert_close(native.load().row_logsumexp(x), torch.logsumexp(x, -1, keepdim=True))
+        x[3, width // 2] = float("nan")
+        x[4, 0] = float("inf")
+        got = native.load().row_logsumexp(x)
+        assert torch.isnan(got[3, 0]) and got[4, 0] == float("inf") and got[2, 0] == float("-inf")
+
+
+@needs_compiler
+def test_a_native_heads_top_log_probs_are_the_top_k_of_its_log_softmax():
+    """top_log_probs skips writing the log-softmax out: the same tokens in the same order, the same
+    log-probabilities up to float32 rounding, and the same as the Python head's."""
+    from graft.eagle.checkpoint import random_head
+
+    target = _target("tiny_llama", "hardware.native=on")
+    hidden_size = target.config.hidden_size
+    fast = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
+    plain = random_head(target, "eagle3", layer_ids=[0, 1, 2])
+    assert fast.native is not None and plain.native is None
+    out = torch.randn(7, hidden_size, generator=torch.Generator().manual_seed(9)) * 3
+    with torch.inference_mode():
+        for head in (fast, plain):
+            logp, _ = head.log_probs(out)
+            want = torch.topk(logp, 5, dim=-1)
+            values, indices, _ = head.top_log_probs(out, 5)
+            assert torch.equal(indices, want.indices)
+            torch.testing.assert_close(values, want.values, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_the_native_head_layer_tiles_an_untiled_mask_where_it_falls_back_to_sdpa():
+    """The few-row attention reads a tree mask of n rows; SDPA's folded query axis needs it once a group of query
+    heads, so the fallback (here forced by a mask that is not contiguous) tiles it: same outputs either way."""
+    from graft.eagle.checkpoint import random_head
+    from graft.kv import KVBuffer
+    from graft.methods.eagle3 import head_step
+    from graft.tree import additive_mask
+
+    target = _target("tiny_llama", "hardware.native=on")
+    head = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
+    assert head.cfg.num_heads > head.cfg.num_kv_heads  # grouped query heads: the case that needs the tiling
+    hidden_size = target.config.hidden_size
+    gen = torch.Generator().manual_seed(6)
+    embeds, feats = torch.randn(5, hidden_size, generator=gen), torch.randn(5, 3 * hidden_size, generator=gen)
+    allowed = torch.tensor([[True] * 5 + [True, False, False], [True] * 5 + [False, True, False], [True] * 8])
+    dense = additive_mask(allowed, torch.float32)  # [1, 1, 3, 8]
+    strided = dense.transpose(-1, -2).contiguous().transpose(-1, -2)  # the same values, not contiguous
+    assert not strided.is_contiguous()
+    outs = []
+    with torch.inference_mode():
+        for mask in (dense, strided):
+            cache = KVBuffer(16)
+            first = head_step(head, cache, embeds, feats, torch.arange(5), None)
+            outs.append(head._native_step(embeds[:3], first[-3:], torch.tensor([5, 5, 6]), mask, cache))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)

@@ -77,8 +77,8 @@ def test_the_panels_refuse_what_they_cannot_lay_out():
         module.pack_panels(torch.randn(20, 8))
     with pytest.raises(RuntimeError, match=r"weight: \[out, in\] float32.*not Half"):
         module.pack_panels(torch.randn(16, 8, dtype=torch.float16))
-    if not module.bfloat16_panels_supported():  # an AVX-512 build: oneDNN multiplies bfloat16 there
-        with pytest.raises(RuntimeError, match="bfloat16 panels need the AVX2 build"):
+    if not module.bfloat16_panels_supported():  # AVX-512F without BF16: oneDNN multiplies bfloat16 there
+        with pytest.raises(RuntimeError, match="bfloat16 panels need the AVX2 build or AVX512-BF16"):
             module.pack_panels(torch.randn(16, 8, dtype=torch.bfloat16))
     linear = PackedLinear(nn.Linear(8, 20), native_module=module)  # not divisible by 16: oneDNN only
     assert linear.panels is None and linear.onednn is not None
@@ -88,8 +88,16 @@ needs_bfloat16_panels = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None
     or native.load() is None
     or not native.load().bfloat16_panels_supported(),
-    reason="bfloat16 panels are the AVX2 build's (an AVX-512 CPU multiplies bfloat16 through oneDNN)",
+    reason="bfloat16 panels are the AVX2 and AVX512-BF16 builds' (elsewhere bfloat16 goes through oneDNN)",
 )
+
+
+def _bfloat16_panels(kind: str):
+    """The native module where its bfloat16 panels multiply as `kind` says (widened, dot), else a skip."""
+    module = native.load()
+    if module.bfloat16_panel_products() != kind:
+        pytest.skip(f"this build's bfloat16 panels are {module.bfloat16_panel_products()!r}, not {kind!r}")
+    return module
 
 
 @needs_bfloat16_panels
@@ -97,7 +105,7 @@ needs_bfloat16_panels = pytest.mark.skipif(
 def test_bfloat16_panels_give_the_float32_panels_bits_for_the_widened_weights(out_features, in_features):
     """Widening in the registers loses nothing: a bfloat16 weight is the high half of the float32 of the same
     value, and each accumulator adds its terms in the same order."""
-    module = native.load()
+    module = _bfloat16_panels("widened")
     torch.manual_seed(out_features)
     weight, bias = torch.randn(out_features, in_features).bfloat16(), torch.randn(out_features)
     narrow, wide = module.pack_panels(weight), module.pack_panels(weight.float())
@@ -108,6 +116,42 @@ def test_bfloat16_panels_give_the_float32_panels_bits_for_the_widened_weights(ou
         assert torch.equal(y, module.panel_linear(x, wide, bias))
         reference = F.linear(x.double(), weight.double(), bias.double()).float()
         torch.testing.assert_close(y, reference, rtol=1e-4, atol=1e-4)
+
+
+@needs_bfloat16_panels
+@pytest.mark.parametrize("out_features,in_features", [(16, 7), (32, 64), (48, 576), (96, 1152), (48, 1537)])
+def test_dot_bfloat16_panels_multiply_the_activations_rounded_to_bfloat16(out_features, in_features):
+    """AVX512-BF16: the activations are rounded to bfloat16 (to nearest even) and each pair of products is exact
+    in float32, so the result is the float64 product of the rounded activations up to float32 accumulation;
+    unrounded activations would miss it by about 2^-9 of a term. Odd K is padded with a zero weight. A row's
+    bits never depend on the rows beside it (decode and verification alike)."""
+    module = _bfloat16_panels("dot")
+    torch.manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features).bfloat16(), torch.randn(out_features)
+    panels = module.pack_panels(weight)
+    assert panels.dtype == torch.bfloat16 and panels.dim() == 3 and panels.shape[1] == in_features + in_features % 2
+    for rows in (1, 2, 3, 8, 9, 16, 17, 70):
+        x = torch.randn(rows, in_features) * 3
+        y = module.panel_linear(x, panels, bias)
+        reference = F.linear(x.bfloat16().double(), weight.double(), bias.double()).float()
+        torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-6 * in_features)
+        unrounded = F.linear(x.double(), weight.double(), bias.double()).float()
+        assert (y - unrounded).abs().max() > 1e-3  # the test tells rounded from unrounded activations
+    x = torch.randn(70, in_features)
+    every_row = module.panel_linear(x, panels, bias)
+    for rows in range(1, 20):
+        assert torch.equal(module.panel_linear(x[:rows], panels, bias), every_row[:rows]), rows
+
+
+@needs_bfloat16_panels
+def test_bfloat16_weights_go_to_the_bfloat16_panels_where_the_build_has_them():
+    """Even where oneDNN multiplies bfloat16 (an AVX-512 CPU), the build's bfloat16 panels take the weights."""
+    module = native.load()
+    torch.manual_seed(4)
+    linear = PackedLinear(nn.Linear(64, 96).bfloat16(), native_module=module)
+    assert linear.narrow_panels and linear.onednn is None and linear.packed.dtype == torch.bfloat16
+    forced = PackedLinear(nn.Linear(64, 96).bfloat16(), products={"products": "onednn"}, native_module=module)
+    assert not forced.narrow_panels and forced.panels is None
 
 
 @needs_bfloat16_panels
@@ -133,8 +177,7 @@ def test_bfloat16_weights_oneDNN_cannot_multiply_go_to_the_bfloat16_panels(monke
             torch.testing.assert_close(y, widened(x))
     assert graft.fast.widened_record([narrow, widened]) == {
         "widened": "bfloat16 weights held in float32: oneDNN has no bfloat16 products on this CPU",
-        "narrow_panels": "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: "
-        "oneDNN has no bfloat16 products on this CPU",
+        "narrow_panels": graft.fast.NARROW_PANELS[module.bfloat16_panel_products()],
     }
 
 

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <type_traits>
@@ -57,15 +58,23 @@ bool panels_supported() {
 #endif
 }
 
-// Whether the panels may hold bfloat16 weights, widened to float32 in the registers: the AVX2 build only, for
-// CPUs where oneDNN has no bfloat16 products (an AMD Zen 3); an AVX-512 CPU's bfloat16 goes through oneDNN.
-bool bfloat16_panels_supported() {
+// Whether the panels may hold bfloat16 weights, and how they multiply them (bfloat16_panel_products):
+// - "widened" (the AVX2 build, for CPUs where oneDNN has no bfloat16 products: an AMD Zen 3): each weight widened
+//   to float32 in the registers, float32 activations, the float32 panels' bits for the widened weights;
+// - "dot" (AVX512-BF16: an AMD Zen 4, an Intel Sapphire Rapids): weights in k pairs, activations rounded to
+//   bfloat16, vdpbf16ps (two multiply-adds a lane an instruction), as oneDNN's bfloat16 products round them;
+// - "" (AVX-512F without BF16): none, oneDNN multiplies bfloat16 there.
+std::string bfloat16_panel_products() {
 #if defined(GRAFT_AVX2)
-  return true;
+  return "widened";
+#elif defined(__AVX512BF16__)
+  return "dot";
 #else
-  return false;
+  return "";
 #endif
 }
+
+bool bfloat16_panels_supported() { return !bfloat16_panel_products().empty(); }
 
 int64_t panel_width(int64_t out_features) {
   for (int64_t width : {48, 32, 16})
@@ -74,14 +83,22 @@ int64_t panel_width(int64_t out_features) {
 }
 
 // W [N, K] float32 (or bfloat16 where bfloat16_panels_supported()) -> [N / B, K, B] (B = panel_width(N)).
+// The "dot" bfloat16 panels hold each block as k pairs: [K' / 2, B, 2] for K' = K rounded up to even (a zero
+// weight pads an odd K), in a tensor shaped [N / B, K', B], element (k, j) of a block at (k / 2) * 2B + 2j + k % 2.
 at::Tensor pack_panels(const at::Tensor& weight) {
   TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   const bool narrow = weight.scalar_type() == at::kBFloat16;
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kFloat || narrow), "weight: [out, in] float32",
               bfloat16_panels_supported() ? " or bfloat16" : "", ", not ", weight.scalar_type());
-  TORCH_CHECK(!narrow || bfloat16_panels_supported(), "bfloat16 panels need the AVX2 build (this one has AVX-512F)");
+  TORCH_CHECK(!narrow || bfloat16_panels_supported(),
+              "bfloat16 panels need the AVX2 build or AVX512-BF16 (this one has AVX-512F without BF16)");
   const int64_t n = weight.size(0), k = weight.size(1), width = panel_width(n);
   TORCH_CHECK(width > 0, "the panel kernel needs out_features divisible by 16, not ", n);
+  if (narrow && bfloat16_panel_products() == "dot") {
+    const at::Tensor even = k % 2 == 0 ? weight.contiguous() : at::constant_pad_nd(weight, {0, 1});
+    const int64_t pairs = (k + 1) / 2;
+    return even.view({n / width, width, pairs, 2}).permute({0, 2, 1, 3}).contiguous().view({n / width, 2 * pairs, width});
+  }
   return weight.contiguous().view({n / width, width, k}).transpose(1, 2).contiguous();
 }
 
@@ -139,21 +156,53 @@ int64_t tile_prefetch() { return tile_prefetch_mode; }
 
 constexpr int64_t kPrefetchAhead = 1152;  // floats: 4.5 KiB (kStreamAhead)
 
-// y[m0 .. m0 + R) x [n0 .. n0 + 16 V) (+)= x[m0 .. m0 + R) @ block^T over k in [k0, k1), for one block [K, 16 V]
-// (x row-major, row r's value at k at x[r * x_stride + k]): from zero where k0 = 0, else adding to what y holds. Each accumulator adds its k terms in
-// order whatever R and the k ranges, so a row's product is the same bits in a decode step and a verification.
+// A k step's operands. Float32: one k value a lane, one FMA. BFloat16 pairs (AVX512-BF16: `Bf16Pairs`): two
+// consecutive k values a 32-bit lane, both multiplied and added by one vdpbf16ps, so a k step of pairs does twice
+// the multiply-adds of a float32 one for the same instructions and reads half the bytes of weights. Activations are
+// rounded to bfloat16 for it, as oneDNN's bfloat16 products do; the products are exact and add in float32.
+struct Float32s {
+  using Element = float;  // of x and of the weights
+  using Vector = __m512;
+  static Vector load(const float* w) { return _mm512_loadu_ps(w); }
+  static Vector broadcast(const float* x) { return _mm512_set1_ps(*x); }
+  static __m512 multiply_add(__m512 acc, Vector x, Vector w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+#if defined(__AVX512BF16__)
+#define GRAFT_BF16_DOT 1
+struct Bf16Pairs {
+  using Element = uint32_t;  // two bfloat16: k even in the low half, k + 1 in the high half
+  using Vector = __m512bh;
+  static Vector load(const uint32_t* w) { return (__m512bh)_mm512_loadu_si512(w); }
+  static Vector broadcast(const uint32_t* x) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*x)); }
+  static __m512 multiply_add(__m512 acc, Vector x, Vector w) { return _mm512_dpbf16_ps(acc, x, w); }
+};
+#endif
+template <typename W>
+using StepOf = std::conditional_t<std::is_same_v<W, float>, Float32s,
+#if defined(GRAFT_BF16_DOT)
+                                  Bf16Pairs
+#else
+                                  void
+#endif
+                                  >;
+
+// y[m0 .. m0 + R) x [n0 .. n0 + 16 V) (+)= x[m0 .. m0 + R) @ block^T over k steps [k0, k1), for one block [K, 16 V]
+// (x row-major, row r's k step at x[r * x_stride + k]; a k step is one float32 or one bfloat16 pair: Step): from
+// zero where k0 = 0, else adding to what y holds. Each accumulator adds its k terms in order whatever R and the k
+// ranges, so a row's product is the same bits in a decode step and a verification.
 // With `stream` it prefetches kPrefetchAhead ahead of each k step; else `ahead_lines` cache lines from `ahead`
 // into L2, spread evenly over its k steps (Bresenham), none where that is 0.
-template <int R, int V>
-inline void panel_tile(const float* __restrict x, int64_t x_stride, const float* __restrict block, int64_t k0,
-                       int64_t k1, float* __restrict y, int64_t n_size, int64_t n0, int64_t m0, bool stream,
-                       const char* ahead, int64_t ahead_lines) {
+template <int R, int V, typename Step, typename E = typename Step::Element>
+inline void panel_tile(const E* __restrict x, int64_t x_stride, const E* __restrict block, int64_t k0, int64_t k1,
+                       float* __restrict y, int64_t n_size, int64_t n0, int64_t m0, bool stream, const char* ahead,
+                       int64_t ahead_lines) {
+  using Vector = typename Step::Vector;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v)
       acc[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y + (m0 + r) * n_size + n0 + 16 * v);
-  const float* w = block + k0 * 16 * V;
-  const float* xk = x + m0 * x_stride + k0;
+  const E* w = block + k0 * 16 * V;
+  const E* xk = x + m0 * x_stride + k0;
   const int64_t steps = k1 - k0;
   int64_t owed = 0;
   for (int64_t k = k0; k < k1; ++k, w += 16 * V, ++xk) {
@@ -162,15 +211,15 @@ inline void panel_tile(const float* __restrict x, int64_t x_stride, const float*
     } else {
       prefetch_share<_MM_HINT_T1>(owed, ahead_lines, steps, ahead);
     }
-    __m512 weights[V];
+    Vector weights[V];
     for (int v = 0; v < V; ++v) {
-      weights[v] = _mm512_loadu_ps(w + 16 * v);
+      weights[v] = Step::load(w + 16 * v);
       __asm__("" : "+v"(weights[v]));  // kept in a register: as a memory operand it is reloaded once per row
     }
     for (int r = 0; r < R; ++r) {
-      __m512 value = _mm512_set1_ps(xk[r * x_stride]);
+      Vector value = Step::broadcast(xk + r * x_stride);
       __asm__("" : "+v"(value));
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(value, weights[v], acc[r][v]);
+      for (int v = 0; v < V; ++v) acc[r][v] = Step::multiply_add(acc[r][v], value, weights[v]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -178,34 +227,37 @@ inline void panel_tile(const float* __restrict x, int64_t x_stride, const float*
 }
 
 // The last rows of a block (fewer than 8), one tile of exactly that many.
-template <int V, int R = 1>
-inline void panel_rest(int64_t left, const float* x, int64_t x_stride, const float* block, int64_t k0, int64_t k1,
-                       float* y, int64_t n_size, int64_t n0, int64_t m0, bool stream, const char* ahead,
-                       int64_t lines) {
+template <int V, typename Step, int R = 1, typename E>
+inline void panel_rest(int64_t left, const E* x, int64_t x_stride, const E* block, int64_t k0, int64_t k1, float* y,
+                       int64_t n_size, int64_t n0, int64_t m0, bool stream, const char* ahead, int64_t lines) {
   if constexpr (R < 8) {
-    if (left == R) panel_tile<R, V>(x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
-    else panel_rest<V, R + 1>(left, x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
+    if (left == R) panel_tile<R, V, Step>(x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
+    else panel_rest<V, Step, R + 1>(left, x, x_stride, block, k0, k1, y, n_size, n0, m0, stream, ahead, lines);
   }
 }
 
-// One block for every row, 8 rows per tile. Beyond 8 rows the tiles take turns over chunks of the block, so that
-// the later tiles read the chunk from L1 rather than the block from L2 (chunk sizes and prefetch: TilePrefetch).
-template <int V, typename W>
-void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, float* y, int64_t n_size,
-                 int64_t n0, const W* next_block) {
+// One block for every row, in tiles of at most 8 rows. Beyond 8 rows the tiles take turns over chunks of the block,
+// so that the later tiles read the chunk from L1 rather than the block from L2 (chunk sizes and prefetch:
+// TilePrefetch), and the rows are shared out evenly (10 rows: 5 + 5, not 8 + 2), so that no tile has too few
+// accumulators to hide the multiply-add's latency (vdpbf16ps: 6 cycles on an AMD Zen 4, one a cycle; a 2-row tile
+// of a 32-wide block holds 4). E: float (float32 weights) or uint32_t (bfloat16 pairs, k_size counting pairs).
+template <int V, typename E>
+void panel_block(const E* x, int64_t rows, const E* block, int64_t k_size, float* y, int64_t n_size, int64_t n0,
+                 const E* next_block) {
+  using Step = StepOf<E>;
   constexpr int tile = 8;
-  constexpr int64_t k_bytes = 16 * V * sizeof(W);
+  constexpr int64_t k_bytes = 16 * V * sizeof(E);
   const bool stream = tile_prefetch_mode == kStreamAhead, multi = rows > tile;
   const int64_t step = !multi ? k_size : stream ? 128 : 64;
-  const int64_t tiles = (rows + tile - 1) / tile;
+  const int64_t tiles = (rows + tile - 1) / tile, per_tile = (rows + tiles - 1) / tiles;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
     const NextChunk<k_bytes> next(block, next_block, k1, k_size, step, tiles, multi && !stream);
-    for (int64_t m0 = 0, t = 0; m0 < rows; m0 += tile, ++t) {
+    for (int64_t m0 = 0, t = 0; m0 < rows; m0 += per_tile, ++t) {
       const char* ahead = next.ahead(t);
-      const int64_t mine = next.lines_of(t);
-      if (m0 + tile <= rows) panel_tile<8, V>(x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
-      else panel_rest<V>(rows - m0, x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
+      const int64_t mine = next.lines_of(t), count = std::min(per_tile, rows - m0);
+      if (count == tile) panel_tile<8, V, Step>(x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
+      else panel_rest<V, Step>(count, x, k_size, block, k0, k1, y, n_size, n0, m0, stream, ahead, mine);
     }
   }
 }
@@ -380,8 +432,8 @@ int64_t tile_prefetch() { return -1; }
 #endif
 
 // The blocks of one product over the threads, each thread's tiles prefetching into its next block.
-template <typename W>
-void panel_blocks(const float* xp, int64_t rows, const W* wp, int64_t blocks, int64_t k_size, int64_t width,
+template <typename X, typename W>
+void panel_blocks(const X* xp, int64_t rows, const W* wp, int64_t blocks, int64_t k_size, int64_t width,
                   float* yp) {
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
   const int64_t n_size = blocks * width;
@@ -397,11 +449,33 @@ void panel_blocks(const float* xp, int64_t rows, const W* wp, int64_t blocks, in
 #endif
 }
 
-// x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B]. Returns [M, N] float32.
+#if defined(GRAFT_BF16_DOT)
+// One row of x rounded to bfloat16 (vcvtne2ps2bf16: to nearest even) in k pairs,
+// a zero after an odd last value. Row by row, so that a value's rounding never depends on the rows beside it.
+void round_to_pairs(const float* x, int64_t k_size, uint32_t* pairs) {
+  int64_t k = 0;
+  for (; k + 32 <= k_size; k += 32) {
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+    _mm512_storeu_si512(pairs + k / 2, (__m512i)both);
+  }
+  if (k < k_size) {  // the last values through the same instruction, zeros after them
+    alignas(64) float rest[32] = {};
+    std::memcpy(rest, x + k, (k_size - k) * sizeof(float));
+    alignas(64) uint32_t rounded[16];
+    _mm512_store_si512(rounded, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(rest + 16), _mm512_load_ps(rest)));
+    std::memcpy(pairs + k / 2, rounded, (k_size - k + 1) / 2 * sizeof(uint32_t));
+  }
+}
+#endif
+
+// x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B] (bfloat16 "dot" panels: in k pairs,
+// x rounded to bfloat16). Returns [M, N] float32.
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
   TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, in] float32");
-  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1), "panels [N / B, ", x.size(1), ", B] for x's ",
+  const bool pairs = panels.scalar_type() == at::kBFloat16 && bfloat16_panel_products() == "dot";
+  const int64_t laid_out = pairs ? x.size(1) + x.size(1) % 2 : x.size(1);  // the dot panels pad an odd K
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == laid_out, "panels [N / B, ", laid_out, ", B] for x's ",
               x.size(1), " features");
   const int64_t rows = x.size(0), k_size = x.size(1), blocks = panels.size(0), width = panels.size(2);
   const int64_t n_size = blocks * width;
@@ -417,8 +491,14 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
 #if defined(GRAFT_AVX2)
     const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
     panel_blocks(xp, rows, wp, blocks, k_size, width, y.data_ptr<float>());
+#elif defined(GRAFT_BF16_DOT)
+    const int64_t k_pairs = laid_out / 2;
+    std::vector<uint32_t> x_pairs(rows * k_pairs);
+    for (int64_t r = 0; r < rows; ++r) round_to_pairs(xp + r * k_size, k_size, x_pairs.data() + r * k_pairs);
+    const auto* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<at::BFloat16>());
+    panel_blocks(x_pairs.data(), rows, wp, blocks, k_pairs, width, y.data_ptr<float>());
 #else
-    TORCH_CHECK(false, "bfloat16 panels need the AVX2 build");
+    TORCH_CHECK(false, "bfloat16 panels need the AVX2 build or AVX512-BF16");
 #endif
   } else {
     panel_blocks(xp, rows, panels.data_ptr<float>(), blocks, k_size, width, y.data_ptr<float>());
@@ -458,6 +538,9 @@ inline float inverse_rms(const float* x, int64_t d, float eps) {
 
 // out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), as transformers' RMSNorm in float32.
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x: contiguous [n, d] float32");
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+              "weight: contiguous [d] float32");
   const int64_t rows = x.size(0), d = x.size(1);
   at::Tensor out = at::empty_like(x);
   const float* src = x.data_ptr<float>();
@@ -919,8 +1002,12 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
   at::Tensor k = keys.narrow(2, 0, start + n), v = values.narrow(2, 0, start + n);
   at::Tensor attended;  // [1, heads, n, head_dim]
   if (present(mask)) {  // query heads sharing a key/value head folded into the query axis: the cache read in place
+    // the folded axis needs the mask tiled once a group (a caller may pass it tiled, or n rows as the few-row path reads it)
+    std::vector<int64_t> times(mask.dim(), 1);
+    times[mask.dim() - 2] = groups;
+    const at::Tensor tiled = groups > 1 && mask.size(-2) == n ? mask.repeat(times) : mask;
     attended =
-        at::scaled_dot_product_attention(query.view({1, kv_heads, groups * n, d}), k, v, mask, 0.0, false, scaling)
+        at::scaled_dot_product_attention(query.view({1, kv_heads, groups * n, d}), k, v, tiled, 0.0, false, scaling)
             .view({1, heads, n, d});
   } else {
     attended = at::scaled_dot_product_attention(query, k, v, std::nullopt, 0.0, n > 1, scaling, groups > 1);
@@ -1092,6 +1179,69 @@ std::vector<at::Tensor> row_topk(const at::Tensor& x, int64_t k) {
   return {values, indices, at::scalar_tensor(unordered, x.options().dtype(at::kBool))};
 }
 
+// Each row's logsumexp, max + log(sum exp(x - max)), as [n, 1]: a draft level's log-probabilities of its top-k
+// are their logits minus it (graft/eagle/head.py top_log_probs). ATen's logsumexp of 10 x 8,192 took some 195 us
+// of a 1.1 ms draft level (a temporary exp, checks for infinities); here one pass for the max, one for the sum
+// through exp_nonpositive (relative error about 1e-7). A row whose max is infinite gives it (-inf for an all -inf
+// row); a NaN anywhere gives NaN.
+at::Tensor row_logsumexp(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: contiguous [n, V] float32");
+  const int64_t n = x.size(0), width = x.size(1);
+  at::Tensor out = at::empty({n, 1}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = src + r * width;
+    float top = -std::numeric_limits<float>::infinity();
+    bool nan = false;
+    int64_t m = 0;
+#if defined(__AVX512F__)
+    __m512 tops = _mm512_set1_ps(top);
+    __mmask16 unordered = 0;
+    for (; m + kLanes <= width; m += kLanes) {
+      const __m512 v = _mm512_loadu_ps(row + m);
+      tops = _mm512_max_ps(v, tops);
+      unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    top = _mm512_reduce_max_ps(tops);
+    nan = unordered != 0;
+#elif defined(GRAFT_AVX2)
+    __m256 tops = _mm256_set1_ps(top), unordered = _mm256_setzero_ps();
+    for (; m + kLanes <= width; m += kLanes) {
+      const __m256 v = _mm256_loadu_ps(row + m);
+      tops = _mm256_max_ps(v, tops);
+      unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    top = reduce_max(tops);
+    nan = _mm256_movemask_ps(unordered) != 0;
+#endif
+    for (; m < width; ++m) {
+      nan = nan || std::isnan(row[m]);
+      top = row[m] > top ? row[m] : top;
+    }
+    if (nan || !std::isfinite(top)) {
+      dst[r] = nan ? std::numeric_limits<float>::quiet_NaN() : top;
+      continue;
+    }
+    float sum = 0.0f;
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; j + kLanes <= width; j += kLanes)
+      acc = _mm512_add_ps(acc, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), _mm512_set1_ps(top))));
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(GRAFT_AVX2)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + kLanes <= width; j += kLanes)
+      acc = _mm256_add_ps(acc, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), _mm256_set1_ps(top))));
+    sum = reduce_add(acc);
+#endif
+    for (; j < width; ++j) sum += std::exp(row[j] - top);
+    dst[r] = top + std::log(sum);
+  }
+  return out;
+}
+
 // After a verification the accepted nodes' keys and values move down to close the gaps, in every layer: position
 // start + j takes position start + rows[j] (rows ascending, rows[j] >= j, so a forward copy never overwrites a
 // row still to be read). Some 60 tensors a step, each [batch, heads, capacity, head_dim]: ATen's indexed copies
@@ -1115,44 +1265,80 @@ void move_rows(const std::vector<at::Tensor>& buffers, int64_t start, const at::
   }
 }
 
-// The CPU's float32 multiply-add rate with every torch thread busy and nothing read from memory: each thread runs
-// independent chains of vector FMAs (more chains than an FMA's latency times the FMA units, on the CPUs seen),
-// `iterations` rounds. The forward profile's compute roof, set beside its bandwidth limit. Returns G FMA/s, or 0
-// where the build has no vector kernels.
-double fma_rate(int64_t iterations) {
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
-#if defined(__AVX512F__)
-  using Vec = __m512;
-  constexpr int kChains = 16, kWidth = 16;
-  auto splat = [](float v) { return _mm512_set1_ps(v); };
-  auto fma = [](Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); };
-  auto lane0 = [](Vec v) { return _mm512_cvtss_f32(v); };
-#else
-  using Vec = __m256;
-  constexpr int kChains = 12, kWidth = 8;
-  auto splat = [](float v) { return _mm256_set1_ps(v); };
-  auto fma = [](Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); };
-  auto lane0 = [](Vec v) { return _mm256_cvtss_f32(v); };
-#endif
+// Register-only multiply-add chains, Chains::kCount of them a thread on every torch thread, each step one
+// instruction doing Chains::kPerStep multiply-adds: the rate in G multiply-adds a second.
+template <typename Chains>
+double chain_rate(int64_t iterations) {
+  using Vec = typename Chains::Vec;
   const int64_t threads = at::get_num_threads();
   std::vector<float> sinks(threads, 0.f);
   const auto start = std::chrono::steady_clock::now();
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
-      Vec chains[kChains];
-      for (int c = 0; c < kChains; ++c) chains[c] = splat(static_cast<float>(c));
-      const Vec scale = splat(0.999999f), shift = splat(1e-7f);
+      Vec chains[Chains::kCount];
+      for (int c = 0; c < Chains::kCount; ++c) chains[c] = Chains::start(static_cast<float>(c));
       for (int64_t i = 0; i < iterations; ++i)
-        for (int c = 0; c < kChains; ++c) chains[c] = fma(chains[c], scale, shift);
+        for (int c = 0; c < Chains::kCount; ++c) chains[c] = Chains::step(chains[c]);
       float sum = 0.f;
-      for (int c = 0; c < kChains; ++c) sum += lane0(chains[c]);
+      for (int c = 0; c < Chains::kCount; ++c) sum += Chains::lane0(chains[c]);
       sinks[t] = sum;  // the chains' results are used: the loop is not optimised away
     }
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   volatile float keep = std::accumulate(sinks.begin(), sinks.end(), 0.f);
   (void)keep;
-  return static_cast<double>(threads) * iterations * kChains * kWidth / seconds / 1e9;
+  return static_cast<double>(threads) * iterations * Chains::kCount * Chains::kPerStep / seconds / 1e9;
+}
+#endif
+
+#if defined(__AVX512F__)
+struct FmaChains {  // float32 FMAs, 16 lanes
+  using Vec = __m512;
+  static constexpr int kCount = 16, kPerStep = 16;
+  static Vec start(float v) { return _mm512_set1_ps(v); }
+  static Vec step(Vec v) { return _mm512_fmadd_ps(v, _mm512_set1_ps(0.999999f), _mm512_set1_ps(1e-7f)); }
+  static float lane0(Vec v) { return _mm512_cvtss_f32(v); }
+};
+#elif defined(GRAFT_AVX2)
+struct FmaChains {  // float32 FMAs, 8 lanes
+  using Vec = __m256;
+  static constexpr int kCount = 12, kPerStep = 8;
+  static Vec start(float v) { return _mm256_set1_ps(v); }
+  static Vec step(Vec v) { return _mm256_fmadd_ps(v, _mm256_set1_ps(0.999999f), _mm256_set1_ps(1e-7f)); }
+  static float lane0(Vec v) { return _mm256_cvtss_f32(v); }
+};
+#endif
+#if defined(GRAFT_BF16_DOT)
+struct DotChains {  // vdpbf16ps: two bfloat16 multiply-adds into each of 16 float32 lanes
+  using Vec = __m512;
+  static constexpr int kCount = 16, kPerStep = 32;
+  static Vec start(float v) { return _mm512_set1_ps(v); }
+  static Vec step(Vec v) {
+    const __m512bh small = (__m512bh)_mm512_set1_epi32(0x3A833A83);  // bfloat16 1e-3 in both halves
+    return _mm512_dpbf16_ps(v, small, small);
+  }
+  static float lane0(Vec v) { return _mm512_cvtss_f32(v); }
+};
+#endif
+
+// The CPU's float32 multiply-add rate with every torch thread busy and nothing read from memory: each thread runs
+// independent chains of vector FMAs (more chains than an FMA's latency times the FMA units, on the CPUs seen),
+// `iterations` rounds. The forward profile's compute roof, set beside its bandwidth limit. Returns G FMA/s, or 0
+// where the build has no vector kernels.
+double fma_rate(int64_t iterations) {
+#if defined(__AVX512F__) || defined(GRAFT_AVX2)
+  return chain_rate<FmaChains>(iterations);
+#else
+  return 0.0;
+#endif
+}
+
+// The bfloat16 "dot" panels' arithmetic roof: G bfloat16 multiply-adds a second through vdpbf16ps (0 where the
+// build has none).
+double dot_rate(int64_t iterations) {
+#if defined(GRAFT_BF16_DOT)
+  return chain_rate<DotChains>(iterations);
 #else
   return 0.0;
 #endif
@@ -1162,13 +1348,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
   m.def("panels_supported", &panels_supported, "whether this build has the panel kernel (AVX-512F or AVX2)");
   m.def("bfloat16_panels_supported", &bfloat16_panels_supported, "whether the panels may hold bfloat16 weights");
+  m.def("bfloat16_panel_products", &bfloat16_panel_products,
+        "how the bfloat16 panels multiply: widened (float32 activations), dot (bfloat16 activations), or none");
   m.def("pack_panels", &pack_panels, "W [N, K] float32 (or bfloat16, AVX2) in the panel kernel's layout [N / B, K, B]");
   m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32 x and y)");
   m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead");
   m.def("tile_prefetch", &tile_prefetch, "the AVX-512F tiles' prefetch mode (-1: the build has none)");
+  m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of x [n, d] float32 with a float32 weight [d]");
   m.def("swiglu", &swiglu, "SiLU(gate) * up for gate_up [n, 2 * inner] float32 -> [n, inner]");
   m.def("move_rows", &move_rows, "every buffer's positions start + rows[j] moved to start + j (a commit)");
+  m.def("row_logsumexp", &row_logsumexp, "each row's logsumexp of x [n, V] float32, as [n, 1]");
   m.def("row_topk", &row_topk, "each row's k largest float32 values, largest first, ties in index order");
+  m.def("dot_rate", &dot_rate, "bfloat16 G multiply-adds/s through vdpbf16ps on every torch thread (0: none)");
   m.def("fma_rate", &fma_rate, "float32 G FMA/s with every torch thread running register-only vector FMAs");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
 }
