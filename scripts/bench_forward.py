@@ -208,8 +208,10 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
         gbs, rate, dot = probe.once(), compute.once(), compute.once_dot()
         if round_ >= warmup:
             bandwidths.append(gbs)
-            rates.extend([rate] if rate is not None else [])
-            dot_rates.extend([dot] if dot is not None else [])
+            if rate is not None:
+                rates.append(rate)
+            if dot is not None:
+                dot_rates.append(dot)
     for path in paths:
         verify = {k: statistics.median(v) for k, v in samples[path].items()}
         info[path].update(decode_ms=verify[1], verify_ms=verify)

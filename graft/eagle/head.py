@@ -341,8 +341,7 @@ class DraftHead(nn.Module):
             top = torch.topk(logp, k, dim=-1)
             return top.values, top.indices, d2t
         logits, d2t = self._logits(out)
-        logits = logits.float()
-        logits = logits.contiguous()
+        logits = logits.float().contiguous()
         values, indices = top_k_rows(logits, k)
         return values - self.native.row_logsumexp(logits), indices, d2t
 

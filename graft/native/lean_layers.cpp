@@ -15,6 +15,9 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#if defined(__AVX512BF16__)
+#define GRAFT_BF16_DOT 1  // bfloat16 panels multiplied by vdpbf16ps (bfloat16_panel_products: "dot")
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define GRAFT_AVX2 1  // the same kernels in 8-float vectors where AVX-512F is missing (an AMD Zen 3)
@@ -67,7 +70,7 @@ bool panels_supported() {
 std::string bfloat16_panel_products() {
 #if defined(GRAFT_AVX2)
   return "widened";
-#elif defined(__AVX512BF16__)
+#elif defined(GRAFT_BF16_DOT)
   return "dot";
 #else
   return "";
@@ -75,6 +78,12 @@ std::string bfloat16_panel_products() {
 }
 
 bool bfloat16_panels_supported() { return !bfloat16_panel_products().empty(); }
+
+#if defined(GRAFT_BF16_DOT)
+constexpr bool kDotPanels = true;  // bfloat16 panels in k pairs, x rounded to bfloat16 pairs
+#else
+constexpr bool kDotPanels = false;
+#endif
 
 int64_t panel_width(int64_t out_features) {
   for (int64_t width : {48, 32, 16})
@@ -94,7 +103,7 @@ at::Tensor pack_panels(const at::Tensor& weight) {
               "bfloat16 panels need the AVX2 build or AVX512-BF16 (this one has AVX-512F without BF16)");
   const int64_t n = weight.size(0), k = weight.size(1), width = panel_width(n);
   TORCH_CHECK(width > 0, "the panel kernel needs out_features divisible by 16, not ", n);
-  if (narrow && bfloat16_panel_products() == "dot") {
+  if (narrow && kDotPanels) {
     const at::Tensor even = k % 2 == 0 ? weight.contiguous() : at::constant_pad_nd(weight, {0, 1});
     const int64_t pairs = (k + 1) / 2;
     return even.view({n / width, width, pairs, 2}).permute({0, 2, 1, 3}).contiguous().view({n / width, 2 * pairs, width});
@@ -167,8 +176,7 @@ struct Float32s {
   static Vector broadcast(const float* x) { return _mm512_set1_ps(*x); }
   static __m512 multiply_add(__m512 acc, Vector x, Vector w) { return _mm512_fmadd_ps(x, w, acc); }
 };
-#if defined(__AVX512BF16__)
-#define GRAFT_BF16_DOT 1
+#if defined(GRAFT_BF16_DOT)
 struct Bf16Pairs {
   using Element = uint32_t;  // two bfloat16: k even in the low half, k + 1 in the high half
   using Vector = __m512bh;
@@ -473,7 +481,7 @@ void round_to_pairs(const float* x, int64_t k_size, uint32_t* pairs) {
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
   TORCH_CHECK(panels_supported(), "the panel kernel needs AVX-512F or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, in] float32");
-  const bool pairs = panels.scalar_type() == at::kBFloat16 && bfloat16_panel_products() == "dot";
+  const bool pairs = kDotPanels && panels.scalar_type() == at::kBFloat16;
   const int64_t laid_out = pairs ? x.size(1) + x.size(1) % 2 : x.size(1);  // the dot panels pad an odd K
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == laid_out, "panels [N / B, ", laid_out, ", B] for x's ",
               x.size(1), " features");
