@@ -140,7 +140,9 @@ class HardwareConfig:
     name: str = "cpu"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
-    fast_path: Literal["none", "transposed", "packed", "bf16"] = "none"  # graft/fast.py
+    # graft/fast.py; packed_bf16: packed with every product's weights rounded to bfloat16 (activations, norms,
+    # attention and the cache stay float32, so the native layer loop runs; AMX tiles where the CPU has them)
+    fast_path: Literal["none", "transposed", "packed", "packed_bf16", "bf16"] = "none"
     # the fp32 packed path's one-row product (a decode step): x @ W_t or oneDNN; auto measures both at load
     one_row_kernel: Literal["auto", "transposed", "packed"] = "auto"
     # the lean forward's layer loop in C++ (graft/native) for forwards of a few rows: auto uses it where it

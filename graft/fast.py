@@ -171,6 +171,8 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         if self.widened_from is not None:
             flat = flat.float()
+        elif self.packed.dim() == 2 and flat.dtype != self.packed.dtype:  # float32 rows, bfloat16 oneDNN weights
+            flat = flat.to(self.packed.dtype)
         small = self.small
         if small is not None and flat.shape[0] <= self.small_rows:
             y = self._panel(flat, small) if small.dim() == 3 else flat @ small
@@ -189,6 +191,20 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Bf16PackedLinear(PackedLinear):
+    """fast_path=packed_bf16: a PackedLinear on the weights (and bias) rounded to bfloat16, taking and giving the
+    caller's float32 rows. The bfloat16 panels multiply them where the build has them (AMX tiles on a CPU with
+    AMX-BF16: a verification of 16 rows costs about what a decode step does, both streaming half the bytes of
+    float32); elsewhere oneDNN's bfloat16 products, or float32 copies of the rounded values."""
+
+    def __init__(self, linear: nn.Linear, **kwargs):
+        rounded = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        rounded.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+        if linear.bias is not None:
+            rounded.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+        super().__init__(rounded, **kwargs)
 
 
 @functools.cache
@@ -226,6 +242,8 @@ NARROW_PANELS = {  # what run.json says of bfloat16 weights in the panels, by le
     "bfloat16 products on this CPU",
     "dot": "bfloat16 weights multiplied by the panel kernel's AVX512-BF16 dot products, activations rounded to "
     "bfloat16 (as oneDNN's bfloat16 products round them)",
+    "amx": "bfloat16 weights multiplied by AMX tiles (tdpbf16ps) reading the dot panels, activations rounded to "
+    "bfloat16; the dot products where K is not a multiple of 32",
 }
 
 
@@ -417,15 +435,15 @@ def apply_fast_path(model: nn.Module, mode: str):
     """Prepare `model` for the lean backend in `mode`; returns (model, make_linear).
 
     'transposed': products as x @ W_t. 'packed': oneDNN-packed products (x @ W_t for one row).
-    'bf16': 'packed' in bfloat16.
+    'bf16': 'packed' in bfloat16. 'packed_bf16': 'packed' with the products' weights in bfloat16, the rest float32.
     """
     on_cpu = next(model.parameters()).device.type == "cpu"
     if on_cpu:
         keep_freed_memory()
-    if mode in ("packed", "bf16") and (not on_cpu or not torch.backends.mkldnn.is_available()):
+    if mode in ("packed", "packed_bf16", "bf16") and (not on_cpu or not torch.backends.mkldnn.is_available()):
         raise ValueError(f"hardware.fast_path='{mode}' needs a CPU build of torch with oneDNN (mkldnn)")
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     register_attention()
     model.config._attn_implementation = ATTENTION_NAME
-    return model, TransposedLinear if mode == "transposed" else PackedLinear
+    return model, {"transposed": TransposedLinear, "packed_bf16": Bf16PackedLinear}.get(mode, PackedLinear)

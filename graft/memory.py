@@ -363,7 +363,7 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None
         return dtype, 0, ""  # packed and bf16 are CPU-only: load_model refuses them on a GPU
     if fast_path == "transposed":
         return dtype, 1, "fast_path=transposed keeps a W_t copy"
-    run_dtype = "bfloat16" if fast_path == "bf16" else dtype
+    run_dtype = "bfloat16" if fast_path in ("bf16", "packed_bf16") else dtype
     if run_dtype != "float32" and not _onednn_multiplies(run_dtype):
         if run_dtype == "bfloat16" and hardware is not None and narrow_panels_expected(hardware):
             return run_dtype, 1, f"fast_path={fast_path}: no bfloat16 products in oneDNN on this CPU, bfloat16 panels"
@@ -371,6 +371,8 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None
         return run_dtype, 4, f"fast_path={fast_path}: no {run_dtype} products in oneDNN on this CPU, float32 copies"
     if fast_path == "bf16":
         return "bfloat16", 1, "fast_path=bf16 keeps a packed copy"
+    if fast_path == "packed_bf16":  # the model's own weights stay in their dtype beside a bfloat16 copy
+        return dtype, 1, "fast_path=packed_bf16 keeps a bfloat16 packed copy beside the model's weights"
     if dtype == "float32":
         return dtype, 2, "fast_path=packed in float32 keeps a small-row (W_t or panel) and a packed copy"
     return dtype, 1, "fast_path=packed keeps a packed copy"

@@ -41,10 +41,28 @@ import torch  # noqa: E402
 SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eagle_gsm8k", 1)]
 PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the target's native loop off
 ONEDNN = "_onednn"  # not a method key: the system runs on a second target whose products are oneDNN's
+BF16 = "_packed_bf16"  # not a method key: the system runs on a second target, fast_path=packed_bf16
+VARIANTS = {ONEDNN: ("product_kernel", "onednn", "ar/onednn"), BF16: ("fast_path", "packed_bf16", "ar/bf16")}
 SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "hf_generate": None,
     "hf_prompt_lookup": None,
+    # transformers' generate on the model cast to bfloat16 (oneDNN's bfloat16 products: AMX where the CPU has it)
+    "hf_generate/bf16": None,
     "ar": ("ar", {}),
+    # the target with its products' weights in bfloat16 (hardware.fast_path=packed_bf16: AMX tiles where the CPU
+    # has them); its systems are checked against ar/bf16, a different float target from ar's
+    "ar/bf16": ("ar", {BF16: True}),
+    "graft@8/bf16": ("graft", {"total_tokens": 8, BF16: True}),
+    "graft@16/bf16": ("graft", {"total_tokens": 16, BF16: True}),
+    "graft@24/bf16": ("graft", {"total_tokens": 24, BF16: True}),
+    "graft@32/bf16": ("graft", {"total_tokens": 32, BF16: True}),
+    "graft@16/refill/bf16": ("graft", {"total_tokens": 16, "refill": True, BF16: True}),
+    "graft@24/refill/bf16": ("graft", {"total_tokens": 24, "refill": True, BF16: True}),
+    "graft@32/refill/bf16": ("graft", {"total_tokens": 32, "refill": True, BF16: True}),
+    "eagle3@8/bf16": ("eagle3", {"total_tokens": 8, BF16: True}),
+    "eagle3@16/bf16": ("eagle3", {"total_tokens": 16, BF16: True}),
+    "eagle3@24/bf16": ("eagle3", {"total_tokens": 24, BF16: True}),
+    "pld/bf16": ("pld", {BF16: True}),
     "pld": ("pld", {}),
     "graft@8": ("graft", {"total_tokens": 8}),
     "graft@16": ("graft", {"total_tokens": 16}),
@@ -97,9 +115,9 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
 PHASES = ("draft", "verify", "other")  # a step's phases, as graft/decode.py times them
 
 
-def on_onednn(name: str) -> bool:
-    """Whether a system runs on the second target, whose products are oneDNN's."""
-    return bool(SYSTEMS[name] and SYSTEMS[name][1].get(ONEDNN))
+def variant(name: str) -> str | None:
+    """The second target a system runs on (ONEDNN, BF16), or None: the default fast target."""
+    return next((key for key in VARIANTS if SYSTEMS[name] and SYSTEMS[name][1].get(key)), None)
 
 
 def _group_yaml(group: str, name: str) -> dict:
@@ -162,7 +180,8 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
 
     overrides = dict(overrides)
     python_loop = overrides.pop(PYTHON_LOOP, False)
-    overrides.pop(ONEDNN, None)
+    for key in VARIANTS:
+        overrides.pop(key, None)
     raw = {**load_method_yaml(method), **overrides}
     drafter = build_drafter(method_config(raw, model_cfg.draft_head, model_cfg.block_drafter), fast.target)
     lean = getattr(fast.target, "lean", None)
@@ -209,19 +228,23 @@ def main() -> None:
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
-    onednn = None
-    if any(on_onednn(n) for n in names):
-        hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
-        hardware.product_kernel = "onednn"
-        onednn = load_model(model_cfg, hardware)
+    targets = {None: fast}
+    for key, (field, value, _) in VARIANTS.items():
+        if any(variant(n) == key for n in names):
+            hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
+            setattr(hardware, field, value)
+            targets[key] = load_model(model_cfg, hardware)
+    plain_bf16 = None
+    if "hf_generate/bf16" in names:
+        plain_bf16 = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
+        plain_bf16.target.model.to(torch.bfloat16)
     runners = {}
     for name in names:
         spec = SYSTEMS[name]
-        target = onednn if on_onednn(name) else fast
         runners[name] = (
-            hf_runner(plain, name == "hf_prompt_lookup", args.new_tokens)
+            hf_runner(plain_bf16 if name.endswith("/bf16") else plain, name == "hf_prompt_lookup", args.new_tokens)
             if spec is None
-            else harness_runner(target, model_cfg, *spec, args.new_tokens)
+            else harness_runner(targets[variant(name)], model_cfg, *spec, args.new_tokens)
         )
     if args.repeats < 1:
         raise SystemExit(f"--repeats {args.repeats}: need at least one round")
@@ -301,7 +324,8 @@ def main() -> None:
 def summarise(records: list[dict], names: list[str]) -> list[dict]:
     """Per system: tokens/s over all prompts of a round, ratios to HF generate and to AR within the round, and
     whether every output equals its baseline's (transformers systems against hf_generate, this project's
-    against ar, or against ar/onednn for the systems on the oneDNN target where it ran: a different summation
+    against ar, or against ar/onednn (ar/bf16) for the systems on the oneDNN (packed_bf16) target where it ran,
+    hf_generate/bf16 against nothing: a different summation
     order is a different float target). Over several rounds (records' `round`) the medians, and x AR's range."""
     rounds = sorted({r.get("round", 0) for r in records})
     rates = []  # per round: system -> tokens/s
@@ -311,8 +335,10 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
     rows = []
     for name in names:
         base = "hf_generate" if SYSTEMS[name] is None else "ar"
-        if on_onednn(name) and "ar/onednn" in names:
-            base = "ar/onednn"
+        if variant(name) is not None and VARIANTS[variant(name)][2] in names:
+            base = VARIANTS[variant(name)][2]
+        if name == "hf_generate/bf16":
+            base = None
         equal = all(r[name]["tokens"] == r[base]["tokens"] for r in records) if base in names else None
         row = {"system": name, "tokens_per_s": statistics.median(rate[name] for rate in rates), "equal": equal}
         if "hf_generate" in names:

@@ -79,12 +79,14 @@ def roofline_ms(rows: int, fmas_per_row: int, gfmas: float, bandwidth_limit_ms: 
     return max(bandwidth_limit_ms, rows * fmas_per_row / (gfmas * 1e9) * 1e3)
 
 
-def weight_bytes(model) -> int:
+def weight_bytes(model, products_bf16: bool = False) -> int:
+    """Bytes of the model's parameters; with `products_bf16` (fast_path=packed_bf16) its matrices (the products'
+    weights, and the embedding table the tied LM head reads) counted at bfloat16's two bytes."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+            total += p.numel() * (2 if products_bf16 and p.dim() == 2 else p.element_size())
     return total
 
 
@@ -191,7 +193,7 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
         context = [(100 + i) % target.vocab_size for i in range(context_len)]
         timers[path] = VerifyTimer(target, context)
         info[path] = {
-            "weight_bytes": weight_bytes(target.model),
+            "weight_bytes": weight_bytes(target.model, hardware_cfg.fast_path == "packed_bf16"),
             "product_fmas": product_fmas(target.model),
             "dtype": str(target.dtype),
             "kernels": target.kernels,
@@ -292,8 +294,11 @@ def main() -> None:
     params = plain_bytes // 4 if results[paths[0]]["dtype"] == "torch.float32" else plain_bytes // 2
     for name, r in results.items():
         # the bytes one decode step must stream: every parameter once, in the path's dtype
-        r["bandwidth_limit_ms"] = params * (2 if "bfloat16" in r["dtype"] else 4) / (bandwidth * 1e9) * 1e3
-        if gfmas:
+        streamed = (
+            r["weight_bytes"] if name.startswith("packed_bf16") else params * (2 if "bfloat16" in r["dtype"] else 4)
+        )
+        r["bandwidth_limit_ms"] = streamed / (bandwidth * 1e9) * 1e3
+        if gfmas and not name.startswith("packed_bf16"):  # bfloat16 products: no float32 FMA roof (AMX or dot)
             r["roofline_ms"] = {
                 k: roofline_ms(k, r["product_fmas"], gfmas, r["bandwidth_limit_ms"]) for k in TOKEN_COUNTS
             }

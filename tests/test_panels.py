@@ -92,9 +92,21 @@ needs_bfloat16_panels = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _amx_restored():
+    """A test may turn the AMX tiles off (the dot products on an AMX CPU); every test starts with them wanted."""
+    yield
+    module = native.loaded()
+    if module is not None and hasattr(module, "use_amx"):
+        module.use_amx(True)
+
+
 def _bfloat16_panels(kind: str):
-    """The native module where its bfloat16 panels multiply as `kind` says (widened, dot), else a skip."""
+    """The native module where its bfloat16 panels multiply as `kind` says (widened, dot, amx), else a skip. On an
+    AMX CPU the dot products are the ones left with the tiles off."""
     module = native.load()
+    if kind == "dot" and module.bfloat16_panel_products() == "amx":
+        module.use_amx(False)
     if module.bfloat16_panel_products() != kind:
         pytest.skip(f"this build's bfloat16 panels are {module.bfloat16_panel_products()!r}, not {kind!r}")
     return module
@@ -141,6 +153,57 @@ def test_dot_bfloat16_panels_multiply_the_activations_rounded_to_bfloat16(out_fe
     every_row = module.panel_linear(x, panels, bias)
     for rows in range(1, 20):
         assert torch.equal(module.panel_linear(x[:rows], panels, bias), every_row[:rows]), rows
+
+
+@needs_bfloat16_panels
+@pytest.mark.parametrize("out_features,in_features", [(16, 32), (32, 64), (48, 576), (96, 1152), (960, 576)])
+def test_amx_panels_multiply_the_activations_rounded_to_bfloat16(out_features, in_features):
+    """AMX (tdpbf16ps on the dot panels' layout): the float64 product of the rounded activations up to float32
+    accumulation, for every row count (one tile group up to 16 rows, zero-padded groups of 16 two at a time
+    beyond); a row's bits never depend on the rows beside it, so a decode step and a verification agree."""
+    module = _bfloat16_panels("amx")
+    torch.manual_seed(in_features)
+    weight, bias = torch.randn(out_features, in_features).bfloat16(), torch.randn(out_features)
+    panels = module.pack_panels(weight)
+    for rows in (1, 2, 15, 16, 17, 31, 32, 33, 64, 70):
+        x = torch.randn(rows, in_features) * 3
+        y = module.panel_linear(x, panels, bias)
+        assert y.shape == (rows, out_features) and y.is_contiguous()
+        reference = F.linear(x.bfloat16().double(), weight.double(), bias.double()).float()
+        torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-6 * in_features)
+    x = torch.randn(70, in_features)
+    every_row = module.panel_linear(x, panels, bias)
+    for rows in range(1, 70, 3):
+        assert torch.equal(module.panel_linear(x[:rows], panels, bias), every_row[:rows]), rows
+    module.use_amx(False)  # the dot products sum in another order: the test tells the two kernels apart
+    assert module.bfloat16_panel_products() == "dot"
+    assert not torch.equal(module.panel_linear(x, panels, bias), every_row)
+
+
+@needs_bfloat16_panels
+def test_amx_panels_leave_a_k_that_is_no_multiple_of_32_to_the_dot_products():
+    module = _bfloat16_panels("amx")
+    torch.manual_seed(9)
+    weight = torch.randn(48, 40).bfloat16()
+    panels, x, none = module.pack_panels(weight), torch.randn(5, 40), torch.empty(0)
+    with_tiles = module.panel_linear(x, panels, none)
+    module.use_amx(False)
+    assert torch.equal(with_tiles, module.panel_linear(x, panels, none))
+
+
+def test_packed_bf16_runs_the_native_loop_on_bfloat16_products():
+    """fast_path=packed_bf16: the products' weights in bfloat16, everything between them float32, so the C++
+    layer loop runs where it builds (the full bf16 path runs the Python loop)."""
+    from graft.fast import Bf16PackedLinear
+
+    target = _target("tiny_llama", "hardware.fast_path=packed_bf16")
+    linears = target.lean.linears()
+    assert all(isinstance(linear, Bf16PackedLinear) for linear in linears)
+    assert target.lean.final_norm.dtype == torch.float32
+    if native.load() is not None:
+        assert target.kernels["native"] == "on", target.kernels
+    if native.load() is not None and native.load().bfloat16_panels_supported():
+        assert all(linear.narrow_panels and linear.packed.dtype == torch.bfloat16 for linear in linears)
 
 
 @needs_bfloat16_panels

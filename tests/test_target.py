@@ -47,7 +47,7 @@ def test_commit_of_a_branch_equals_encoding_it_directly(tiny):
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
-@pytest.mark.parametrize("fast_path", ["transposed", "packed", "bf16"])
+@pytest.mark.parametrize("fast_path", ["transposed", "packed", "packed_bf16", "bf16"])
 def test_fast_paths_match_the_transformers_forward(name, fast_path):
     from conftest import compose
     from graft.config import validate
@@ -63,14 +63,20 @@ def test_fast_paths_match_the_transformers_forward(name, fast_path):
         out = target.verify(tree, topology(tree.parents, target.cache_len), taps)
         return pre, out
 
-    # bf16 is compared with transformers' forward in bf16: same weights, same precision
+    # bf16 is compared with transformers' forward in bf16: same weights, same precision; packed_bf16 (products on
+    # weights and activations rounded to bfloat16, the rest float32) with the float32 forward, at bf16's tolerance
     (ref_pre, ref) = logits_and_taps("none", "bfloat16" if fast_path == "bf16" else "float32")
     pre, out = logits_and_taps(fast_path)
-    tol = dict(rtol=0.02, atol=0.05) if fast_path == "bf16" else dict(rtol=1e-4, atol=1e-4)
+    tol = dict(rtol=0.02, atol=0.05) if "bf16" in fast_path else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pre.logits, ref_pre.logits, **tol)
     torch.testing.assert_close(out.logits, ref.logits, **tol)
-    torch.testing.assert_close(out.hidden.float(), ref.hidden.float(), **tol)
-    torch.testing.assert_close(pre.hidden.float(), ref_pre.hidden.float(), **tol)
+    for got, want in ((out.hidden.float(), ref.hidden.float()), (pre.hidden.float(), ref_pre.hidden.float())):
+        if fast_path == "packed_bf16" and name.endswith("_moe"):
+            # activations rounded to bfloat16 before the router may move a near-tied token to another expert
+            close = torch.isclose(got, want, **tol)
+            assert close.float().mean() > 0.99, f"{(~close).sum()} of {close.numel()} hidden values apart"
+        else:
+            torch.testing.assert_close(got, want, **tol)
 
 
 def test_prefill_refuses_a_model_that_ignored_the_cache(tiny):

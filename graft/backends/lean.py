@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from graft import native
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
-from graft.fast import PackedLinear, choose_one_row_kernel, choose_product_kernel, widened_record
+from graft.fast import Bf16PackedLinear, PackedLinear, choose_one_row_kernel, choose_product_kernel, widened_record
 from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -245,9 +245,9 @@ class LeanBackend(TargetBackend):
     ):
         super().__init__(model, tokenizer, name)
         self._panel_module, no_panels = None, None
-        if make_linear is PackedLinear:
+        if make_linear in (PackedLinear, Bf16PackedLinear):
             self._panel_module, no_panels = _panel_module(native_mode, product_kernel)
-            make_linear = partial(PackedLinear, native_module=self._panel_module)
+            make_linear = partial(make_linear, native_module=self._panel_module)
         self.lean = LeanForward(model, make_linear)
         self._make_linear = make_linear
         packed = [p for p in self.lean.linears() if isinstance(p, PackedLinear)]

@@ -67,17 +67,47 @@ bool panels_supported() {
 // - "dot" (AVX512-BF16: an AMD Zen 4, an Intel Sapphire Rapids): weights in k pairs, activations rounded to
 //   bfloat16, vdpbf16ps (two multiply-adds a lane an instruction), as oneDNN's bfloat16 products round them;
 // - "" (AVX-512F without BF16): none, oneDNN multiplies bfloat16 there.
+bool amx_on();  // below: the AMX tiles granted and wanted
+
 std::string bfloat16_panel_products() {
 #if defined(GRAFT_AVX2)
   return "widened";
 #elif defined(GRAFT_BF16_DOT)
-  return "dot";
+  return amx_on() ? "amx" : "dot";
 #else
   return "";
 #endif
 }
 
 bool bfloat16_panels_supported() { return !bfloat16_panel_products().empty(); }
+
+#if defined(GRAFT_BF16_DOT) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define GRAFT_AMX 1  // bfloat16 panels multiplied by AMX tiles (tdpbf16ps) where the kernel grants the tile state
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+// AMX (an Intel Sapphire Rapids or later): the "dot" panels' layout read by the tile unit, 16 rows x 16 columns x
+// 32 k a tdpbf16ps. Linux hands out the tile state only to a process that asks (arch_prctl), once; where it
+// refuses, or use_amx(false) turned them off, the dot products serve. A product uses the tiles for every row
+// count or for none (K a multiple of 32), so a row's bits never depend on the rows beside it.
+bool amx_granted() {
+#if defined(GRAFT_AMX)
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+bool amx_wanted = true;
+bool amx_on() { return amx_wanted && amx_granted(); }
+bool use_amx(bool wanted) {
+  amx_wanted = wanted;
+  return amx_on();
+}
 
 #if defined(GRAFT_BF16_DOT)
 constexpr bool kDotPanels = true;  // bfloat16 panels in k pairs, x rounded to bfloat16 pairs
@@ -476,6 +506,102 @@ void round_to_pairs(const float* x, int64_t k_size, uint32_t* pairs) {
 }
 #endif
 
+#if defined(GRAFT_AMX)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0 .. 5 hold y: one 16-column group of a block for up to 16 rows each (float32), tile 3 G + v the group
+// v of row group g; tile 6 x's rows for 16 k pairs, tile 7 the weights of one group for those pairs (16 pairs x
+// 16 columns x 2).
+void configure_tiles(int64_t rows) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = static_cast<uint8_t>(t < 7 ? rows : 16);
+    config.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// One 16-column group v of G row groups (16 rows apart in x_pairs) for 16 k pairs. (The tile intrinsics spell
+// their tile numbers into the instruction: literals, not template parameters.)
+#define GRAFT_AMX_GROUP(v, second)                  \
+  template <int G>                                  \
+  inline void amx_group_##v(const uint32_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride) { \
+    _tile_loadd(7, w + 32 * v, w_stride);           \
+    _tile_loadd(6, x, x_stride);                    \
+    _tile_dpbf16ps(v, 6, 7);                        \
+    if constexpr (G == 2) {                         \
+      _tile_loadd(6, x + 4 * x_stride, x_stride);   \
+      _tile_dpbf16ps(second, 6, 7);                 \
+    }                                               \
+  }
+GRAFT_AMX_GROUP(0, 3)
+GRAFT_AMX_GROUP(1, 4)
+GRAFT_AMX_GROUP(2, 5)
+#undef GRAFT_AMX_GROUP
+
+// y rows [0, G x 16) (fewer where the tiles were configured so) x [n0, n0 + 16 V) = those rows of x_pairs @ one
+// block of the dot panels ([k_pairs, 16 V, 2] bfloat16): each k step of 16 pairs reads each group's weights once
+// (rows 16 V x 4 bytes apart) for both row groups.
+template <int V, int G>
+void amx_block(const uint32_t* x_pairs, int64_t k_pairs, const uint16_t* block, float* y, int64_t n_size) {
+  const int64_t w_stride = 4 * 16 * V, x_stride = 4 * k_pairs, y_stride = 4 * n_size;
+  _tile_zero(0);
+  if constexpr (V >= 2) _tile_zero(1);
+  if constexpr (V >= 3) _tile_zero(2);
+  if constexpr (G == 2) {
+    _tile_zero(3);
+    if constexpr (V >= 2) _tile_zero(4);
+    if constexpr (V >= 3) _tile_zero(5);
+  }
+  for (int64_t p = 0; p < k_pairs; p += 16) {
+    const uint16_t* w = block + p * 2 * 16 * V;
+    amx_group_0<G>(x_pairs + p, x_stride, w, w_stride);
+    if constexpr (V >= 2) amx_group_1<G>(x_pairs + p, x_stride, w, w_stride);
+    if constexpr (V >= 3) amx_group_2<G>(x_pairs + p, x_stride, w, w_stride);
+  }
+  _tile_stored(0, y, y_stride);
+  if constexpr (V >= 2) _tile_stored(1, y + 16, y_stride);
+  if constexpr (V >= 3) _tile_stored(2, y + 32, y_stride);
+  if constexpr (G == 2) {
+    float* y1 = y + 16 * n_size;
+    _tile_stored(3, y1, y_stride);
+    if constexpr (V >= 2) _tile_stored(4, y1 + 16, y_stride);
+    if constexpr (V >= 3) _tile_stored(5, y1 + 32, y_stride);
+  }
+}
+
+template <int G>
+void amx_width(int64_t width, const uint32_t* x, int64_t k_pairs, const uint16_t* block, float* y, int64_t n_size) {
+  if (width == 48) amx_block<3, G>(x, k_pairs, block, y, n_size);
+  else if (width == 32) amx_block<2, G>(x, k_pairs, block, y, n_size);
+  else amx_block<1, G>(x, k_pairs, block, y, n_size);
+}
+
+// Every block over the threads. Up to 16 rows in one group of exactly that many; beyond, x_pairs and y hold `rows`
+// rounded up to 16 (zeros after x's rows) and the groups go two at a time, both from one read of the block.
+void amx_blocks(const uint32_t* x_pairs, int64_t rows, int64_t k_pairs, const uint16_t* wp, int64_t blocks,
+                int64_t width, float* yp) {
+  const int64_t n_size = blocks * width;
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    configure_tiles(std::min<int64_t>(16, rows));
+    for (int64_t m0 = 0; m0 < rows; m0 += 32) {
+      const uint32_t* xr = x_pairs + m0 * k_pairs;
+      for (int64_t b = first; b < last; ++b) {
+        const uint16_t* block = wp + b * k_pairs * 2 * width;
+        float* y = yp + m0 * n_size + b * width;
+        if (rows - m0 > 16) amx_width<2>(width, xr, k_pairs, block, y, n_size);
+        else amx_width<1>(width, xr, k_pairs, block, y, n_size);
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
 // x [M, K] float32 @ W^T (+ bias) with W as pack_panels left it: [N / B, K, B] (bfloat16 "dot" panels: in k pairs,
 // x rounded to bfloat16). Returns [M, N] float32.
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias) {
@@ -503,6 +629,17 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
     const int64_t k_pairs = laid_out / 2;
     std::vector<uint32_t> x_pairs(rows * k_pairs);
     for (int64_t r = 0; r < rows; ++r) round_to_pairs(xp + r * k_size, k_size, x_pairs.data() + r * k_pairs);
+#if defined(GRAFT_AMX)
+    if (k_pairs % 16 == 0 && amx_on()) {
+      const int64_t padded = rows > 16 ? (rows + 15) / 16 * 16 : rows;
+      x_pairs.resize(padded * k_pairs, 0u);
+      at::Tensor out = padded > rows ? at::empty({padded, n_size}, x.options()) : y;
+      const auto* w16 = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
+      amx_blocks(x_pairs.data(), padded, k_pairs, w16, blocks, width, out.data_ptr<float>());
+      y = out.narrow(0, 0, rows);
+      return present(bias) ? y.add_(bias) : y;
+    }
+#endif
     const auto* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<at::BFloat16>());
     panel_blocks(x_pairs.data(), rows, wp, blocks, k_pairs, width, y.data_ptr<float>());
 #else
@@ -1367,6 +1504,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("move_rows", &move_rows, "every buffer's positions start + rows[j] moved to start + j (a commit)");
   m.def("row_logsumexp", &row_logsumexp, "each row's logsumexp of x [n, V] float32, as [n, 1]");
   m.def("row_topk", &row_topk, "each row's k largest float32 values, largest first, ties in index order");
+  m.def("use_amx", &use_amx, "the bfloat16 panels through AMX tiles where granted (true) or not; returns whether they are");
   m.def("dot_rate", &dot_rate, "bfloat16 G multiply-adds/s through vdpbf16ps on every torch thread (0: none)");
   m.def("fma_rate", &fma_rate, "float32 G FMA/s with every torch thread running register-only vector FMAs");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");
