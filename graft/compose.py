@@ -11,6 +11,9 @@ One step of a composed drafter, in the words of the Graft paper:
 4. verify        - the decode loop verifies the united tree; update() then lets every part learn from the
                    verification (the head encodes the accepted tokens, the tables refresh).
 
+Beyond the paper, `trim` may cut the united tree before it is verified (trim auto: to the size with the most
+expected tokens per millisecond on this device, graft/methods/auto_budget.py); total_tokens is then a cap.
+
 `combine: switch` is SAM-Decoding's rule instead: use the retrieved subtree alone when a retriever finds
 one, otherwise the draft. EAGLE-3 is source eagle + split dense; the pruned tree adds split stage; Graft
 adds retrieval [recycling] at the root; Token Recycling, PLD and suffix retrieval have no source.
@@ -181,6 +184,25 @@ class AttachPolicy(ABC):
         """Graft the retrievers' subtrees onto `grafted` where the policy says."""
 
 
+class Trim(ABC):
+    """Cuts the united tree before it is verified: start() when the step's drafting begins, cut(tree, state)
+    -> an ancestor-closed subset of its nodes (root first, the order kept), observe(step) after the
+    verification of what it kept. A trim reads the tree on the host (no fixed-size trees)."""
+
+    def start(self) -> None:
+        pass
+
+    @abstractmethod
+    def cut(self, tree: DraftTree, state: SequenceState) -> DraftTree:
+        """The nodes of `tree` worth verifying this step."""
+
+    def observe(self, step: StepFeedback, update_ms: float) -> None:
+        """After the verification: what was accepted of the cut tree, and what the drafter's update took."""
+
+    def note(self) -> dict:
+        return {}
+
+
 RETRIEVAL_ALIASES = {"both": ["suffix", "recycling"]}  # the original two-retriever form of method.retrieval
 
 
@@ -195,6 +217,8 @@ class ComposeParams:
     # beyond the paper: the draft's next-best candidates (already scored while drafting) fill the slots that
     # retrieval left empty (unknown table entries, merges), so a step verifies its whole budget
     refill: bool = False
+    # beyond the paper: a trim cutting the united tree before verification (none | auto)
+    trim: str = "none"
 
     def __post_init__(self):
         if isinstance(self.retrieval, str):
@@ -214,6 +238,8 @@ class ComposedDrafter(Drafter):
         parts = [("source", p.source, "source"), ("split", p.split, "split")] if p.source else []
         if p.retrieval:
             parts.append(("attach", p.attach, "attach"))
+        if p.trim != "none":
+            parts.append(("trim", p.trim, "trim"))
         return parts + [("retriever", name, "retrieval") for name in p.retrieval]
 
     @staticmethod
@@ -270,6 +296,7 @@ class ComposedDrafter(Drafter):
             build_part(method, "retriever", name, target, p.total_tokens) for name in p.retrieval
         ]
         self.attach_policy: AttachPolicy | None = build_part(method, "attach", p.attach) if p.retrieval else None
+        self.trim: Trim | None = build_part(method, "trim", p.trim) if p.trim != "none" else None
         self.needs = self.source.needs if self.source else TargetNeeds()
         for retriever in self.retrievers:
             self.needs = self.needs | retriever.needs
@@ -283,6 +310,7 @@ class ComposedDrafter(Drafter):
             and (self.attach_policy is None or self.attach_policy.static_ok)
             and all(r.static_read for r in self.retrievers)
             and not p.refill  # the refill reads the room left on the host
+            and self.trim is None  # so does a trim
         )
         if self.split is not None:
             self.split.static = self.static
@@ -297,6 +325,15 @@ class ComposedDrafter(Drafter):
             retriever.reset(prefill)
 
     def propose(self, state: SequenceState) -> Proposal:
+        if self.trim is None:
+            return self._united(state)
+        self.trim.start()
+        proposal = self._united(state)
+        tree = self.trim.cut(proposal.tree, state)
+        note = {**proposal.note, **self.trim.note(), "trimmed_nodes": proposal.tree.num_nodes - tree.num_nodes}
+        return Proposal(tree, note)
+
+    def _united(self, state: SequenceState) -> Proposal:
         total = self.params.total_tokens
         if self.params.combine == "switch":
             return self._switch(state)
@@ -369,6 +406,12 @@ class ComposedDrafter(Drafter):
         return note
 
     def update(self, step: StepFeedback) -> None:
+        started = time.perf_counter()
+        self._update(step)
+        if self.trim is not None:
+            self.trim.observe(step, 1e3 * (time.perf_counter() - started))
+
+    def _update(self, step: StepFeedback) -> None:
         if self.source:
             self.source.update(step)
         if self.retrievers:

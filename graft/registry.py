@@ -3,7 +3,8 @@
 Part kinds: `source` (drafts a tree: EAGLE dense, EAGLE-1 static), `split` (how much of the budget the
 draft keeps: dense, confidence stages, fixed, confident chain), `retriever` (proposes tokens without a
 model: Token Recycling, suffix automaton, prompt lookup), `attach` (where retrieved subtrees join the
-draft: root, leaves, both, tail), and `drafter` (a whole drafter: `composed` puts the parts together;
+draft: root, leaves, both, tail), `trim` (cuts the united tree to the size that pays on this device: auto),
+and `drafter` (a whole drafter: `composed` puts the parts together;
 `ar` is the baseline). A module registers its parts with `@register(kind, name, params)`; every module
 in graft/methods/ and baselines/ is imported by `discover()`, so a new file there plus a YAML under
 configs/method/ is a new method, with nothing else edited.
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 from graft.schema import ConfigError, coerce_dataclass, suggest
 
-KINDS = ("source", "split", "retriever", "attach", "drafter")
+KINDS = ("source", "split", "retriever", "attach", "trim", "drafter")
 PACKAGES = ("graft.compose", "graft.methods", "baselines")  # imported by discover(), packages module by module
 
 

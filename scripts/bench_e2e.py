@@ -42,6 +42,9 @@ SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eag
 PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the target's native loop off
 ONEDNN = "_onednn"  # not a method key: the system runs on a second target whose products are oneDNN's
 BF16 = "_packed_bf16"  # not a method key: the system runs on a second target, fast_path=packed_bf16
+NO_AMX = "_no_amx"  # not a method key: the system runs with graft/native's AMX tiles off (the dot products)
+# trim auto on the packed_bf16 target reads that target's costs (scripts/cost_profile.py hardware.fast_path=packed_bf16)
+BF16_PROFILE = {"cost_profile": "results/cost_model/cost_profile_amx_packed_bf16.json"}
 VARIANTS = {ONEDNN: ("product_kernel", "onednn", "ar/onednn"), BF16: ("fast_path", "packed_bf16", "ar/bf16")}
 SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "hf_generate": None,
@@ -63,6 +66,14 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "eagle3@16/bf16": ("eagle3", {"total_tokens": 16, BF16: True}),
     "eagle3@24/bf16": ("eagle3", {"total_tokens": 24, BF16: True}),
     "pld/bf16": ("pld", {BF16: True}),
+    "graft@16/recycling+pld/bf16": ("graft", {"total_tokens": 16, "retrieval": ["recycling", "pld"], BF16: True}),
+    "graft_auto@16/bf16": ("graft_auto", {"total_tokens": 16, BF16: True, **BF16_PROFILE}),
+    "graft_auto@24/bf16": ("graft_auto", {"total_tokens": 24, BF16: True, **BF16_PROFILE}),
+    "graft_auto@32/bf16": ("graft_auto", {"total_tokens": 32, BF16: True, **BF16_PROFILE}),
+    # before the AMX tiles: the bfloat16 head's products on vdpbf16ps (the float32 target is the same either way)
+    "graft@6/refill/no_amx": ("graft", {"total_tokens": 6, "refill": True, NO_AMX: True}),
+    "graft@16/no_amx": ("graft", {"total_tokens": 16, NO_AMX: True}),
+    "eagle3@4/no_amx": ("eagle3", {"total_tokens": 4, NO_AMX: True}),
     "pld": ("pld", {}),
     "graft@8": ("graft", {"total_tokens": 8}),
     "graft@16": ("graft", {"total_tokens": 16}),
@@ -97,6 +108,10 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # a frontier no wider than the draft can keep (top-k 7 of 8 nodes, 5 of 6): head levels of fewer rows
     "graft@8/k7/refill": ("graft", {"total_tokens": 8, "refill": True, "top_k": 7}),
     "graft@6/k5/refill": ("graft", {"total_tokens": 6, "refill": True, "top_k": 5}),
+    # the refilled united tree cut each step to the most expected tokens per ms (trim auto), at most N nodes
+    "graft_auto@8": ("graft_auto", {"total_tokens": 8}),
+    "graft_auto@12": ("graft_auto", {"total_tokens": 12}),
+    "graft_auto@16": ("graft_auto", {"total_tokens": 16}),
     "graft@8/k7": ("graft", {"total_tokens": 8, "top_k": 7}),
     # the target's layer loop in Python (the native C++ loop switched off for this system only)
     "ar/python": ("ar", {PYTHON_LOOP: True}),
@@ -180,6 +195,7 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
 
     overrides = dict(overrides)
     python_loop = overrides.pop(PYTHON_LOOP, False)
+    no_amx = overrides.pop(NO_AMX, False)
     for key in VARIANTS:
         overrides.pop(key, None)
     raw = {**load_method_yaml(method), **overrides}
@@ -190,6 +206,8 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
         native = lean.native if lean is not None else None
         if python_loop and lean is not None:
             lean.native = None
+        if no_amx and native is not None:
+            native.use_amx(False)
         try:
             start = time.perf_counter()
             gen = generate(fast.target, drafter, ids, new_tokens, set())
@@ -200,6 +218,8 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
         finally:
             if lean is not None:
                 lean.native = native
+            if no_amx and native is not None:
+                native.use_amx(True)
 
     return run
 
@@ -276,14 +296,16 @@ def main() -> None:
     print("tokens/s = new tokens / generation seconds (prefill included), summed over prompts")
     if args.repeats > 1:
         print(f"medians over {args.repeats} rounds; x AR's range over the rounds in brackets")
-    print("| system | tokens/s | x HF generate | x this project's AR | equal to its baseline |")
-    print("|---|---|---|---|---|")
+    print("x its target's AR: against ar/bf16 (ar/onednn) for the systems on that target, where it ran")
+    print("| system | tokens/s | x HF generate | x this project's AR | x its target's AR | equal to its baseline |")
+    print("|---|---|---|---|---|---|")
     for row in table:
         spread = row.get("x_ar_range")
         spread = f" [{spread[0]:.2f}-{spread[1]:.2f}]" if spread else ""
+        own = f"{row['x_own_ar']:.2f}" if "x_own_ar" in row else "-"
         print(
             f"| {row['system']} | {row['tokens_per_s']:.1f} | {row.get('x_hf', float('nan')):.2f} | "
-            f"{row.get('x_ar', float('nan')):.2f}{spread} | {row['equal']} |"
+            f"{row.get('x_ar', float('nan')):.2f}{spread} | {own} | {row['equal']} |"
         )
     print("\nwhere a step's time goes (means per step; tau = tokens per step after the first, graft/decode.py)")
     print("| system | tau | draft ms | verify ms | other ms | ms per token |")
@@ -348,6 +370,9 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
             row["x_ar"] = statistics.median(per_round)
             if len(rates) > 1:
                 row["x_ar_range"] = [min(per_round), max(per_round)]
+        own = VARIANTS[variant(name)][2] if variant(name) is not None else "ar"
+        if SYSTEMS[name] is not None and own != "ar" and own in names:  # against the AR of its own target
+            row["x_own_ar"] = statistics.median(rate[name] / rate[own] for rate in rates)
         if SYSTEMS[name] is not None:
             row.update(step_split([r[name] for r in records]))
         rows.append(row)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -115,25 +116,55 @@ def lossless(*paths: str) -> str:
     return "\n".join(lines)
 
 
+OWN_AR = {"/bf16": "ar/bf16", "/onednn": "ar/onednn"}  # a system on bench_e2e's second target -> that target's AR
+
+
+def own_ar(system: str) -> str | None:
+    """The AR run on the same float target as `system` where that is not the default one (bench_e2e's VARIANTS)."""
+    if system.startswith("hf_"):
+        return None
+    return next((ar for suffix, ar in OWN_AR.items() if system.endswith(suffix) and system != ar), None)
+
+
+def x_own_ar(run: dict, system: str) -> float | None:
+    """Median over the rounds of the system's tokens/s over its own target's AR's, from the per-prompt records."""
+    base = own_ar(system)
+    if base is None or not any(base in record for record in run["records"]):
+        return None
+    ratios = []
+    for round_ in sorted({record.get("round", 0) for record in run["records"]}):
+        taken = [record for record in run["records"] if record.get("round", 0) == round_]
+        rate = {s: sum(r[s]["n"] for r in taken) / sum(r[s]["seconds"] for r in taken) for s in (system, base)}
+        ratios.append(rate[system] / rate[base])
+    return statistics.median(ratios)
+
+
 def side_by_side(*paths: str) -> str:
-    """scripts/bench_e2e.py's tables, one column group per JSON (before / after)."""
+    """scripts/bench_e2e.py's tables, one column group per JSON (before / after); where a run has systems on a
+    second float target (packed_bf16), a column of their ratio to that target's own AR."""
     runs = [json.loads((ROOT / p).read_text()) for p in paths]
     systems = []
     for run in runs:
         systems += [row["system"] for row in run["table"] if row["system"] not in systems]
-    header = "| system | " + " | ".join(f"tokens/s ({Path(p).stem}) | x HF | x AR" for p in paths) + " |"
-    lines = [header, "|---|" + "---|---|---|" * len(runs)]
+    own = [any(x_own_ar(run, s) is not None for s in systems) for run in runs]
+    header = "| system | " + " | ".join(
+        f"tokens/s ({Path(p).stem}) | x HF | x AR" + (" | x its AR" if o else "") for p, o in zip(paths, own)
+    )
+    lines = [header + " |", "|---|" + "".join("---|---|---|" + ("---|" if o else "") for o in own)]
     for system in systems:
         cells = []
-        for run in runs:
+        for run, with_own in zip(runs, own):
             row = next((r for r in run["table"] if r["system"] == system), None)
             if row is None:
-                cells.append("- | - | -")
+                cells.append("- | - | -" + (" | -" if with_own else ""))
                 continue
-            mark = "" if row["equal"] else " (**not equal to its baseline**)"
+            mark = "" if row["equal"] in (True, None) else " (**not equal to its baseline**)"
             ratios = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in ("x_hf", "x_ar"))
             if "x_ar_range" in row:  # several rounds: medians, and x AR's range over the rounds
                 ratios += " ({:.2f}-{:.2f})".format(*row["x_ar_range"])
+            if with_own:
+                ratio = x_own_ar(run, system)
+                ratios += f" | {ratio:.2f}" if ratio is not None else " | -"
             cells.append(f"{row['tokens_per_s']:.1f}{mark} | {ratios}")
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

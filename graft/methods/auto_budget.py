@@ -12,17 +12,29 @@ tree on uncertain steps and a larger one when the head is confident.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from graft.compose import Split
+from graft.compose import Split, Trim
+from graft.drafter import SequenceState, StepFeedback
+from graft.tree import DraftTree, NodeSource
 from graft.config import from_cwd_or_repo
 from graft.costmodel import CostProfile
 from graft.registry import register
 from graft.schema import ConfigError
+
+
+def load_profile(cost_profile: str | None, what: str) -> CostProfile:
+    if not cost_profile:
+        raise ConfigError(f"{what} needs method.cost_profile=<a cost profile JSON (scripts/cost_profile.py)>")
+    path = from_cwd_or_repo(cost_profile)  # profiles committed under results/ resolve anywhere
+    if not path.is_file():
+        raise ConfigError(f"method.cost_profile={cost_profile}: no such file")
+    return CostProfile.load(path)
 
 
 @dataclass
@@ -44,12 +56,7 @@ def best_budget(probabilities: Tensor, costs_ms: list[float]) -> int:
 )
 class AutoSplit(Split):
     def __init__(self, params: AutoParams):
-        if not params.cost_profile:
-            raise ConfigError("split auto needs method.cost_profile=<a cost profile JSON (scripts/cost_profile.py)>")
-        path = from_cwd_or_repo(params.cost_profile)  # profiles committed under results/ resolve anywhere
-        if not path.is_file():
-            raise ConfigError(f"method.cost_profile={params.cost_profile}: no such file")
-        self.profile = CostProfile.load(path)
+        self.profile = load_profile(params.cost_profile, "split auto")
         self.context = params.auto_context
         self.draft_ms = 0.0  # running mean of this drafter's own draft time per step
         self.steps = 0
@@ -82,3 +89,122 @@ class AutoSplit(Split):
 
     def label(self) -> str:
         return "auto"
+
+
+def most_per_ms(values: list[float], costs_ms: list[float]) -> int:
+    """N in 1..len(values) maximising (sum of the first N values) / costs_ms[N - 1] (the first such N):
+    values in the order nodes would be kept, the root's first."""
+    best, best_rate, expected = 1, -1.0, 0.0
+    for n, (value, cost) in enumerate(zip(values, costs_ms), start=1):
+        expected += value
+        if expected / cost > best_rate:
+            best, best_rate = n, expected / cost
+    return best
+
+
+PLACE_CAP = 8  # retrieved nodes deeper or later among their siblings than this share one place's counts
+DRAFT_BINS = 10  # a draft node's conditional probability, in bins of 0.1
+DRAFT_PRIOR = 4.0  # pseudo-trials at the head's own probability before a bin's counts take over
+
+
+@dataclass
+class TrimParams:
+    cost_profile: str | None = None  # a CostProfile JSON of this device and target (scripts/cost_profile.py)
+    # Beta(hits, misses) prior of a retrieved node's acceptance given its parent's, before any is counted
+    retrieval_prior: list[float] = field(default_factory=lambda: [1.0, 1.0])
+
+    def __post_init__(self):
+        if len(self.retrieval_prior) != 2 or min(self.retrieval_prior) <= 0:
+            raise ValueError(f"retrieval_prior is (hits, misses) > 0; got {self.retrieval_prior}")
+
+
+@register("trim", "auto", params=TrimParams, description="the united tree cut to the most expected tokens per ms")
+class AutoTrim(Trim):
+    """Each step: value every node of the united tree (the root 1; a draft node exp(score); a retrieved node its
+    parent's value times its place's acceptance rate), keep nodes in order of value (a node never outvalues its
+    parent, so every prefix is ancestor-closed), and cut at the N that maximises the expected committed tokens
+    (the values' sum) per ms of the step: this drafter's own mean propose and update ms, verify(N) at the step's
+    context and the loop's overhead(N) from the cost profile. total_tokens stays the cap."""
+
+    def __init__(self, params: TrimParams):
+        self.profile = load_profile(params.cost_profile, "trim auto")
+        self.prior = tuple(params.retrieval_prior)
+        self.counts: dict[tuple, list[int]] = {}  # a retrieved place or a draft bin -> [hits, trials], run-long
+        self.propose_ms = self.update_ms = 0.0
+        self.steps = self.updates = 0
+        self.started = 0.0
+        self.places: list[tuple[int, int] | None] = []  # of the last cut tree's nodes (None: not retrieved)
+        self.kept_parents: list[int] = []
+        self.expected = 1.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def rate(self, place: tuple) -> float:
+        """The chance that a node of `place` is accepted once its parent is: ("retrieved", depth, rank) from the
+        Beta prior, ("draft", bin) from DRAFT_PRIOR trials at the bin's centre, plus what was counted."""
+        hits, trials = self.counts.get(place, (0, 0))
+        if place[0] == "draft":
+            centre = (place[1] + 0.5) / DRAFT_BINS
+            return (hits + DRAFT_PRIOR * centre) / (trials + DRAFT_PRIOR)
+        return (hits + self.prior[0]) / (trials + self.prior[0] + self.prior[1])
+
+    def values(self, tree: DraftTree) -> tuple[list[float], list[tuple | None], list[int]]:
+        """Each node's value, its place (None: the root, or a node without a score), and the parents (host lists)."""
+        parents = tree.parents.tolist()
+        sources = tree.sources.tolist() if tree.sources is not None else [int(NodeSource.DRAFT)] * len(parents)
+        scores = tree.scores.tolist() if tree.scores is not None else [-math.inf] * len(parents)
+        n = len(parents)
+        value, places, depth, retrieved_children = [1.0] * n, [None] * n, [0] * n, [0] * n
+        for i in range(1, n):
+            parent = parents[i]
+            depth[i] = depth[parent] + 1
+            if sources[i] == NodeSource.RETRIEVAL:
+                rank = retrieved_children[parent]
+                retrieved_children[parent] += 1
+                places[i] = ("retrieved", min(depth[i], PLACE_CAP), min(rank, PLACE_CAP))
+            elif scores[i] > -math.inf:  # the head's chance of this token after its parent's path
+                own = math.exp(scores[i] - (scores[parent] if parent > 0 and scores[parent] > -math.inf else 0.0))
+                places[i] = ("draft", min(int(own * DRAFT_BINS), DRAFT_BINS - 1))
+            estimate = value[parent] * self.rate(places[i]) if places[i] is not None else 0.0
+            value[i] = min(estimate, value[parent])
+        return value, places, parents
+
+    def costs_ms(self, nodes: int, context: int) -> list[float]:
+        fixed = self.propose_ms + self.update_ms
+        return [
+            fixed + self.profile.verify_ms(n, context) + self.profile.overhead_ms(n, accepted=2)
+            for n in range(1, nodes + 1)
+        ]
+
+    def cut(self, tree: DraftTree, state: SequenceState) -> DraftTree:
+        self.steps += 1
+        self.propose_ms += (1e3 * (time.perf_counter() - self.started) - self.propose_ms) / self.steps
+        value, places, parents = self.values(tree)
+        order = [0] + sorted(range(1, len(value)), key=value.__getitem__, reverse=True)  # stable: parents first
+        count = most_per_ms([value[i] for i in order], self.costs_ms(len(order), len(state.tokens)))
+        kept = sorted(order[:count])
+        self.expected = sum(value[i] for i in kept)
+        position = {node: j for j, node in enumerate(kept)}
+        self.places = [places[i] for i in kept]
+        self.kept_parents = [-1] + [position[parents[i]] for i in kept[1:]]
+        if count == tree.num_nodes:
+            return tree
+        index = torch.tensor(kept, device=tree.tokens.device)
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        parents_kept = torch.tensor(self.kept_parents, dtype=tree.parents.dtype, device=tree.parents.device)
+        return DraftTree(tree.tokens[index], parents_kept, pick(tree.scores), pick(tree.sources))
+
+    def observe(self, step: StepFeedback, update_ms: float) -> None:
+        self.updates += 1
+        self.update_ms += (update_ms - self.update_ms) / self.updates
+        on_path = set(step.acceptance.path)
+        for i in range(1, min(len(self.places), step.proposal.tree.num_nodes)):  # the loop may verify a prefix
+            place = self.places[i]
+            if place is not None and self.kept_parents[i] in on_path:
+                counts = self.counts.setdefault(place, [0, 0])
+                counts[0] += i in on_path
+                counts[1] += 1
+
+    def note(self) -> dict:
+        return {"trim_expected": round(self.expected, 3)}
