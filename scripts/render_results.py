@@ -116,7 +116,7 @@ def lossless(*paths: str) -> str:
     return "\n".join(lines)
 
 
-OWN_AR = {"/bf16": "ar/bf16", "/onednn": "ar/onednn"}  # a system on bench_e2e's second target -> that target's AR
+OWN_AR = {"/bf16": "ar/bf16"}  # a system on bench_e2e's packed_bf16 target -> that target's AR
 
 
 def own_ar(system: str) -> str | None:

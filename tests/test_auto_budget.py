@@ -48,7 +48,7 @@ def test_trim_auto_cuts_the_least_likely_nodes_and_keeps_the_tree_ancestor_close
 
     from graft.drafter import SequenceState
     from graft.methods.auto_budget import AutoTrim, TrimParams
-    from graft.tree import DraftTree, NodeSource
+    from graft.tree import DraftTree
 
     # root 0; draft chain 0 -> 1 (p .9) -> 2 (p .9 of that); draft 0 -> 3 (p .05); retrieved 0 -> 4 -> 5
     log = math.log
