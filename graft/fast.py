@@ -128,8 +128,11 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach().contiguous()
         kernel = (products or {}).get("products")
         may_pack_panels = kernel != "onednn" and native_module is not None
+        # a target whose products are all bfloat16 panels (packed_bf16) settles no float32 kernel ("onednn" for
+        # its float32 products) but keeps the bfloat16 panels for the products settled with it (a draft head's)
+        narrow_allowed = native_module is not None and (may_pack_panels or (products or {}).get("narrow") == "panel")
         narrow = not onednn_packs(weight.dtype)  # oneDNN has no products for these weights here
-        self.narrow_panels = weight.dtype == torch.bfloat16 and may_pack_panels and panels_apply(native_module, weight)
+        self.narrow_panels = weight.dtype == torch.bfloat16 and narrow_allowed and panels_apply(native_module, weight)
         self.widened_from = weight.dtype if narrow and not self.narrow_panels else None
         bias = None if linear.bias is None else linear.bias.detach().clone()
         if narrow or self.narrow_panels:  # the panels or the float32 products add a float32 bias
@@ -279,9 +282,11 @@ def choose_product_kernel(
     dual = [linear for linear in linears if linear.panels is not None and linear.onednn is not None]
     if not dual:
         reason = no_panels or "no float32 products the panel kernel takes"
-        if kernel == "panel":
+        narrow = any(getattr(linear, "narrow_panels", False) for linear in linears)
+        if kernel == "panel" and not narrow:
             raise ValueError(f"hardware.product_kernel=panel, but {reason}")
-        return {"products": "onednn", "products_reason": reason}
+        # every product on the bfloat16 panels (packed_bf16): the products settled with these take them too
+        return {"products": "onednn", "products_reason": reason, **({"narrow": "panel"} if narrow else {})}
     record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
     prefetch = {} if kernel == "onednn" else choose_tile_prefetch(dual)

@@ -204,6 +204,9 @@ def test_packed_bf16_runs_the_native_loop_on_bfloat16_products():
         assert target.kernels["native"] == "on", target.kernels
     if native.load() is not None and native.load().bfloat16_panels_supported():
         assert all(linear.narrow_panels and linear.packed.dtype == torch.bfloat16 for linear in linears)
+        # a bfloat16 draft head's products, settled with the target's, go to the bfloat16 panels too (not oneDNN)
+        head_product = target.product(nn.Linear(64, 96).bfloat16())
+        assert head_product.narrow_panels and head_product.onednn is None, target.kernels
 
 
 @needs_bfloat16_panels
