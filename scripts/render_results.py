@@ -56,7 +56,7 @@ def forward_profile(path: str) -> str:
             p["verify_ms"][k] / p["decode_ms"] if k in p["verify_ms"] else float("nan") for k in ("8", "16")
         )
         lines.append(
-            f"- `{name}` ({p['dtype'].replace('torch.', '')}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
+            f"- `{name}` ({p['dtype'].replace('torch.', '')}{', bfloat16 product weights' if name.startswith('packed_bf16') else ''}): decode {p['decode_ms']:.1f} ms = {p['decode_ms'] / limit:.2f}x "
             f"its bandwidth limit ({limit:.1f} ms); verify(8) = {ratio8:.2f}x, verify(16) = {ratio16:.2f}x decode"
         )
         if "roofline_ms" in p:  # profiles since the compute roof was measured
