@@ -62,6 +62,7 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "graft@16/refill/bf16": ("graft", {"total_tokens": 16, "refill": True, BF16: True}),
     "graft@24/refill/bf16": ("graft", {"total_tokens": 24, "refill": True, BF16: True}),
     "graft@32/refill/bf16": ("graft", {"total_tokens": 32, "refill": True, BF16: True}),
+    "eagle3@4/bf16": ("eagle3", {"total_tokens": 4, BF16: True}),
     "eagle3@8/bf16": ("eagle3", {"total_tokens": 8, BF16: True}),
     "eagle3@16/bf16": ("eagle3", {"total_tokens": 16, BF16: True}),
     "eagle3@24/bf16": ("eagle3", {"total_tokens": 24, BF16: True}),
