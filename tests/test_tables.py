@@ -221,6 +221,48 @@ def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatc
     assert "x_ar_range" not in one_round[1] and abs(one_round[1]["x_ar"] - 1.5) < 1e-9
 
 
+def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar(monkeypatch, tmp_path):
+    """bench_e2e's /bf16 systems run on a second float target: their tokens are compared with ar/bf16's (not ar's),
+    their 'x its AR' is against ar/bf16, and render_results gives the same ratio from the per-prompt records."""
+    import importlib
+    import os
+
+    saved = dict(os.environ)
+    monkeypatch.setenv("GRAFT_THREADS", "fixed")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        bench = importlib.import_module("bench_e2e")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    from render_results import side_by_side
+
+    def run(tokens, seconds, token=1):
+        phases = {"steps": tokens, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": seconds, "other_s": 0.0}
+        return {"tokens": [token] * tokens, "seconds": seconds, "phases": phases}
+
+    names = ["ar", "ar/bf16", "graft@16/bf16"]
+    # ar 10 tokens/s; ar/bf16 20 (other tokens: another float target); graft on it 30, its tokens equal ar/bf16's
+    records = [
+        {"prompt": "a", "round": 0, "ar": run(10, 1.0), "ar/bf16": run(10, 0.5, 2), "graft@16/bf16": run(9, 0.3, 2)}
+    ]
+    records[0]["graft@16/bf16"]["tokens"] = [2] * 10
+    records[0]["graft@16/bf16"]["seconds"] = 1 / 3
+    table = {row["system"]: row for row in bench.summarise(records, names)}
+    assert table["ar/bf16"]["equal"] and table["graft@16/bf16"]["equal"]  # each against ar/bf16, not ar
+    assert abs(table["graft@16/bf16"]["x_own_ar"] - 1.5) < 1e-9 and abs(table["graft@16/bf16"]["x_ar"] - 3.0) < 1e-9
+    assert "x_own_ar" not in table["ar"]
+    path = tmp_path / "e2e.json"
+    stored = [
+        {k: v if k in ("prompt", "round") else {"n": len(v["tokens"]), "seconds": v["seconds"]} for k, v in r.items()}
+        for r in records
+    ]
+    path.write_text(json.dumps({"table": list(table.values()), "records": stored}))
+    lines = side_by_side(str(path)).splitlines()
+    assert lines[0].endswith("| x its AR |")
+    assert lines[-1] == "| graft@16/bf16 | 30.0 | - | 3.00 | 1.50 |"
+
+
 def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     from render_results import ab_native
