@@ -282,7 +282,7 @@ def choose_product_kernel(
     dual = [linear for linear in linears if linear.panels is not None and linear.onednn is not None]
     if not dual:
         reason = no_panels or "no float32 products the panel kernel takes"
-        narrow = any(getattr(linear, "narrow_panels", False) for linear in linears)
+        narrow = any(linear.narrow_panels for linear in linears)
         if kernel == "panel" and not narrow:
             raise ValueError(f"hardware.product_kernel=panel, but {reason}")
         # every product on the bfloat16 panels (packed_bf16): the products settled with these take them too

@@ -184,10 +184,8 @@ def test_the_hardware_column_names_the_gpu_else_the_cpu_and_its_vector_instructi
     assert hardware_name({}) is None
 
 
-def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatch):
-    """scripts/bench_e2e.py's summary over two rounds of hand-written records: tokens/s per round = tokens /
-    seconds summed over the round's prompts, the table the median of the rounds, x AR the median of each
-    round's own ratio, with its range."""
+def _bench_e2e(monkeypatch):
+    """scripts/bench_e2e.py as a module, the environment as it was before the import."""
     import importlib
     import os
 
@@ -195,10 +193,17 @@ def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatc
     monkeypatch.setenv("GRAFT_THREADS", "fixed")  # importing the script measures no threads here
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        bench = importlib.import_module("bench_e2e")
+        return importlib.import_module("bench_e2e")
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatch):
+    """scripts/bench_e2e.py's summary over two rounds of hand-written records: tokens/s per round = tokens /
+    seconds summed over the round's prompts, the table the median of the rounds, x AR the median of each
+    round's own ratio, with its range."""
+    bench = _bench_e2e(monkeypatch)
 
     def run(tokens, seconds):
         phases = {"steps": tokens, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": seconds, "other_s": 0.0}
@@ -224,17 +229,7 @@ def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatc
 def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar(monkeypatch, tmp_path):
     """bench_e2e's /bf16 systems run on a second float target: their tokens are compared with ar/bf16's (not ar's),
     their 'x its AR' is against ar/bf16, and render_results gives the same ratio from the per-prompt records."""
-    import importlib
-    import os
-
-    saved = dict(os.environ)
-    monkeypatch.setenv("GRAFT_THREADS", "fixed")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        bench = importlib.import_module("bench_e2e")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    bench = _bench_e2e(monkeypatch)
     from render_results import side_by_side
 
     def run(tokens, seconds, token=1):

@@ -46,9 +46,23 @@ class AutoParams:
 def best_budget(probabilities: Tensor, costs_ms: list[float]) -> int:
     """N in 1..len(costs_ms) maximising (1 + sum of the N - 1 largest probabilities) / costs_ms[N - 1]."""
     top = torch.sort(probabilities, descending=True).values[: len(costs_ms) - 1]  # [<= N_max - 1]
-    expected = torch.cat([torch.ones(1, dtype=top.dtype, device=top.device), 1 + torch.cumsum(top, 0)])
-    costs = torch.tensor(costs_ms[: expected.shape[0]], dtype=expected.dtype, device=expected.device)
-    return int(torch.argmax(expected / costs)) + 1
+    return most_per_ms([1.0, *top.tolist()], costs_ms)
+
+
+def most_per_ms(values: list[float], costs_ms: list[float]) -> int:
+    """N in 1..min(len(values), len(costs_ms)) maximising (sum of the first N values) / costs_ms[N - 1] (the
+    first such N): values in the order nodes would be kept, the root's first."""
+    best, best_rate, expected = 1, -1.0, 0.0
+    for n, (value, cost) in enumerate(zip(values, costs_ms), start=1):
+        expected += value
+        if expected / cost > best_rate:
+            best, best_rate = n, expected / cost
+    return best
+
+
+def step_costs_ms(profile: CostProfile, nodes: int, context: int) -> list[float]:
+    """verify(N) + the loop's overhead(N) ms for N = 1..nodes at `context` (a tree's accepted path moved)."""
+    return [profile.verify_ms(n, context) + profile.overhead_ms(n, accepted=2) for n in range(1, nodes + 1)]
 
 
 @register(
@@ -68,10 +82,7 @@ class AutoSplit(Split):
     def _verify_costs(self, total_tokens: int) -> list[float]:
         """verify(N) + overhead(N) ms for N = 1..total_tokens, computed once per budget."""
         if total_tokens not in self._costs:
-            self._costs[total_tokens] = [
-                self.profile.verify_ms(n, self.context) + self.profile.overhead_ms(n, accepted=2)  # a tree's path moves
-                for n in range(1, total_tokens + 1)
-            ]
+            self._costs[total_tokens] = step_costs_ms(self.profile, total_tokens, self.context)
         return self._costs[total_tokens]
 
     def keep(self, scores: Tensor, total_tokens: int) -> int:
@@ -89,17 +100,6 @@ class AutoSplit(Split):
 
     def label(self) -> str:
         return "auto"
-
-
-def most_per_ms(values: list[float], costs_ms: list[float]) -> int:
-    """N in 1..len(values) maximising (sum of the first N values) / costs_ms[N - 1] (the first such N):
-    values in the order nodes would be kept, the root's first."""
-    best, best_rate, expected = 1, -1.0, 0.0
-    for n, (value, cost) in enumerate(zip(values, costs_ms), start=1):
-        expected += value
-        if expected / cost > best_rate:
-            best, best_rate = n, expected / cost
-    return best
 
 
 PLACE_CAP = 8  # retrieved nodes deeper or later among their siblings than this share one place's counts
@@ -120,8 +120,9 @@ class TrimParams:
 
 @register("trim", "auto", params=TrimParams, description="the united tree cut to the most expected tokens per ms")
 class AutoTrim(Trim):
-    """Each step: value every node of the united tree (the root 1; a draft node exp(score); a retrieved node its
-    parent's value times its place's acceptance rate), keep nodes in order of value (a node never outvalues its
+    """Each step: value every node of the united tree (the root 1; any other node its parent's value times its
+    place's acceptance rate: a draft node's the head's probability of it, binned and calibrated by what was
+    accepted, a retrieved node's counted at its depth and rank), keep nodes in order of value (a node never outvalues its
     parent, so every prefix is ancestor-closed), and cut at the N that maximises the expected committed tokens
     (the values' sum) per ms of the step: this drafter's own mean propose and update ms, verify(N) at the step's
     context and the loop's overhead(N) from the cost profile. total_tokens stays the cap."""
@@ -133,7 +134,7 @@ class AutoTrim(Trim):
         self.propose_ms = self.update_ms = 0.0
         self.steps = self.updates = 0
         self.started = 0.0
-        self.places: list[tuple[int, int] | None] = []  # of the last cut tree's nodes (None: not retrieved)
+        self.places: list[tuple | None] = []  # of the last cut tree's nodes (None: the root or an unscored node)
         self.kept_parents: list[int] = []
         self.expected = 1.0
 
@@ -172,10 +173,7 @@ class AutoTrim(Trim):
 
     def costs_ms(self, nodes: int, context: int) -> list[float]:
         fixed = self.propose_ms + self.update_ms
-        return [
-            fixed + self.profile.verify_ms(n, context) + self.profile.overhead_ms(n, accepted=2)
-            for n in range(1, nodes + 1)
-        ]
+        return [fixed + ms for ms in step_costs_ms(self.profile, nodes, context)]
 
     def cut(self, tree: DraftTree, state: SequenceState) -> DraftTree:
         self.steps += 1
