@@ -149,7 +149,8 @@ class HardwareConfig:
     # builds and applies (float32, CPU, dense, packed products), on refuses to load without it, off never
     native: Literal["auto", "on", "off"] = "auto"
     # the fp32 packed path's products: graft/native's panel kernel (AVX-512F) or oneDNN; auto measures both at
-    # load (1-64 rows, graft/fast.py PRODUCT_ROWS) and gives the panels the row counts they win, panel all, onednn none
+    # load (1-64 rows, graft/fast.py PRODUCT_ROWS) and gives the panels the row counts they win (one row stays
+    # x @ W_t's where that beat them), panel all (but one row with one_row_kernel=transposed), onednn none
     product_kernel: Literal["auto", "panel", "onednn"] = "auto"
     # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped
     # by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.

@@ -141,6 +141,7 @@ class PackedLinear(nn.Module):
             weight = weight.float()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
+        self.one_row_t = None  # W_t kept beside the panels for one row (choose_product_kernel)
         if self.narrow_panels:  # every row count
             self.panels, self._native = native_module.pack_panels(weight), native_module
             self.packed, self.small_rows = self.panels, 0
@@ -170,6 +171,11 @@ class PackedLinear(nn.Module):
             return self.panels
         return self.single_row_t
 
+    @property
+    def one_row(self) -> Tensor | None:
+        """W_t read for one row where the panels serve 2 .. `small_rows` rows but measured slower at one."""
+        return self.one_row_t
+
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         if self.widened_from is not None:
@@ -177,7 +183,9 @@ class PackedLinear(nn.Module):
         elif self.packed.dim() == 2 and flat.dtype != self.packed.dtype:  # float32 rows, bfloat16 oneDNN weights
             flat = flat.to(self.packed.dtype)
         small = self.small
-        if small is not None and flat.shape[0] <= self.small_rows:
+        if self.one_row_t is not None and flat.shape[0] == 1:
+            small = self.one_row_t
+        if small is not None and (flat.shape[0] <= self.small_rows or small is self.one_row_t):
             y = self._panel(flat, small) if small.dim() == 3 else flat @ small
             if small.dim() == 2 and self.bias is not None:
                 y = y + self.bias
@@ -267,15 +275,23 @@ PRODUCT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def choose_product_kernel(
-    linears: list[PackedLinear], kernel: str = "auto", no_panels: str | None = None, repeats: int = 5
+    linears: list[PackedLinear],
+    kernel: str = "auto",
+    no_panels: str | None = None,
+    repeats: int = 5,
+    one_row_kernel: str = "auto",
 ) -> dict:
     """Settle which rows the panel kernel serves, after the one-row kernel is settled (oneDNN or W_t).
 
     "auto" times the panels and the settled kernels on these weights in forward order for each of
     PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
     count up to `panel_rows_from`'s ("mixed": oneDNN above it, so both copies are kept), or none (their copy
-    freed). "panel" gives them every row count (oneDNN's copy freed) and refuses where no linear has panels,
-    "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep oneDNN. Returns a
+    freed). Where the one-row kernel settled on W_t and it beat the panels at one row, W_t stays for one row
+    (`one_row_t`, a third copy) and the panels are judged from two rows: on an AMX Xeon the panels measured
+    6% slower than W_t at one row and 15-35% faster at 2-64, and a rule from one row handed every count to
+    oneDNN (a 16-row verification 2.05x a decode step instead of 1.6x). "panel" gives them every row count
+    (oneDNN's copy freed; one row stays W_t's where `one_row_kernel`, the config's hardware.one_row_kernel,
+    asked for "transposed") and refuses where no linear has panels, "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep oneDNN. Returns a
     record for run.json."""
     if kernel not in ("auto", *PRODUCT_KERNELS):
         raise ValueError(f"hardware.product_kernel={kernel!r}; allowed: auto, {', '.join(PRODUCT_KERNELS)}")
@@ -289,6 +305,7 @@ def choose_product_kernel(
         return {"products": "onednn", "products_reason": reason, **({"narrow": "panel"} if narrow else {})}
     record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
+    keep_one_row = False
     prefetch = {} if kernel == "onednn" else choose_tile_prefetch(dual)
     if kernel == "auto":
         settled = {linear: (linear.packed, linear.small_rows) for linear in dual}
@@ -304,18 +321,25 @@ def choose_product_kernel(
             lambda name: {f"{name}@{rows}": _time_products(dual, inputs[rows]) for rows in PRODUCT_ROWS},
             repeats,
         )
-        panel_rows = panel_rows_from(medians)
+        transposed = all(linear.single_row_t is not None for linear in dual)  # the one-row kernel is W_t
+        keep_one_row = transposed and medians["onednn@1"] < medians["panel@1"]
+        panel_rows = panel_rows_from(medians, first=2 if keep_one_row else 1)
+        keep_one_row = keep_one_row and panel_rows > 0
         for linear in dual:
             linear.packed, linear.small_rows = settled[linear]
         record = {"products_reason": "measured at load", "products_ms": {k: round(v, 2) for k, v in medians.items()}}
     for linear in dual:
         if kernel == "panel":
+            linear.one_row_t = linear.single_row_t if one_row_kernel == "transposed" else None
             linear.packed, linear.onednn, linear.single_row_t, linear.small_rows = linear.panels, None, None, 0
         elif panel_rows:
+            linear.one_row_t = linear.single_row_t if keep_one_row else None
             linear.single_row_t, linear.small_rows = None, panel_rows
         else:
             linear.panels = None
     products = "panel" if kernel == "panel" else "mixed" if panel_rows else "onednn"
+    if products == "mixed" or kernel == "panel":
+        record["one_row_beside_panels"] = any(linear.one_row_t is not None for linear in dual)
     return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record, **prefetch}
 
 
@@ -356,14 +380,15 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
 PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (this VM's noise) and keep it
 
 
-def panel_rows_from(medians: dict[str, float]) -> int:
-    """The largest measured row count r such that, over the counts up to r, the panels took less time in all
-    than oneDNN and were nowhere more than PANEL_TIE slower; 0 where there is none. A prefix of the counts
-    where each must win outright let one noisy tie (15.96 against 15.89 ms at 4 rows) hand 4-16 rows to
-    oneDNN, where the panels had measured 22% and 8% faster at 8 and 16."""
+def panel_rows_from(medians: dict[str, float], first: int = 1) -> int:
+    """The largest measured row count r such that, over the counts from `first` up to r, the panels took less
+    time in all than oneDNN and were nowhere more than PANEL_TIE slower; 0 where there is none. A prefix of the
+    counts where each must win outright let one noisy tie (15.96 against 15.89 ms at 4 rows) hand 4-16 rows to
+    oneDNN, where the panels had measured 22% and 8% faster at 8 and 16. (`first` 2: one row is W_t's.)"""
     best = 0
-    for index, rows in enumerate(PRODUCT_ROWS):
-        upto = PRODUCT_ROWS[: index + 1]
+    counts = [rows for rows in PRODUCT_ROWS if rows >= first]
+    for index, rows in enumerate(counts):
+        upto = counts[: index + 1]
         if any(medians[f"panel@{r}"] > PANEL_TIE * medians[f"onednn@{r}"] for r in upto):
             break
         if sum(medians[f"panel@{r}"] for r in upto) < sum(medians[f"onednn@{r}"] for r in upto):

@@ -355,7 +355,8 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None
 
     The lean backend keeps the model's own weights and builds its layouts beside them (graft/fast.py):
     `transposed` one W_t copy; `packed` in float32 a oneDNN-packed copy and a small-row one (W_t, or the
-    panel kernel's layout; while the kernels are measured at load both are held for a moment); `packed` in
+    panel kernel's layout), and W_t beside the panels where it measured faster at one row: up to three (all
+    three are held for a moment while the kernels are measured at load); `packed` in
     bfloat16 and `bf16` (the model cast to bfloat16 first) one packed copy. Where oneDNN has no bfloat16
     products, one panel copy where the AVX2 build's bfloat16 panels will take them (`hardware`, the config,
     says whether they may: narrow_panels_expected), else float32 copies."""
@@ -374,7 +375,7 @@ def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None
     if fast_path == "packed_bf16":  # the model's own weights stay in their dtype beside a bfloat16 copy
         return dtype, 1, "fast_path=packed_bf16 keeps a bfloat16 packed copy beside the model's weights"
     if dtype == "float32":
-        return dtype, 2, "fast_path=packed in float32 keeps a small-row (W_t or panel) and a packed copy"
+        return dtype, 3, "fast_path=packed in float32 keeps a packed copy, the panels and W_t (up to three)"
     return dtype, 1, "fast_path=packed keeps a packed copy"
 
 

@@ -13,6 +13,7 @@ once, by this checkout's build); the logits of both are compared bit for bit on 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import subprocess
@@ -34,6 +35,7 @@ def build_at(ref: str):
     """graft/native's source at git revision `ref`, built once into $GRAFT_CACHE/native_ab/<commit>."""
     from torch.utils.cpp_extension import load
 
+    from graft import native
     from graft.embedded import cache_root
 
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], capture_output=True, text=True, check=True)
@@ -43,6 +45,12 @@ def build_at(ref: str):
     )
     if source.returncode != 0:
         raise SystemExit(f"--ref {ref}: no graft/native/lean_layers.cpp there ({source.stderr.strip()})")
+    fields = layer_fields_at(commit)
+    if fields != native.LAYER_FIELDS:
+        raise SystemExit(
+            f"--ref {ref}: its layer loop reads a layer's tensors as {fields}, this checkout's as "
+            f"{native.LAYER_FIELDS}: one weights list cannot serve both builds; pick a revision with the same fields"
+        )
     directory = cache_root() / "native_ab" / commit[:12]
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "lean_layers.cpp").write_text(source.stdout)
@@ -53,6 +61,19 @@ def build_at(ref: str):
         extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
     )
+
+
+def layer_fields_at(commit: str) -> tuple[str, ...] | None:
+    """graft/native's LAYER_FIELDS at `commit` (None where its __init__.py has none)."""
+    shown = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:graft/native/__init__.py"], capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        return None
+    for node in ast.walk(ast.parse(shown.stdout)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYER_FIELDS" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return None
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ of the per-prompt ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="also write the rates and ratios here (JSON)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model=tiny_llama")
     args = parser.parse_args()
 
@@ -77,6 +79,25 @@ def main() -> None:
         f"  without / with taps: median per-prompt ratio {statistics.median(ratios):.4f} "
         f"(min {min(ratios):.4f}, max {max(ratios):.4f})"
     )
+    if args.out is not None:
+        from graft.records import hardware_info
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "command": " ".join(sys.argv),
+            "hardware": hardware_info(str(model.target.device)),
+            "model": cfg.model.name,
+            "fast_path": cfg.hardware.fast_path,
+            "taps": [[t.layer, t.where] for t in taps],
+            "prompts": len(ids),
+            "repeats": args.repeats,
+            "new_tokens": args.max_new_tokens,
+            "tokens_per_s": rates,
+            "without_over_with": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -202,6 +202,8 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     probe, bandwidths = StreamProbe(), []
     compute, rates, dot_rates = ComputeProbe(), [], []
     for round_ in range(warmup + repeats):
+        for path in paths:  # untimed: a timed forward follows a forward, as in a decode loop, not the probes' stream
+            timers[path].once(1)
         for k in TOKEN_COUNTS:
             for path in paths if round_ % 2 == 0 else reversed(paths):
                 ms = timers[path].once(k)

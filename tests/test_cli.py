@@ -181,6 +181,19 @@ def test_ab_native_times_two_builds_in_one_process_and_checks_their_bits(tmp_pat
     assert all(r["old"] > 0 and r["new"] > 0 for r in report["contexts"]["40"].values())
 
 
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/native needs a C++ compiler")
+def test_ab_native_refuses_a_revision_whose_loop_reads_other_layer_fields():
+    # eb65213: before one_row joined LAYER_FIELDS (its loop read 15 tensors a layer, this one 19)
+    proc = subprocess.run(
+        [sys.executable, "scripts/ab_native.py", "model=tiny_llama", "--ref", "eb65213", "--contexts", "40"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode != 0 and "one weights list cannot serve both builds" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_forward_roofline_is_the_slower_of_streaming_the_weights_and_the_products_arithmetic():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_forward import roofline_ms

@@ -58,6 +58,7 @@ def _session(target) -> dict:
         ("tiny_qwen3", "transposed", "onednn", None),
         ("tiny_qwen3", "packed", "onednn", None),
         ("tiny_llama", "packed", "panel", None),
+        ("tiny_llama", "transposed", "panel", None),  # one row on W_t beside the panels (one_row in LAYER_FIELDS)
         ("tiny_qwen3", "packed", "panel", None),
         ("tiny_qwen3", "packed", "panel", 64),
         ("tiny_qwen3", "packed", "onednn", 128),
@@ -72,6 +73,8 @@ def test_the_native_loop_matches_the_python_loop(name, one_row, products, head_d
     )
     python_target = _target(name, "hardware.native=off", f"hardware.one_row_kernel={one_row}", *sizes)
     assert native_target.kernels["native"] == "on" and python_target.kernels["native"] == "off"
+    beside = [p.one_row is not None for p in native_target.lean.linears() if hasattr(p, "one_row")]
+    assert any(beside) == (products == "panel" and one_row == "transposed")
     got, expected = _session(native_target), _session(python_target)
     assert got["length"] == expected["length"] == 44
     for key in ("logits", "hidden", "keys", "values"):

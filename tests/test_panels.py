@@ -287,6 +287,41 @@ def test_the_panels_keep_the_row_counts_they_win_in_all_and_a_tie_does_not_cut_t
     )  # a tie at 1 row, won up to 16, 8% slower at 32
 
 
+def test_where_w_t_keeps_one_row_the_panels_are_judged_from_two_rows():
+    def times(panel, onednn):
+        return {
+            **{f"panel@{r}": t for r, t in zip(PRODUCT_ROWS, panel)},
+            **{f"onednn@{r}": t for r, t in zip(PRODUCT_ROWS, onednn)},
+        }
+
+    # the AMX Xeon's load-time times: 8% slower than W_t at one row, 15-35% faster at 2-64
+    measured = times(
+        [24.38, 22.32, 25.74, 28.82, 34.65, 48.41, 75.66], [22.53, 28.98, 29.78, 33.63, 40.69, 54.85, 87.48]
+    )
+    assert panel_rows_from(measured) == 0
+    assert panel_rows_from(measured, first=2) == 64
+    assert panel_rows_from(times([9, 13, 12, 12, 12, 12, 12], [12, 12, 12, 12, 12, 12, 12]), first=2) == 0
+
+
+@needs_panels
+def test_one_row_reads_w_t_beside_the_panels_and_more_rows_the_panels():
+    module = native.load()
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 32)
+    mixed = PackedLinear(linear, products={"products": "mixed", "panel_rows": 4}, native_module=module)
+    w_t = linear.weight.detach().t().contiguous()
+    mixed.one_row_t = w_t
+    assert mixed.one_row is w_t and mixed.small is mixed.panels
+    with torch.no_grad():
+        x = torch.randn(1, 40)
+        assert torch.equal(mixed(x), x @ w_t + linear.bias)  # W_t's bits, not the panels'
+        for rows in (2, 4, 5):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(mixed(x), linear(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(3, 40)
+        assert torch.equal(mixed(x), module.panel_linear(x, mixed.panels, mixed.bias))
+
+
 @needs_panels
 def test_the_choice_measures_every_row_count_and_keeps_a_prefix():
     module = native.load()
@@ -296,9 +331,12 @@ def test_the_choice_measures_every_row_count_and_keeps_a_prefix():
     assert record["products_reason"] == "measured at load"
     assert set(record["products_ms"]) == {f"{k}@{rows}" for k in ("panel", "onednn") for rows in PRODUCT_ROWS}
     if record["products"] == "mixed":
-        rows = record["panel_rows"]
-        assert rows in PRODUCT_ROWS and rows == panel_rows_from(record["products_ms"])
+        rows, beside = record["panel_rows"], record["one_row_beside_panels"]
+        assert rows in PRODUCT_ROWS and rows == panel_rows_from(record["products_ms"], first=2 if beside else 1)
         assert all(p.small is p.panels and p.small_rows == rows for p in linears)
+        assert all((p.one_row is not None) == beside for p in linears)
+        times = record["products_ms"]
+        assert not beside or times["onednn@1"] < times["panel@1"]  # W_t kept only where it beat the panels
     else:
         assert record["products"] == "onednn" and all(p.panels is None for p in linears)
 

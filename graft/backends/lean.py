@@ -253,7 +253,7 @@ class LeanBackend(TargetBackend):
         packed = [p for p in self.lean.linears() if isinstance(p, PackedLinear)]
         if packed:
             self.kernels = choose_one_row_kernel(packed, one_row_kernel)
-            self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels))
+            self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels, one_row_kernel=one_row_kernel))
             self.kernels.update(widened_record(packed))
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
 

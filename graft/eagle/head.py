@@ -255,7 +255,7 @@ class DraftHead(nn.Module):
         norms = {"input_norm": layer.input_layernorm.weight if eagle3 else None}
         norms["post_norm"] = layer.post_attention_layernorm.weight
         weights = native.layer_weights({**norms, **products})  # no q/k norm
-        weights.append(layer.hidden_norm.weight.detach() if eagle3 else torch.empty(0))  # head_layer's 16th
+        weights.append(layer.hidden_norm.weight.detach() if eagle3 else torch.empty(0))  # after LAYER_FIELDS
         # the loops run in float32 (a bfloat16 head's products read bfloat16 weights, its activations do not)
         self._native_weights = [w.float() if w.ndim == 1 else w for w in weights]
         if self.cfg.kind == "eagle3":

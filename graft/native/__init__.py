@@ -21,17 +21,18 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("lean_layers.cpp")
 
 # the order of a layer's tensors in lean_layers' `weights` (an empty tensor where one is absent)
+# (lean_layers.cpp's LayerField names the same indices)
 LAYER_FIELDS = (
     "input_norm",
-    "qkv.packed", "qkv.small", "qkv.bias",
-    "o.packed", "o.small", "o.bias",
+    "qkv.packed", "qkv.small", "qkv.one_row", "qkv.bias",
+    "o.packed", "o.small", "o.one_row", "o.bias",
     "post_norm",
-    "gate_up.packed", "gate_up.small", "gate_up.bias",
-    "down.packed", "down.small", "down.bias",
+    "gate_up.packed", "gate_up.small", "gate_up.one_row", "gate_up.bias",
+    "down.packed", "down.small", "down.one_row", "down.bias",
     "qk_norm",
 )  # fmt: skip
 
-_PRODUCT_TENSORS = {"packed": "packed", "small": "small", "bias": "bias"}  # PackedLinear's
+_PRODUCT_TENSORS = {"packed": "packed", "small": "small", "one_row": "one_row", "bias": "bias"}  # PackedLinear's
 
 _module = None
 _failure: str | None = None

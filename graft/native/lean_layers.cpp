@@ -652,11 +652,17 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
   return present(bias) ? y.add_(bias) : y;
 }
 
-// One product. Up to `small_rows` rows it reads `small`, the weights laid out for few rows: the panels (the panel
-// kernel) or W_t [K, N] (x @ W_t, one row); above, `packed`: oneDNN's layout, or the panels where oneDNN's copy
-// was dropped. Which layout serves which rows was measured at load (graft/fast.py).
-at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& small, const at::Tensor& bias,
-                   int64_t small_rows) {
+// One product. One row reads `one_row` where present: W_t [K, N] (x @ W_t) kept beside the panels where it measured
+// faster at one row (a decode step) than the panels, which serve 2 .. `small_rows` rows. Up to `small_rows` rows it
+// reads `small`, the weights laid out for few rows: the panels (the panel kernel) or W_t [K, N] (x @ W_t, one row);
+// above, `packed`: oneDNN's layout, or the panels where oneDNN's copy was dropped. Which layout serves which rows
+// was measured at load (graft/fast.py).
+at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& small, const at::Tensor& one_row,
+                   const at::Tensor& bias, int64_t small_rows) {
+  if (present(one_row) && x.size(0) == 1) {
+    at::Tensor y = at::mm(x, one_row);
+    return present(bias) ? y.add_(bias) : y;
+  }
   if (present(small) && x.size(0) <= small_rows) {
     if (small.dim() == 3) return panel_linear(x, small, bias);
     at::Tensor y = at::mm(x, small);
@@ -671,6 +677,23 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   at::Tensor y = op.call(half ? x.to(at::kBFloat16) : x, packed, b, "none", c10::List<std::optional<at::Scalar>>(),
                          c10::string_view(""));
   return half ? y.to(at::kFloat) : y;
+}
+
+// A layer's tensors in graft/native/__init__.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
+// bias) from its first index; the EAGLE-3 head's hidden norm appended after them.
+enum LayerField : int {
+  kInputNorm = 0,
+  kQkv = 1,
+  kO = 5,
+  kPostNorm = 9,
+  kGateUp = 10,
+  kDown = 14,
+  kQkNorm = 18,
+  kHiddenNorm = 19,
+};
+
+at::Tensor product_of(const at::Tensor& x, const at::Tensor* w, int field, int64_t small_rows) {
+  return product(x, w[field], w[field + 1], w[field + 2], w[field + 3], small_rows);
 }
 
 // Sum of squares vectorised (omp simd lets the compiler reorder the float reduction).
@@ -1203,11 +1226,12 @@ at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, co
                          const at::Tensor& keys, const at::Tensor& values, const float* cos, const float* sin,
                          const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          float eps, double scaling, int64_t small_rows) {
-  at::Tensor qkv = product(input, w[1], w[2], w[3], small_rows);
-  at::Tensor merged = attend(qkv, heads, kv_heads, head_dim, w[14], cos, sin, keys, values, start, mask, scaling, eps);
-  at::Tensor x = residual + product(merged, w[4], w[5], w[6], small_rows);
-  at::Tensor gate_up = product(rms_norm_rows(x, w[7], eps), w[8], w[9], w[10], small_rows);
-  return x + product(swiglu(gate_up), w[11], w[12], w[13], small_rows);
+  at::Tensor qkv = product_of(input, w, kQkv, small_rows);
+  at::Tensor merged =
+      attend(qkv, heads, kv_heads, head_dim, w[kQkNorm], cos, sin, keys, values, start, mask, scaling, eps);
+  at::Tensor x = residual + product_of(merged, w, kO, small_rows);
+  at::Tensor gate_up = product_of(rms_norm_rows(x, w[kPostNorm], eps), w, kGateUp, small_rows);
+  return x + product_of(swiglu(gate_up), w, kDown, small_rows);
 }
 
 }  // namespace
@@ -1234,7 +1258,7 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const at::Tensor* w = weights.data() + layer * per_layer;
     if (tap_flags[layer] & 1) result.push_back(x);
-    x = decoder_layer(rms_norm_rows(x, w[0], feps), x, w, keys_per_layer[layer], values_per_layer[layer],
+    x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, keys_per_layer[layer], values_per_layer[layer],
                       cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps,
                       scaling, small_rows);
     if (tap_flags[layer] & 2) result.push_back(x);
@@ -1260,8 +1284,8 @@ at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const 
     const int64_t n = hidden.size(0), width = hidden.size(1);
     input = at::empty({n, 2 * width}, hidden.options());
     at::Tensor both = input.view({n, 2, width});
-    both.select(1, 0).copy_(rms_norm_rows(embeds, w[0], feps));
-    both.select(1, 1).copy_(rms_norm_rows(hidden, w[15], feps));
+    both.select(1, 0).copy_(rms_norm_rows(embeds, w[kInputNorm], feps));
+    both.select(1, 1).copy_(rms_norm_rows(hidden, w[kHiddenNorm], feps));
   }
   return decoder_layer(input, hidden, w.data(), keys, values, cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start,
                        heads, kv_heads, head_dim, feps, scaling, small_rows);
