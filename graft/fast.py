@@ -286,10 +286,12 @@ def choose_product_kernel(
     "auto" times the panels and the settled kernels on these weights in forward order for each of
     PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
     count up to `panel_rows_from`'s ("mixed": oneDNN above it, so both copies are kept), or none (their copy
-    freed). Where the one-row kernel settled on W_t and it beat the panels at one row, W_t stays for one row
-    (`one_row_t`, a third copy) and the panels are judged from two rows: on an AMX Xeon the panels measured
-    6% slower than W_t at one row and 15-35% faster at 2-64, and a rule from one row handed every count to
-    oneDNN (a 16-row verification 2.05x a decode step instead of 1.6x). "panel" gives them every row count
+    freed). Where the one-row kernel settled on W_t and the panels measured more than PANEL_TIE slower at one
+    row, W_t stays for one row (`one_row_t`, a third copy) and the panels are judged from two rows: on an AMX
+    Xeon the panels measured 6-8% slower than W_t at one row and 15-35% faster at 2-64, and a rule from one
+    row handed every count to oneDNN (a 16-row verification 2.05x a decode step instead of 1.74x). A decode
+    step and a verification then add a token's terms in different orders (lossless up to float ties, as with
+    oneDNN); within the tie the panels keep one row, and the bits agree. "panel" gives them every row count
     (oneDNN's copy freed; one row stays W_t's where `one_row_kernel`, the config's hardware.one_row_kernel,
     asked for "transposed") and refuses where no linear has panels, "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep oneDNN. Returns a
     record for run.json."""
@@ -322,7 +324,9 @@ def choose_product_kernel(
             repeats,
         )
         transposed = all(linear.single_row_t is not None for linear in dual)  # the one-row kernel is W_t
-        keep_one_row = transposed and medians["onednn@1"] < medians["panel@1"]
+        # beyond a tie the panels keep one row too: then a token's logits are the same bits in a decode step and
+        # in a verification (W_t's and the panels' sums differ in order), so greedy speculation is exact
+        keep_one_row = transposed and medians["panel@1"] > PANEL_TIE * medians["onednn@1"]
         panel_rows = panel_rows_from(medians, first=2 if keep_one_row else 1)
         keep_one_row = keep_one_row and panel_rows > 0
         for linear in dual:
