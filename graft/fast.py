@@ -347,38 +347,47 @@ def choose_product_kernel(
     return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record, **prefetch}
 
 
-# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts they are timed at: a decode step, small
-# trees (one tile of 8 rows) and a 16-node tree (two tiles), where the measured machines disagreed
+# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts each tile class is timed at: products of one
+# tile (up to 8 rows: a decode step, small trees) and of several (16- and 32-node trees), where the measured
+# machines disagreed, and where one AMX Xeon wanted one mode for each
 TILE_PREFETCH = ("stream_ahead", "chunk_ahead")
-PREFETCH_ROWS = (1, 2, 8, 16)
+PREFETCH_ROWS = {"one_tile": (1, 2, 8), "several_tiles": (16, 32)}
 
 
 def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
-    """Settle how the AVX-512F panel tiles prefetch their weights (lean_layers.cpp: TilePrefetch): time the
-    panels of these linears in forward order in each mode at PREFETCH_ROWS, alternating over `repeats` rounds
-    after a warm-up round, and keep the mode with less time in all. The mode is the process's (the native
-    module's), and never changes a product's bits. Returns a record for run.json; {} where the build has no
-    modes (AVX2, no native build)."""
+    """Settle how the AVX-512F panel tiles prefetch their weights (lean_layers.cpp: TilePrefetch), for products of
+    one tile and of several apart: time the panels of these linears in forward order in each mode at each class's
+    PREFETCH_ROWS, alternating over `repeats` rounds after a warm-up round, and keep per class the mode with less
+    time in all. The modes are the process's (the native module's), and never change a product's bits. Returns a
+    record for run.json; {} where the build has no modes (AVX2, no native build)."""
     module = next((linear._native for linear in linears if linear._native is not None), None)
     if module is None or not hasattr(module, "tile_prefetch") or module.tile_prefetch() < 0:
         return {}
     settled = {linear: (linear.packed, linear.small_rows) for linear in linears}
-    inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}} for rows in PREFETCH_ROWS}
+    counts = sorted({rows for rows_of in PREFETCH_ROWS.values() for rows in rows_of})
+    inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}} for rows in counts}
+
+    def time_round(mode: str) -> dict[str, float]:
+        return {
+            f"{mode}@{name}": sum(_time_products(linears, inputs[rows]) for rows in rows_of)
+            for name, rows_of in PREFETCH_ROWS.items()
+        }
+
     try:
         for linear in linears:
             linear.packed, linear.small_rows = linear.panels, 0
         medians = _interleaved_ms(
-            TILE_PREFETCH,
-            lambda mode: module.set_tile_prefetch(TILE_PREFETCH.index(mode)),
-            lambda mode: {mode: sum(_time_products(linears, inputs[rows]) for rows in PREFETCH_ROWS)},
-            repeats,
+            TILE_PREFETCH, lambda mode: module.set_tile_prefetch(TILE_PREFETCH.index(mode)), time_round, repeats
         )
     finally:
         for linear in linears:
             linear.packed, linear.small_rows = settled[linear]
-    mode = min(medians, key=medians.get)
-    module.set_tile_prefetch(TILE_PREFETCH.index(mode))
-    return {"tile_prefetch": mode, "tile_prefetch_ms": {k: round(v, 2) for k, v in medians.items()}}
+    chosen, times = {}, {}
+    for tiles, name in enumerate(PREFETCH_ROWS):
+        times[name] = {mode: round(medians[f"{mode}@{name}"], 2) for mode in TILE_PREFETCH}
+        chosen[name] = min(TILE_PREFETCH, key=lambda mode: medians[f"{mode}@{name}"])
+        module.set_tile_prefetch(TILE_PREFETCH.index(chosen[name]), tiles)
+    return {"tile_prefetch": chosen, "tile_prefetch_ms": times}
 
 
 PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (this VM's noise) and keep it

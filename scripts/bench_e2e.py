@@ -235,6 +235,11 @@ def main() -> None:
     parser.add_argument("--data-root", default=os.environ.get("GRAFT_DATA", str(ROOT.parent / "shared" / "data")))
     parser.add_argument("--neighbour", action="store_true", help="run beside one busy process")
     parser.add_argument("--out", help="write the table and per-prompt records as JSON")
+    parser.add_argument(
+        "--tau-for",
+        type=float,
+        help="also give the tau each system would need, at its measured step costs, for this ratio to its target's AR",
+    )
     args = parser.parse_args()
 
     from graft.config import HardwareConfig, ModelConfig
@@ -288,7 +293,7 @@ def main() -> None:
     finally:
         if neighbour:
             neighbour.kill()
-    table = summarise(records, names)
+    table = summarise(records, names, args.tau_for)
     hw = hardware_info("cpu")
     print(
         f"\n{hw['cpu']} ({hw.get('cpu_isa')}), {hw['torch_threads']} threads, {args.new_tokens} new tokens, {len(prompts)} prompts, "
@@ -309,13 +314,15 @@ def main() -> None:
             f"{row.get('x_ar', float('nan')):.2f}{spread} | {own} | {row['equal']} |"
         )
     print("\nwhere a step's time goes (means per step; tau = tokens per step after the first, graft/decode.py)")
-    print("| system | tau | draft ms | verify ms | other ms | ms per token |")
-    print("|---|---|---|---|---|---|")
+    needed = f" tau for {args.tau_for:g}x its AR |" if args.tau_for else ""
+    print(f"| system | tau | draft ms | verify ms | other ms | ms per token |{needed}")
+    print("|---|---|---|---|---|---|" + ("---|" if needed else ""))
     for row in table:
         if "tau" in row:
             print(
                 f"| {row['system']} | {row['tau']:.2f} | {row['draft_ms']:.2f} | {row['verify_ms']:.2f} | "
                 f"{row['other_ms']:.2f} | {row['ms_per_token']:.2f} |"
+                + (f" {row['tau_needed']:.2f} |" if needed and "tau_needed" in row else " - |" if needed else "")
             )
     if args.out:
         Path(args.out).write_text(
@@ -325,6 +332,7 @@ def main() -> None:
                     "new_tokens": args.new_tokens,
                     "neighbour": bool(neighbour),
                     "rounds": args.repeats,
+                    "tau_for": args.tau_for,
                     "policy": POLICY.as_record() if POLICY else None,
                     "table": table,
                     "records": [
@@ -344,12 +352,20 @@ def main() -> None:
         )
 
 
-def summarise(records: list[dict], names: list[str]) -> list[dict]:
+def tau_needed(step_ms: float, ar_ms_per_token: float, ratio: float) -> float:
+    """The tokens a step must commit for `ratio` x AR's tokens/s at a step cost of `step_ms` (draft + verify +
+    other), AR committing one token every `ar_ms_per_token`: ratio = tau ar_ms_per_token / step_ms."""
+    return ratio * step_ms / ar_ms_per_token
+
+
+def summarise(records: list[dict], names: list[str], tau_for: float | None = None) -> list[dict]:
     """Per system: tokens/s over all prompts of a round, ratios to HF generate and to AR within the round, and
     whether every output equals its baseline's (transformers systems against hf_generate, this project's
     against ar, or against ar/onednn (ar/bf16) for the systems on the oneDNN (packed_bf16) target where it ran,
     hf_generate/bf16 against nothing: a different summation
-    order is a different float target). Over several rounds (records' `round`) the medians, and x AR's range."""
+    order is a different float target). Over several rounds (records' `round`) the medians, and x AR's range.
+    With `tau_for`, each of this project's systems' `tau_needed`: the tau that would give it `tau_for` x its
+    target's AR at its measured step costs (tau_needed)."""
     rounds = sorted({r.get("round", 0) for r in records})
     rates = []  # per round: system -> tokens/s
     for round_ in rounds:
@@ -376,6 +392,9 @@ def summarise(records: list[dict], names: list[str]) -> list[dict]:
             row["x_own_ar"] = statistics.median(rate[name] / rate[own] for rate in rates)
         if SYSTEMS[name] is not None:
             row.update(step_split([r[name] for r in records]))
+            if tau_for and own in names and name != own:
+                step_ms = sum(row[f"{phase}_ms"] for phase in PHASES)
+                row["tau_needed"] = tau_needed(step_ms, step_split([r[own] for r in records])["ms_per_token"], tau_for)
         rows.append(row)
     return rows
 

@@ -258,6 +258,33 @@ def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar
     assert lines[-1] == "| graft@16/bf16 | 30.0 | - | 3.00 | 1.50 |"
 
 
+def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_own_ar(monkeypatch):
+    """tau_needed = ratio x (draft + verify + other ms a step) / its AR's ms per token: at the step costs
+    measured, the tokens a step would have to commit."""
+    bench = _bench_e2e(monkeypatch)
+
+    def run(steps, tokens, draft, verify, other):
+        phases = {"steps": steps, "prefill_s": 0.0, "draft_s": draft, "verify_s": verify, "other_s": other}
+        return {"tokens": [1] * (tokens + 1), "seconds": draft + verify + other, "phases": phases}
+
+    # ar/bf16: 10 steps of 10 ms, one token each; graft: 5 steps of 2 + 12 + 1 = 15 ms, 10 tokens (tau 2)
+    records = [
+        {
+            "prompt": "a",
+            "round": 0,
+            "ar/bf16": run(10, 10, 0.0, 0.1, 0.0),
+            "graft@16/bf16": run(5, 10, 0.01, 0.06, 0.005),
+        }
+    ]
+    table = {row["system"]: row for row in bench.summarise(records, ["ar/bf16", "graft@16/bf16"], tau_for=1.8)}
+    graft = table["graft@16/bf16"]
+    assert abs(graft["tau"] - 2.0) < 1e-9 and abs(graft["x_own_ar"] - 4 / 3) < 1e-9
+    assert abs(graft["tau_needed"] - 1.8 * 15 / 10) < 1e-9  # 2.7 tokens a step for 1.8x
+    assert "tau_needed" not in table["ar/bf16"]
+    assert "tau_needed" not in bench.summarise(records, ["ar/bf16", "graft@16/bf16"])[1]
+    assert bench.tau_needed(15.0, 10.0, 1.0) == 1.5  # break-even
+
+
 def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     from render_results import ab_native

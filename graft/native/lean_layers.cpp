@@ -173,7 +173,9 @@ struct NextChunk {
 constexpr int kLanes = 16;  // floats per vector
 
 // How the AVX-512F tiles prefetch their weight stream; the machines this ran on disagreed, so graft/fast.py times
-// both at load (hardware.kernels: tile_prefetch) and sets one with set_tile_prefetch:
+// both at load (hardware.kernels: tile_prefetch), for products of one tile (up to 8 rows) and of several apart,
+// and sets each with set_tile_prefetch (an AMX Xeon ran 8 rows 14% faster streaming ahead and 16 rows 24% faster
+// chunk ahead, in one process):
 // - kStreamAhead: every tile prefetches into L1 4.5 KiB ahead of its k step, and beyond 8 rows the tiles take
 //   turns over 128-step chunks. On an AMD Zen 5 (2 threads) 5-8 rows went from 15.2-15.7 ms to 13.3-13.8 ms for
 //   the embedded model's products with it.
@@ -184,14 +186,20 @@ constexpr int kLanes = 16;  // floats per vector
 //   (8 rows alike); prefetching the chunk into L1 instead left 16 rows at 27 ms (layers only, against 23).
 // Either way each accumulator adds its k terms in order, so the mode never changes a product's bits.
 enum TilePrefetch : int64_t { kStreamAhead = 0, kChunkAhead = 1 };
-int64_t tile_prefetch_mode = kStreamAhead;
+int64_t tile_prefetch_modes[2] = {kStreamAhead, kStreamAhead};  // [one tile, several tiles]
 
-void set_tile_prefetch(int64_t mode) {
+// `tiles`: 0 the mode of products of one tile (up to 8 rows), 1 of several, -1 both.
+void set_tile_prefetch(int64_t mode, int64_t tiles) {
   TORCH_CHECK(mode == kStreamAhead || mode == kChunkAhead, "tile prefetch mode 0 (stream ahead) or 1 (chunk ahead), not ",
               mode);
-  tile_prefetch_mode = mode;
+  TORCH_CHECK(tiles >= -1 && tiles <= 1, "tiles: 0 (one tile), 1 (several) or -1 (both), not ", tiles);
+  if (tiles != 1) tile_prefetch_modes[0] = mode;
+  if (tiles != 0) tile_prefetch_modes[1] = mode;
 }
-int64_t tile_prefetch() { return tile_prefetch_mode; }
+int64_t tile_prefetch(int64_t tiles) {
+  TORCH_CHECK(tiles == 0 || tiles == 1, "tiles: 0 (one tile) or 1 (several), not ", tiles);
+  return tile_prefetch_modes[tiles];
+}
 
 constexpr int64_t kPrefetchAhead = 1152;  // floats: 4.5 KiB (kStreamAhead)
 
@@ -285,7 +293,7 @@ void panel_block(const E* x, int64_t rows, const E* block, int64_t k_size, float
   using Step = StepOf<E>;
   constexpr int tile = 8;
   constexpr int64_t k_bytes = 16 * V * sizeof(E);
-  const bool stream = tile_prefetch_mode == kStreamAhead, multi = rows > tile;
+  const bool multi = rows > tile, stream = tile_prefetch_modes[multi ? 1 : 0] == kStreamAhead;
   const int64_t step = !multi ? k_size : stream ? 128 : 64;
   const int64_t tiles = (rows + tile - 1) / tile, per_tile = (rows + tiles - 1) / tiles;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
@@ -465,8 +473,10 @@ void panel_block(const float* x, int64_t rows, const W* block, int64_t k_size, f
 
 #ifndef __AVX512F__
 // The AVX2 tiles have one prefetch scheme (their panel_block's), so no modes to choose between.
-void set_tile_prefetch(int64_t mode) { TORCH_CHECK(false, "tile prefetch modes are the AVX-512F build's, not ", mode); }
-int64_t tile_prefetch() { return -1; }
+void set_tile_prefetch(int64_t mode, int64_t) {
+  TORCH_CHECK(false, "tile prefetch modes are the AVX-512F build's, not ", mode);
+}
+int64_t tile_prefetch(int64_t) { return -1; }
 #endif
 
 // The blocks of one product over the threads, each thread's tiles prefetching into its next block.
@@ -1521,8 +1531,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "how the bfloat16 panels multiply: widened (float32 activations), dot (bfloat16 activations), or none");
   m.def("pack_panels", &pack_panels, "W [N, K] float32 (or bfloat16, AVX2) in the panel kernel's layout [N / B, K, B]");
   m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32 x and y)");
-  m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead");
-  m.def("tile_prefetch", &tile_prefetch, "the AVX-512F tiles' prefetch mode (-1: the build has none)");
+  m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead",
+        py::arg("mode"), py::arg("tiles") = -1);
+  m.def("tile_prefetch", &tile_prefetch, "the AVX-512F tiles' prefetch mode for one tile (0) or several (1); -1: none",
+        py::arg("tiles") = 0);
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of x [n, d] float32 with a float32 weight [d]");
   m.def("swiglu", &swiglu, "SiLU(gate) * up for gate_up [n, 2 * inner] float32 -> [n, inner]");
   m.def("move_rows", &move_rows, "every buffer's positions start + rows[j] moved to start + j (a commit)");
