@@ -350,7 +350,7 @@ def choose_product_kernel(
 # lean_layers.cpp's TilePrefetch modes, in its order, and the row counts each tile class is timed at: products of one
 # tile (up to 8 rows: a decode step, small trees) and of several (16- and 32-node trees), where the measured
 # machines disagreed, and where one AMX Xeon wanted one mode for each
-TILE_PREFETCH = ("stream_ahead", "chunk_ahead")
+TILE_PREFETCH = ("stream_ahead", "chunk_ahead", "hardware")
 PREFETCH_ROWS = {"one_tile": (1, 2, 8), "several_tiles": (16, 32)}
 
 

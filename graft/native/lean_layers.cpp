@@ -179,19 +179,23 @@ constexpr int kLanes = 16;  // floats per vector
 // - kStreamAhead: every tile prefetches into L1 4.5 KiB ahead of its k step, and beyond 8 rows the tiles take
 //   turns over 128-step chunks. On an AMD Zen 5 (2 threads) 5-8 rows went from 15.2-15.7 ms to 13.3-13.8 ms for
 //   the embedded model's products with it.
-// - kChunkAhead: a single tile (up to 8 rows) leaves the stream to the hardware prefetcher; beyond 8 rows the tiles
-//   take turns over 64-step chunks (12 KiB of a 48-wide block) and prefetch shares of the next chunk into L2
-//   meanwhile, so that the read overlaps the arithmetic of every tile. On an AMD Zen 4 (2 threads) the products
-//   took 13.5 / 14.6 / 23 / 30 ms at 1 / 2 / 12 / 16 rows against 15.8 / 17.3 / 30 / 38 ms with kStreamAhead
-//   (8 rows alike); prefetching the chunk into L1 instead left 16 rows at 27 ms (layers only, against 23).
-// Either way each accumulator adds its k terms in order, so the mode never changes a product's bits.
-enum TilePrefetch : int64_t { kStreamAhead = 0, kChunkAhead = 1 };
+// - kChunkAhead: the tiles take turns over 64-step chunks (12 KiB of a 48-wide block) and prefetch shares of the
+//   next chunk into L2 meanwhile, so that the read overlaps the arithmetic of every tile; a single tile (up to 8
+//   rows) prefetches all of it. On the AMX Xeon the embedded model's products took 22.9 / 23.5 / 24.7 ms at
+//   1 / 4 / 8 rows so, against 23.1 / 25.4 / 29.2 with kStreamAhead and 23.1 / 29.8 / 34.8 with kHardware.
+// - kHardware: a single tile leaves the stream to the hardware prefetcher; beyond 8 rows the tiles take turns over
+//   64-step chunks with no prefetch. (Before the single tile's chunks, kChunkAhead was this for one tile: on an AMD
+//   Zen 4 (2 threads) the products took 13.5 / 14.6 / 23 / 30 ms at 1 / 2 / 12 / 16 rows against 15.8 / 17.3 / 30 /
+//   38 ms with kStreamAhead (8 rows alike); prefetching the chunk into L1 instead left 16 rows at 27 ms (layers
+//   only, against 23).)
+// Every way each accumulator adds its k terms in order, so the mode never changes a product's bits.
+enum TilePrefetch : int64_t { kStreamAhead = 0, kChunkAhead = 1, kHardware = 2 };
 int64_t tile_prefetch_modes[2] = {kStreamAhead, kStreamAhead};  // [one tile, several tiles]
 
 // `tiles`: 0 the mode of products of one tile (up to 8 rows), 1 of several, -1 both.
 void set_tile_prefetch(int64_t mode, int64_t tiles) {
-  TORCH_CHECK(mode == kStreamAhead || mode == kChunkAhead, "tile prefetch mode 0 (stream ahead) or 1 (chunk ahead), not ",
-              mode);
+  TORCH_CHECK(mode == kStreamAhead || mode == kChunkAhead || mode == kHardware,
+              "tile prefetch mode 0 (stream ahead), 1 (chunk ahead) or 2 (hardware), not ", mode);
   TORCH_CHECK(tiles >= -1 && tiles <= 1, "tiles: 0 (one tile), 1 (several) or -1 (both), not ", tiles);
   if (tiles != 1) tile_prefetch_modes[0] = mode;
   if (tiles != 0) tile_prefetch_modes[1] = mode;
@@ -293,12 +297,14 @@ void panel_block(const E* x, int64_t rows, const E* block, int64_t k_size, float
   using Step = StepOf<E>;
   constexpr int tile = 8;
   constexpr int64_t k_bytes = 16 * V * sizeof(E);
-  const bool multi = rows > tile, stream = tile_prefetch_modes[multi ? 1 : 0] == kStreamAhead;
-  const int64_t step = !multi ? k_size : stream ? 128 : 64;
+  const bool multi = rows > tile;
+  const int64_t mode = tile_prefetch_modes[multi ? 1 : 0];
+  const bool stream = mode == kStreamAhead, chunked = multi || mode == kChunkAhead;
+  const int64_t step = !chunked ? k_size : stream ? 128 : 64;
   const int64_t tiles = (rows + tile - 1) / tile, per_tile = (rows + tiles - 1) / tiles;
   for (int64_t k0 = 0; k0 < k_size; k0 += step) {
     const int64_t k1 = std::min(k_size, k0 + step);
-    const NextChunk<k_bytes> next(block, next_block, k1, k_size, step, tiles, multi && !stream);
+    const NextChunk<k_bytes> next(block, next_block, k1, k_size, step, tiles, mode == kChunkAhead);
     for (int64_t m0 = 0, t = 0; m0 < rows; m0 += per_tile, ++t) {
       const char* ahead = next.ahead(t);
       const int64_t mine = next.lines_of(t), count = std::min(per_tile, rows - m0);
@@ -1531,7 +1537,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "how the bfloat16 panels multiply: widened (float32 activations), dot (bfloat16 activations), or none");
   m.def("pack_panels", &pack_panels, "W [N, K] float32 (or bfloat16, AVX2) in the panel kernel's layout [N / B, K, B]");
   m.def("panel_linear", &panel_linear, "x @ W^T (+ bias) through the panel kernel (float32 x and y)");
-  m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead",
+  m.def("set_tile_prefetch", &set_tile_prefetch, "the AVX-512F tiles' prefetch: 0 stream ahead, 1 chunk ahead, 2 hardware",
         py::arg("mode"), py::arg("tiles") = -1);
   m.def("tile_prefetch", &tile_prefetch, "the AVX-512F tiles' prefetch mode for one tile (0) or several (1); -1: none",
         py::arg("tiles") = 0);
