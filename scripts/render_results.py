@@ -174,15 +174,18 @@ def step_split(path: str) -> str:
     """Where a step's time goes in one scripts/bench_e2e.py JSON (systems of this project; runs recorded
     since the per-phase times were added)."""
     run = json.loads((ROOT / path).read_text())
+    ratio = run.get("tau_for")  # bench_e2e --tau-for: the tau each system would need for that ratio to its AR
+    needed = f" tau for {ratio:g}x its AR |" if ratio else ""
     lines = [
-        "| system | tau | draft ms | verify ms | other ms | ms per token |",
-        "|---|---|---|---|---|---|",
+        f"| system | tau | draft ms | verify ms | other ms | ms per token |{needed}",
+        "|---|---|---|---|---|---|" + ("---|" if ratio else ""),
     ]
     for row in run["table"]:
         if "tau" in row:
             lines.append(
                 f"| {row['system']} | {row['tau']:.2f} | {row['draft_ms']:.2f} | {row['verify_ms']:.2f} | "
                 f"{row['other_ms']:.2f} | {row['ms_per_token']:.2f} |"
+                + ((f" {row['tau_needed']:.2f} |" if "tau_needed" in row else " - |") if ratio else "")
             )
     return "\n".join(lines)
 

@@ -258,7 +258,7 @@ def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar
     assert lines[-1] == "| graft@16/bf16 | 30.0 | - | 3.00 | 1.50 |"
 
 
-def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_own_ar(monkeypatch):
+def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_own_ar(monkeypatch, tmp_path):
     """tau_needed = ratio x (draft + verify + other ms a step) / its AR's ms per token: at the step costs
     measured, the tokens a step would have to commit."""
     bench = _bench_e2e(monkeypatch)
@@ -283,6 +283,13 @@ def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_o
     assert "tau_needed" not in table["ar/bf16"]
     assert "tau_needed" not in bench.summarise(records, ["ar/bf16", "graft@16/bf16"])[1]
     assert bench.tau_needed(15.0, 10.0, 1.0) == 1.5  # break-even
+    from render_results import step_split
+
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"tau_for": 1.8, "table": list(table.values())}))
+    lines = step_split(str(path)).splitlines()
+    assert lines[0].endswith("| tau for 1.8x its AR |")
+    assert lines[-2].endswith("| - |") and lines[-1].endswith("| 2.70 |")  # ar/bf16 needs none; graft 2.7
 
 
 def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_path):
