@@ -304,10 +304,7 @@ def choose_product_kernel(
         if kernel == "panel" and not narrow:
             raise ValueError(f"hardware.product_kernel=panel, but {reason}")
         # every product on the bfloat16 panels (packed_bf16): the products settled with these take them too
-        record = {"products": "onednn", "products_reason": reason, **({"narrow": "panel"} if narrow else {})}
-        if narrow and kernel == "auto":
-            record.update(choose_amx_one_row([linear for linear in linears if linear.narrow_panels]))
-        return record
+        return {"products": "onednn", "products_reason": reason, **({"narrow": "panel"} if narrow else {})}
     record: dict = {"products_reason": f"hardware.product_kernel={kernel}"}
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
     keep_one_row = False
@@ -327,7 +324,7 @@ def choose_product_kernel(
             repeats,
         )
         transposed = all(linear.single_row_t is not None for linear in dual)  # the one-row kernel is W_t
-        # within a tie the panels keep one row too: then a token's logits are the same bits in a decode step and
+        # beyond a tie the panels keep one row too: then a token's logits are the same bits in a decode step and
         # in a verification (W_t's and the panels' sums differ in order), so greedy speculation is exact
         keep_one_row = transposed and medians["panel@1"] > PANEL_TIE * medians["onednn@1"]
         panel_rows = panel_rows_from(medians, first=2 if keep_one_row else 1)
@@ -391,41 +388,6 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
         chosen[name] = min(TILE_PREFETCH, key=lambda mode: medians[f"{mode}@{name}"])
         module.set_tile_prefetch(TILE_PREFETCH.index(chosen[name]), tiles)
     return {"tile_prefetch": chosen, "tile_prefetch_ms": times}
-
-
-def choose_amx_one_row(linears: list[PackedLinear], repeats: int = 5) -> dict:
-    """Where the bfloat16 panels run on AMX tiles, settle whether one row (a decode step) takes the tiles too or the
-    dot products (vdpbf16ps) with the tile prefetch that suits them: time both on these linears' one-row products in
-    forward order, the dot products in every prefetch mode, alternating over `repeats` rounds after a warm-up
-    round, and leave one row to the dot products only where they were more than PANEL_TIE faster (the AMX Xeon:
-    11.6 against 12.8 ms for the embedded model's products). Then a decode step and a verification add a token's
-    terms in different orders (lossless up to float ties); within the tie every row count keeps the tiles and the
-    bits agree. The choice and the one-tile prefetch mode are the process's (the native module's: another target
-    loaded later in the process settles them again). Returns a record for run.json; {} without AMX tiles."""
-    module = next((linear._native for linear in linears if linear._native is not None), None)
-    if module is None or not hasattr(module, "set_amx_from_rows") or module.bfloat16_panel_products() != "amx":
-        return {}
-    rows = {n: torch.randn(1, n) for n in {linear.in_features for linear in linears}}
-    mode_before = module.tile_prefetch(0)
-    names = ("amx", *(f"dot/{mode}" for mode in TILE_PREFETCH))
-
-    def use(name: str) -> None:
-        module.set_amx_from_rows(1 if name == "amx" else 2)
-        if name != "amx":
-            module.set_tile_prefetch(TILE_PREFETCH.index(name.split("/")[1]), 0)
-
-    try:
-        medians = _interleaved_ms(names, use, lambda name: {name: _time_products(linears, rows)}, repeats)
-    finally:
-        module.set_amx_from_rows(1)
-        module.set_tile_prefetch(mode_before, 0)
-    dot = min(names[1:], key=medians.get)
-    if medians["amx"] > PANEL_TIE * medians[dot]:
-        use(dot)
-    return {
-        "amx_from_rows": module.amx_from_rows(),
-        "amx_one_row_ms": {name: round(ms, 2) for name, ms in medians.items()},
-    }
 
 
 PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (this VM's noise) and keep it

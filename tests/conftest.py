@@ -67,16 +67,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(autouse=True)
-def amx_for_every_row():
-    """Every test starts with the AMX tiles taking every row count: a packed_bf16 target loaded by an earlier test
-    may have left one row to the dot products (graft/fast.py: choose_amx_one_row; the native module's state is
-    the process's), which changes a one-row product's bits."""
-    from graft import native
-
-    module = native.loaded()
-    if module is not None and hasattr(module, "set_amx_from_rows"):
-        module.set_amx_from_rows(1)
-    yield

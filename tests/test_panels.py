@@ -181,43 +181,6 @@ def test_amx_panels_multiply_the_activations_rounded_to_bfloat16(out_features, i
 
 
 @needs_bfloat16_panels
-def test_amx_from_two_rows_leaves_one_row_to_the_dot_products_and_the_choice_says_why():
-    from graft.fast import choose_amx_one_row
-
-    module = _bfloat16_panels("amx")
-    torch.manual_seed(5)
-    weight, bias = torch.randn(96, 576).bfloat16(), torch.randn(96)
-    panels, x = module.pack_panels(weight), torch.randn(3, 576)
-    tiles = module.panel_linear(x, panels, bias)
-    module.use_amx(False)
-    dot = module.panel_linear(x[:1], panels, bias)
-    module.use_amx(True)
-    module.set_amx_from_rows(2)
-    assert module.amx_from_rows() == 2
-    assert torch.equal(module.panel_linear(x[:1], panels, bias), dot)  # one row: the dot products' bits
-    assert not torch.equal(dot, tiles[:1])
-    assert torch.equal(module.panel_linear(x[:2], panels, bias), tiles[:2])  # two rows: the tiles'
-    with pytest.raises(RuntimeError, match="from 1 or 2 rows, not 3"):
-        module.set_amx_from_rows(3)
-    module.set_amx_from_rows(1)
-    assert torch.equal(module.panel_linear(x[:1], panels, bias), tiles[:1])
-    linears = [PackedLinear(nn.Linear(576, 96).bfloat16(), native_module=module) for _ in range(3)]
-    before = module.tile_prefetch(0)
-    try:
-        record = choose_amx_one_row(linears, repeats=1)
-        times = record["amx_one_row_ms"]
-        assert set(times) == {"amx", *(f"dot/{mode}" for mode in TILE_PREFETCH)}
-        assert record["amx_from_rows"] == module.amx_from_rows()
-        best_dot = min(ms for name, ms in times.items() if name != "amx")
-        # rounded times: the choice was made on the unrounded ones
-        assert record["amx_from_rows"] == 2 or times["amx"] <= PANEL_TIE * best_dot + 0.01
-        assert record["amx_from_rows"] == 1 or times["amx"] >= PANEL_TIE * best_dot - 0.01
-    finally:
-        module.set_amx_from_rows(1)
-        module.set_tile_prefetch(before, 0)
-
-
-@needs_bfloat16_panels
 def test_amx_panels_leave_a_k_that_is_no_multiple_of_32_to_the_dot_products():
     module = _bfloat16_panels("amx")
     torch.manual_seed(9)

@@ -90,10 +90,7 @@ bool bfloat16_panels_supported() { return !bfloat16_panel_products().empty(); }
 // AMX (an Intel Sapphire Rapids or later): the "dot" panels' layout read by the tile unit, 16 rows x 16 columns x
 // 32 k a tdpbf16ps. Linux hands out the tile state only to a process that asks (arch_prctl), once; where it
 // refuses, or use_amx(false) turned them off, the dot products serve. A product uses the tiles for every row
-// count or for none (K a multiple of 32), so a row's bits never depend on the rows beside it; except that
-// set_amx_from_rows(2) leaves one row (a decode step) to the dot products where graft/fast.py measured them
-// faster there beyond a tie (the AMX Xeon: 11.6 against 12.8 ms for the embedded model's products, the dot
-// panels chunking ahead): a decode step and a verification then add a token's terms in different orders.
+// count or for none (K a multiple of 32), so a row's bits never depend on the rows beside it.
 bool amx_granted() {
 #if defined(GRAFT_AMX)
   static const bool granted = [] {
@@ -106,13 +103,7 @@ bool amx_granted() {
 #endif
 }
 bool amx_wanted = true;
-int64_t amx_from_rows = 1;
 bool amx_on() { return amx_wanted && amx_granted(); }
-void set_amx_from_rows(int64_t rows) {
-  TORCH_CHECK(rows == 1 || rows == 2, "the AMX tiles take products from 1 or 2 rows, not ", rows);
-  amx_from_rows = rows;
-}
-int64_t amx_rows_from() { return amx_from_rows; }
 bool use_amx(bool wanted) {
   amx_wanted = wanted;
   return amx_on();
@@ -655,7 +646,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
     std::vector<uint32_t> x_pairs(rows * k_pairs);
     for (int64_t r = 0; r < rows; ++r) round_to_pairs(xp + r * k_size, k_size, x_pairs.data() + r * k_pairs);
 #if defined(GRAFT_AMX)
-    if (k_pairs % 16 == 0 && amx_on() && rows >= amx_from_rows) {
+    if (k_pairs % 16 == 0 && amx_on()) {
       const int64_t padded = rows > 16 ? (rows + 15) / 16 * 16 : rows;
       x_pairs.resize(padded * k_pairs, 0u);
       at::Tensor out = padded > rows ? at::empty({padded, n_size}, x.options()) : y;
@@ -1555,8 +1546,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("move_rows", &move_rows, "every buffer's positions start + rows[j] moved to start + j (a commit)");
   m.def("row_logsumexp", &row_logsumexp, "each row's logsumexp of x [n, V] float32, as [n, 1]");
   m.def("row_topk", &row_topk, "each row's k largest float32 values, largest first, ties in index order");
-  m.def("set_amx_from_rows", &set_amx_from_rows, "the AMX tiles for products of at least 1 (every product) or 2 rows");
-  m.def("amx_from_rows", &amx_rows_from, "from how many rows the AMX tiles take a product (1 or 2)");
   m.def("use_amx", &use_amx, "the bfloat16 panels through AMX tiles where granted (true) or not; returns whether they are");
   m.def("dot_rate", &dot_rate, "bfloat16 G multiply-adds/s through vdpbf16ps on every torch thread (0: none)");
   m.def("fma_rate", &fma_rate, "float32 G FMA/s with every torch thread running register-only vector FMAs");
