@@ -347,74 +347,69 @@ needs_prefetch_modes = pytest.mark.skipif(
 )
 
 
-@needs_prefetch_modes
-@pytest.mark.parametrize("out_features,in_features", [(48, 576), (32, 1536), (80, 100)])
-def test_the_tile_prefetch_modes_give_the_same_bits(out_features, in_features):
+@pytest.fixture
+def prefetch_module():
+    """The native module; its tile prefetch modes (one tile, several) put back after the test."""
     module = native.load()
     before = [module.tile_prefetch(tiles) for tiles in (0, 1)]
+    yield module
+    for tiles, mode in enumerate(before):
+        module.set_tile_prefetch(mode, tiles)
+
+
+@needs_prefetch_modes
+@pytest.mark.parametrize("out_features,in_features", [(48, 576), (32, 1536), (80, 100)])
+def test_the_tile_prefetch_modes_give_the_same_bits(prefetch_module, out_features, in_features):
+    module = prefetch_module
     torch.manual_seed(out_features)
     panels, bias = module.pack_panels(torch.randn(out_features, in_features)), torch.randn(out_features)
-    try:
-        for rows in (1, 3, 8, 9, 16, 20, 64):
-            x = torch.randn(rows, in_features)
-            results = []
-            for mode in range(len(TILE_PREFETCH)):
-                module.set_tile_prefetch(mode)
-                results.append(module.panel_linear(x, panels, bias))
-            assert all(torch.equal(results[0], other) for other in results[1:]), rows
-        with pytest.raises(RuntimeError, match="tile prefetch mode 0 .*, 1 .* or 2 .*, not 3"):
-            module.set_tile_prefetch(3)
-        with pytest.raises(RuntimeError, match="tiles: 0 .* 1 .* or -1 .*, not 2"):
-            module.set_tile_prefetch(0, 2)
-    finally:
-        for tiles, mode in enumerate(before):
-            module.set_tile_prefetch(mode, tiles)
+    for rows in (1, 3, 8, 9, 16, 20, 64):
+        x = torch.randn(rows, in_features)
+        results = []
+        for mode in range(len(TILE_PREFETCH)):
+            module.set_tile_prefetch(mode)
+            results.append(module.panel_linear(x, panels, bias))
+        assert all(torch.equal(results[0], other) for other in results[1:]), rows
+    with pytest.raises(RuntimeError, match="tile prefetch mode 0 .*, 1 .* or 2 .*, not 3"):
+        module.set_tile_prefetch(3)
+    with pytest.raises(RuntimeError, match="tiles: 0 .* 1 .* or -1 .*, not 2"):
+        module.set_tile_prefetch(0, 2)
 
 
 @needs_prefetch_modes
-def test_one_tile_and_several_keep_their_own_prefetch_mode():
-    module = native.load()
-    before = [module.tile_prefetch(tiles) for tiles in (0, 1)]
-    try:
+def test_one_tile_and_several_keep_their_own_prefetch_mode(prefetch_module):
+    module = prefetch_module
+    module.set_tile_prefetch(0, 0)
+    module.set_tile_prefetch(1, 1)
+    assert (module.tile_prefetch(0), module.tile_prefetch(1), module.tile_prefetch()) == (0, 1, 0)
+    module.set_tile_prefetch(1)  # both
+    assert (module.tile_prefetch(0), module.tile_prefetch(1)) == (1, 1)
+    # mixed modes, the same bits as either alone, on each side of the one-tile boundary (8 rows)
+    torch.manual_seed(1)
+    panels, bias = module.pack_panels(torch.randn(96, 576)), torch.randn(96)
+    for rows in (8, 9, 16):
+        x = torch.randn(rows, 576)
         module.set_tile_prefetch(0, 0)
-        module.set_tile_prefetch(1, 1)
-        assert (module.tile_prefetch(0), module.tile_prefetch(1), module.tile_prefetch()) == (0, 1, 0)
-        module.set_tile_prefetch(1)  # both
-        assert (module.tile_prefetch(0), module.tile_prefetch(1)) == (1, 1)
-        # mixed modes, the same bits as either alone, on each side of the one-tile boundary (8 rows)
-        torch.manual_seed(1)
-        panels, bias = module.pack_panels(torch.randn(96, 576)), torch.randn(96)
-        for rows in (8, 9, 16):
-            x = torch.randn(rows, 576)
-            module.set_tile_prefetch(0, 0)
-            mixed = module.panel_linear(x, panels, bias)
-            module.set_tile_prefetch(0)
-            assert torch.equal(mixed, module.panel_linear(x, panels, bias)), rows
-    finally:
-        for tiles, mode in enumerate(before):
-            module.set_tile_prefetch(mode, tiles)
+        mixed = module.panel_linear(x, panels, bias)
+        module.set_tile_prefetch(0)
+        assert torch.equal(mixed, module.panel_linear(x, panels, bias)), rows
 
 
 @needs_prefetch_modes
-def test_the_product_choice_times_both_tile_prefetch_modes_and_keeps_the_faster():
-    module = native.load()
-    before = [module.tile_prefetch(tiles) for tiles in (0, 1)]
+def test_the_product_choice_times_every_tile_prefetch_mode_per_tile_class_and_keeps_the_faster(prefetch_module):
+    module = prefetch_module
     torch.manual_seed(0)
     linears = [PackedLinear(nn.Linear(64, 48), native_module=module) for _ in range(3)]
-    try:
-        record = choose_product_kernel(linears, "auto", repeats=1)
-        chosen, times = record["tile_prefetch"], record["tile_prefetch_ms"]
-        assert list(chosen) == list(times) == ["one_tile", "several_tiles"]
-        for tiles, name in enumerate(chosen):
-            assert set(times[name]) == set(TILE_PREFETCH)
-            assert times[name][chosen[name]] == min(times[name].values())  # rounded
-            assert module.tile_prefetch(tiles) == TILE_PREFETCH.index(chosen[name])
-        assert "tile_prefetch" not in choose_product_kernel(
-            [PackedLinear(nn.Linear(64, 48), native_module=module)], "onednn"
-        )
-    finally:
-        for tiles, mode in enumerate(before):
-            module.set_tile_prefetch(mode, tiles)
+    record = choose_product_kernel(linears, "auto", repeats=1)
+    chosen, times = record["tile_prefetch"], record["tile_prefetch_ms"]
+    assert list(chosen) == list(times) == ["one_tile", "several_tiles"]
+    for tiles, name in enumerate(chosen):
+        assert set(times[name]) == set(TILE_PREFETCH)
+        assert times[name][chosen[name]] == min(times[name].values())  # rounded
+        assert module.tile_prefetch(tiles) == TILE_PREFETCH.index(chosen[name])
+    assert "tile_prefetch" not in choose_product_kernel(
+        [PackedLinear(nn.Linear(64, 48), native_module=module)], "onednn"
+    )
 
 
 @needs_panels
