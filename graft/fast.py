@@ -141,7 +141,8 @@ class PackedLinear(nn.Module):
             weight = weight.float()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
-        self.one_row_t = None  # W_t kept beside the panels for one row (choose_product_kernel)
+        # W_t read for one row beside the panels, where they measured slower there (choose_product_kernel)
+        self.one_row = None
         if self.narrow_panels:  # every row count
             self.panels, self._native = native_module.pack_panels(weight), native_module
             self.packed, self.small_rows = self.panels, 0
@@ -171,21 +172,18 @@ class PackedLinear(nn.Module):
             return self.panels
         return self.single_row_t
 
-    @property
-    def one_row(self) -> Tensor | None:
-        """W_t read for one row where the panels serve 2 .. `small_rows` rows but measured slower at one."""
-        return self.one_row_t
-
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, in]
         if self.widened_from is not None:
             flat = flat.float()
         elif self.packed.dim() == 2 and flat.dtype != self.packed.dtype:  # float32 rows, bfloat16 oneDNN weights
             flat = flat.to(self.packed.dtype)
-        small = self.small
-        if self.one_row_t is not None and flat.shape[0] == 1:
-            small = self.one_row_t
-        if small is not None and (flat.shape[0] <= self.small_rows or small is self.one_row_t):
+        rows = flat.shape[0]
+        if self.one_row is not None and rows == 1:
+            small = self.one_row
+        else:
+            small = self.small if rows <= self.small_rows else None
+        if small is not None:
             y = self._panel(flat, small) if small.dim() == 3 else flat @ small
             if small.dim() == 2 and self.bias is not None:
                 y = y + self.bias
@@ -287,14 +285,14 @@ def choose_product_kernel(
     PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
     count up to `panel_rows_from`'s ("mixed": oneDNN above it, so both copies are kept), or none (their copy
     freed). Where the one-row kernel settled on W_t and the panels measured more than PANEL_TIE slower at one
-    row, W_t stays for one row (`one_row_t`, a third copy) and the panels are judged from two rows: on an AMX
+    row, W_t stays for one row (`one_row`, a third copy) and the panels are judged from two rows: on an AMX
     Xeon the panels measured 6-8% slower than W_t at one row and 15-35% faster at 2-64, and a rule from one
     row handed every count to oneDNN (a 16-row verification 2.05x a decode step instead of 1.74x). A decode
     step and a verification then add a token's terms in different orders (lossless up to float ties, as with
     oneDNN); within the tie the panels keep one row, and the bits agree. "panel" gives them every row count
     (oneDNN's copy freed; one row stays W_t's where `one_row_kernel`, the config's hardware.one_row_kernel,
-    asked for "transposed") and refuses where no linear has panels, "onednn" none. Linears without panels (bf16, no native build: `no_panels` says why) keep oneDNN. Returns a
-    record for run.json."""
+    asked for "transposed") and refuses where no linear has panels, "onednn" none. Linears without panels (bf16,
+    no native build: `no_panels` says why) keep oneDNN. Returns a record for run.json."""
     if kernel not in ("auto", *PRODUCT_KERNELS):
         raise ValueError(f"hardware.product_kernel={kernel!r}; allowed: auto, {', '.join(PRODUCT_KERNELS)}")
     dual = [linear for linear in linears if linear.panels is not None and linear.onednn is not None]
@@ -334,22 +332,22 @@ def choose_product_kernel(
         record = {"products_reason": "measured at load", "products_ms": {k: round(v, 2) for k, v in medians.items()}}
     for linear in dual:
         if kernel == "panel":
-            linear.one_row_t = linear.single_row_t if one_row_kernel == "transposed" else None
+            linear.one_row = linear.single_row_t if one_row_kernel == "transposed" else None
             linear.packed, linear.onednn, linear.single_row_t, linear.small_rows = linear.panels, None, None, 0
         elif panel_rows:
-            linear.one_row_t = linear.single_row_t if keep_one_row else None
+            linear.one_row = linear.single_row_t if keep_one_row else None
             linear.single_row_t, linear.small_rows = None, panel_rows
         else:
             linear.panels = None
     products = "panel" if kernel == "panel" else "mixed" if panel_rows else "onednn"
     if products == "mixed" or kernel == "panel":
-        record["one_row_beside_panels"] = any(linear.one_row_t is not None for linear in dual)
+        record["one_row_beside_panels"] = any(linear.one_row is not None for linear in dual)
     return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record, **prefetch}
 
 
-# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts each tile class is timed at: products of one
-# tile (up to 8 rows: a decode step, small trees) and of several (16- and 32-node trees), where the measured
-# machines disagreed, and where one AMX Xeon wanted one mode for each
+# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts each tile class is timed at, in the order of
+# set_tile_prefetch's `tiles` index: products of one tile (up to 8 rows: a decode step, small trees) and of several
+# (16- and 32-node trees), where the measured machines disagreed
 TILE_PREFETCH = ("stream_ahead", "chunk_ahead", "hardware")
 PREFETCH_ROWS = {"one_tile": (1, 2, 8), "several_tiles": (16, 32)}
 

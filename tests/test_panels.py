@@ -266,41 +266,41 @@ def test_a_mixed_product_reads_the_panels_up_to_its_rows_and_onednn_above():
             torch.testing.assert_close(only(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
-def test_the_panels_keep_the_row_counts_they_win_in_all_and_a_tie_does_not_cut_them_short():
-    def times(panel, onednn):
-        return {
-            **{f"panel@{r}": t for r, t in zip(PRODUCT_ROWS, panel)},
-            **{f"onednn@{r}": t for r, t in zip(PRODUCT_ROWS, onednn)},
-        }
+def _load_times(panel, onednn):
+    """choose_product_kernel's load-time medians, ms, from the panels' and oneDNN's per PRODUCT_ROWS count."""
+    return {
+        **{f"panel@{r}": t for r, t in zip(PRODUCT_ROWS, panel)},
+        **{f"onednn@{r}": t for r, t in zip(PRODUCT_ROWS, onednn)},
+    }
 
+
+def test_the_panels_keep_the_row_counts_they_win_in_all_and_a_tie_does_not_cut_them_short():
     # the load-time times of a run where a 0.4% loss at 4 rows had cut the panels at 2 rows
     assert (
-        panel_rows_from(times([13.18, 14.06, 15.96, 14.34, 18.64, 30, 50], [17.45, 17.95, 15.89, 18.34, 20.19, 40, 60]))
+        panel_rows_from(
+            _load_times([13.18, 14.06, 15.96, 14.34, 18.64, 30, 50], [17.45, 17.95, 15.89, 18.34, 20.19, 40, 60])
+        )
         == 64
     )
     assert (
-        panel_rows_from(times([10, 10, 10, 20, 30, 40, 50], [12, 12, 12, 15, 20, 60, 70])) == 4
+        panel_rows_from(_load_times([10, 10, 10, 20, 30, 40, 50], [12, 12, 12, 15, 20, 60, 70])) == 4
     )  # 33% slower at 8: stop
-    assert panel_rows_from(times([13, 12, 12, 12, 12, 12, 12], [12, 12, 12, 12, 12, 12, 12])) == 0  # 8% slower at 1 row
     assert (
-        panel_rows_from(times([12.2, 11, 11, 11, 11, 13, 13], [12, 12, 12, 12, 12, 12, 12])) == 16
+        panel_rows_from(_load_times([13, 12, 12, 12, 12, 12, 12], [12, 12, 12, 12, 12, 12, 12])) == 0
+    )  # 8% slower at 1 row
+    assert (
+        panel_rows_from(_load_times([12.2, 11, 11, 11, 11, 13, 13], [12, 12, 12, 12, 12, 12, 12])) == 16
     )  # a tie at 1 row, won up to 16, 8% slower at 32
 
 
 def test_where_w_t_keeps_one_row_the_panels_are_judged_from_two_rows():
-    def times(panel, onednn):
-        return {
-            **{f"panel@{r}": t for r, t in zip(PRODUCT_ROWS, panel)},
-            **{f"onednn@{r}": t for r, t in zip(PRODUCT_ROWS, onednn)},
-        }
-
     # the AMX Xeon's load-time times: 8% slower than W_t at one row, 15-35% faster at 2-64
-    measured = times(
+    measured = _load_times(
         [24.38, 22.32, 25.74, 28.82, 34.65, 48.41, 75.66], [22.53, 28.98, 29.78, 33.63, 40.69, 54.85, 87.48]
     )
     assert panel_rows_from(measured) == 0
     assert panel_rows_from(measured, first=2) == 64
-    assert panel_rows_from(times([9, 13, 12, 12, 12, 12, 12], [12, 12, 12, 12, 12, 12, 12]), first=2) == 0
+    assert panel_rows_from(_load_times([9, 13, 12, 12, 12, 12, 12], [12, 12, 12, 12, 12, 12, 12]), first=2) == 0
 
 
 @needs_panels
@@ -310,7 +310,7 @@ def test_one_row_reads_w_t_beside_the_panels_and_more_rows_the_panels():
     linear = nn.Linear(40, 32)
     mixed = PackedLinear(linear, products={"products": "mixed", "panel_rows": 4}, native_module=module)
     w_t = linear.weight.detach().t().contiguous()
-    mixed.one_row_t = w_t
+    mixed.one_row = w_t
     assert mixed.one_row is w_t and mixed.small is mixed.panels
     with torch.no_grad():
         x = torch.randn(1, 40)

@@ -173,9 +173,9 @@ struct NextChunk {
 constexpr int kLanes = 16;  // floats per vector
 
 // How the AVX-512F tiles prefetch their weight stream; the machines this ran on disagreed, so graft/fast.py times
-// both at load (hardware.kernels: tile_prefetch), for products of one tile (up to 8 rows) and of several apart,
-// and sets each with set_tile_prefetch (an AMX Xeon ran 8 rows 14% faster streaming ahead and 16 rows 24% faster
-// chunk ahead, in one process):
+// the modes at load (hardware.kernels: tile_prefetch), for products of one tile (up to 8 rows) and of several
+// apart, and sets each with set_tile_prefetch (before kChunkAhead took single tiles, an AMX Xeon ran 8 rows 14%
+// faster streaming ahead and 16 rows 24% faster chunking ahead, in one process):
 // - kStreamAhead: every tile prefetches into L1 4.5 KiB ahead of its k step, and beyond 8 rows the tiles take
 //   turns over 128-step chunks. On an AMD Zen 5 (2 threads) 5-8 rows went from 15.2-15.7 ms to 13.3-13.8 ms for
 //   the embedded model's products with it.
@@ -675,13 +675,11 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
 // was measured at load (graft/fast.py).
 at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& small, const at::Tensor& one_row,
                    const at::Tensor& bias, int64_t small_rows) {
-  if (present(one_row) && x.size(0) == 1) {
-    at::Tensor y = at::mm(x, one_row);
-    return present(bias) ? y.add_(bias) : y;
-  }
-  if (present(small) && x.size(0) <= small_rows) {
-    if (small.dim() == 3) return panel_linear(x, small, bias);
-    at::Tensor y = at::mm(x, small);
+  const bool first = present(one_row) && x.size(0) == 1;
+  if (first || (present(small) && x.size(0) <= small_rows)) {
+    const at::Tensor& few = first ? one_row : small;
+    if (few.dim() == 3) return panel_linear(x, few, bias);
+    at::Tensor y = at::mm(x, few);
     return present(bias) ? y.add_(bias) : y;
   }
   if (packed.dim() == 3) return panel_linear(x, packed, bias);  // float32 or bfloat16 panels
