@@ -8,8 +8,8 @@ import time
 
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 # OpenMP workers spin between the many small ops of a decode step when the cores are ours, and sleep when
-# another process is busy on them; decided before torch loads libgomp (graft/threads.py)
-from graft.threads import choose_before_torch  # noqa: E402
+# another process is busy on them; decided before torch loads libgomp (graft/cpu/threads.py)
+from graft.cpu.threads import choose_before_torch  # noqa: E402
 
 choose_before_torch()
 

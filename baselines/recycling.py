@@ -41,7 +41,7 @@ class RecyclingRetriever(Retriever):
 
     def __init__(self, params: RecyclingParams, target, budget: int):
         self.recycler = Recycler(
-            target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device
+            target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device, target.ops
         )
         self.read_limit = 2 * budget + 1  # merges free slots, so read further than the room, within reason
         if params.cold_start == "prefill":

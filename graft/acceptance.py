@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.fast import top_k_rows
-from graft.tree import DraftTree, Topology, on_host
+from graft.ops import PLAIN, Ops
+from graft.tree import DraftTree, Topology
 
 
 @dataclass
@@ -35,19 +35,19 @@ class Acceptance:
         return self.path_index if self.path_index is not None else self.path
 
 
-def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor) -> Acceptance:
+def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> Acceptance:
     """Longest root path whose every token equals the target's argmax after its parent, plus the bonus; of
     equally deep paths the one ending at the lowest node index.
 
     logits: [num_nodes, vocab], row i is the target's prediction after node i's path. On a GPU everything
-    stays on the device until one packed copy to the host, the step's only sync; on a CPU the few nodes are
-    walked in Python, where a dozen tiny tensor ops cost more than the walk.
+    stays on the device until one packed copy to the host, the step's only sync; where `ops` takes host paths
+    on a CPU the few nodes are walked in Python, where a dozen tiny tensor ops cost more than the walk.
     """
-    target = top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
+    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
     n = tree.num_nodes
     if n == 1:
         return Acceptance(path=[0], tokens=target.tolist(), token_ids=target)
-    if on_host(logits):
+    if ops.on_host(logits):
         return _accept_walk(tree, target)
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]

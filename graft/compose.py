@@ -304,7 +304,7 @@ class ComposedDrafter(Drafter):
         # fixed-size trees when the target asks for them and every part can keep its decisions on the device;
         # otherwise this method reads its decisions back each step (fine on a CPU, a few syncs on a GPU)
         self.static = (
-            getattr(target, "static_trees", False)
+            target.static_trees
             and p.combine == "graft"
             and (self.split is None or (self.split.decides_on_device and getattr(self.source, "static_ok", False)))
             and (self.attach_policy is None or self.attach_policy.static_ok)

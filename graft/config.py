@@ -15,7 +15,7 @@ from typing import Literal
 
 import yaml
 
-from graft.memory import check_declared_shape
+from graft.shapes import check_declared_shape
 from graft.registry import PUBLISHED, MethodConfig, method_config
 from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults, suggest
 
@@ -140,16 +140,16 @@ class HardwareConfig:
     name: str = "cpu"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
-    # graft/fast.py; packed_bf16: packed with every product's weights rounded to bfloat16 (activations, norms,
+    # graft/cpu/products.py; packed_bf16: packed with every product's weights rounded to bfloat16 (activations, norms,
     # attention and the cache stay float32, so the native layer loop runs; AMX tiles where the CPU has them)
     fast_path: Literal["none", "transposed", "packed", "packed_bf16", "bf16"] = "none"
     # the fp32 packed path's one-row product (a decode step): x @ W_t or oneDNN; auto measures both at load
     one_row_kernel: Literal["auto", "transposed", "packed"] = "auto"
-    # the lean forward's layer loop in C++ (graft/native) for forwards of a few rows: auto uses it where it
+    # the lean forward's layer loop in C++ (graft/cpu/native) for forwards of a few rows: auto uses it where it
     # builds and applies (float32, CPU, dense, packed products), on refuses to load without it, off never
     native: Literal["auto", "on", "off"] = "auto"
-    # the fp32 packed path's products: graft/native's panel kernel (AVX-512F) or oneDNN; auto measures both at
-    # load (1-64 rows, graft/fast.py PRODUCT_ROWS) and gives the panels the row counts they win (one row stays
+    # the fp32 packed path's products: graft/cpu/native's panel kernel (AVX-512F) or oneDNN; auto measures both at
+    # load (1-64 rows, graft/cpu/products.py PRODUCT_ROWS) and gives the panels the row counts they win (one row stays
     # x @ W_t's where that beat them), panel all (but one row with one_row_kernel=transposed), onednn none
     product_kernel: Literal["auto", "panel", "onednn"] = "auto"
     # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped

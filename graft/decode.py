@@ -164,12 +164,12 @@ def generate(
             # so that every method commits the baseline's tokens up to max_new_tokens
             tree = tree.first(room)
             proposal = Proposal(tree, {**proposal.note, "fitted_to_context": room})
-        topo = topology(tree.parents, committed_len)
+        topo = topology(tree.parents, committed_len, host=target.ops.on_host(tree.parents))
         t2 = clock()
         forward = target.verify(tree, topo, taps)  # verify
         t3 = clock()
         if sampling.greedy:
-            acceptance = accept_greedy(tree, topo, forward.logits)
+            acceptance = accept_greedy(tree, topo, forward.logits, target.ops)
         else:
             acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
         target.commit(committed_len, acceptance.path, acceptance.path_index)

@@ -24,7 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graft.cpu.layout import fast_path_layout
 from graft.schema import ConfigError, suggest
+from graft.shapes import (  # noqa: F401 (the plan's shapes, read from here by callers and tests)
+    REQUIRED_SHAPE_KEYS,
+    SHAPE_KEYS,
+    ModelShape,
+    attention_params,
+    attention_weights,
+    count_parameters,
+    dense_linear_params,
+    mlp_params,
+)
 
 if TYPE_CHECKING:
     from graft.config import ExperimentConfig, ModelConfig
@@ -39,121 +50,6 @@ EAGLE3_DRAFT_VOCAB = 32000  # the draft vocabulary of the published EAGLE-3 head
 # What a refusal on a CPU machine sizes the need in: the bytes torch reports as these GPUs' total memory
 # (an "80 GB" H100 or A100 holds 79.2 GiB = 85.0e9 bytes; a "141 GB" H200 139.8 GiB = 150.1e9 bytes).
 REFERENCE_GPUS = (("H200", 150.1e9), ("H100/A100 80GB", 85.0e9))
-
-# model.shape keys: the Hugging Face config.json fields the plan reads.
-SHAPE_KEYS = (
-    "model_type",
-    "num_hidden_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "tie_word_embeddings",
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "max_position_embeddings",
-    "attention_bias",
-)
-REQUIRED_SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder-only transformer that decide its memory."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int  # dense MLP width (0 when every layer is a mixture of experts and none is given)
-    vocab_size: int
-    tie_embeddings: bool = False
-    num_experts: int = 0  # 0 = dense
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    max_position_embeddings: int | None = None
-    qkv_bias: bool = False  # Qwen2 has biases on q/k/v
-    qk_norm: bool = False  # Qwen3 normalises q and k per head
-    params: int | None = None  # total parameter count when known; else computed from the shape
-
-    @classmethod
-    def from_hf_config(cls, config: dict) -> ModelShape:
-        """Read a Hugging Face config.json dict (llama, qwen2, qwen3, qwen3_moe field names); a multimodal
-        config's text part. Raises ValueError naming a missing field."""
-        if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-            config = config["text_config"]
-        missing = [key for key in REQUIRED_SHAPE_KEYS if config.get(key) is None]
-        if missing:
-            raise ValueError(f"the config has no {', '.join(missing)}")
-        model_type = config.get("model_type", "")
-        heads = int(config["num_attention_heads"])
-        num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-        intermediate = int(config.get("intermediate_size") or 0)
-        if not num_experts and not intermediate:
-            raise ValueError("the config has no intermediate_size")
-        return cls(
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=int(config["hidden_size"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-            intermediate_size=intermediate,
-            vocab_size=int(config["vocab_size"]),
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            num_experts=num_experts,
-            experts_per_token=int(config.get("num_experts_per_tok") or 0),
-            # Mixtral names its experts' width intermediate_size
-            moe_intermediate_size=int(config.get("moe_intermediate_size") or intermediate) if num_experts else 0,
-            max_position_embeddings=config.get("max_position_embeddings"),
-            qkv_bias=bool(config.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-        )
-
-    @property
-    def total_params(self) -> int:
-        return self.params if self.params is not None else count_parameters(self)
-
-
-def attention_weights(shape: ModelShape) -> int:
-    """The q, k, v, o matrices of one layer (head_dim may differ from hidden / heads, as in Qwen3-235B)."""
-    q_width, kv_width = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    return shape.hidden_size * (q_width + 2 * kv_width) + q_width * shape.hidden_size
-
-
-def attention_params(shape: ModelShape) -> int:
-    """One layer's attention: its matrices, Qwen2's q/k/v biases and Qwen3's per-head q/k norms."""
-    q_width, kv_width = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    bias = q_width + 2 * kv_width if shape.qkv_bias else 0
-    qk_norm = 2 * shape.head_dim if shape.qk_norm else 0
-    return attention_weights(shape) + bias + qk_norm
-
-
-def mlp_params(shape: ModelShape) -> int:
-    """One layer's MLP: gate, up, down (3 * h * i); a mixture of experts has one per expert plus the router."""
-    h = shape.hidden_size
-    if shape.num_experts:
-        return shape.num_experts * 3 * h * shape.moe_intermediate_size + h * shape.num_experts
-    return 3 * h * shape.intermediate_size
-
-
-def count_parameters(shape: ModelShape) -> int:
-    """Embeddings, every layer's attention, MLP and two norms, the final norm, and the LM head unless tied."""
-    h = shape.hidden_size
-    embeddings = shape.vocab_size * h
-    per_layer = attention_params(shape) + mlp_params(shape) + 2 * h
-    lm_head = 0 if shape.tie_embeddings else shape.vocab_size * h
-    return embeddings + shape.num_layers * per_layer + h + lm_head
-
-
-def dense_linear_params(shape: ModelShape) -> int:
-    """The weights the CPU fast path re-lays out (graft/backends/lean.py): attention, dense MLPs, LM head;
-    experts stay as they are."""
-    mlp = 0 if shape.num_experts else mlp_params(shape)
-    return shape.num_layers * (attention_weights(shape) + mlp) + shape.vocab_size * shape.hidden_size
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
@@ -348,54 +244,6 @@ def load_dtype(model_dtype: str, device_type: str) -> str:
     if model_dtype == "auto":
         return "float32" if device_type == "cpu" else "bfloat16"
     return model_dtype
-
-
-def fast_path_layout(fast_path: str, dtype: str, device_type: str, hardware=None) -> tuple[str, int, str]:
-    """(dtype the weights run in, extra copies of the dense weights, why) for hardware.fast_path.
-
-    The lean backend keeps the model's own weights and builds its layouts beside them (graft/fast.py):
-    `transposed` one W_t copy; `packed` in float32 a oneDNN-packed copy and a small-row one (W_t, or the
-    panel kernel's layout), and W_t beside the panels where it measured faster at one row: up to three (all
-    three are held for a moment while the kernels are measured at load); `packed` in
-    bfloat16 and `bf16` (the model cast to bfloat16 first) one packed copy. Where oneDNN has no bfloat16
-    products, one panel copy where the AVX2 build's bfloat16 panels will take them (`hardware`, the config,
-    says whether they may: narrow_panels_expected), else float32 copies."""
-    if fast_path == "none" or (fast_path != "transposed" and device_type != "cpu"):
-        return dtype, 0, ""  # packed and bf16 are CPU-only: load_model refuses them on a GPU
-    if fast_path == "transposed":
-        return dtype, 1, "fast_path=transposed keeps a W_t copy"
-    run_dtype = "bfloat16" if fast_path in ("bf16", "packed_bf16") else dtype
-    if run_dtype != "float32" and not _onednn_multiplies(run_dtype):
-        if run_dtype == "bfloat16" and hardware is not None and narrow_panels_expected(hardware):
-            return run_dtype, 1, f"fast_path={fast_path}: no bfloat16 products in oneDNN on this CPU, bfloat16 panels"
-        # graft/fast.PackedLinear holds them in float32: a packed and a small-row copy at twice the bytes each
-        return run_dtype, 4, f"fast_path={fast_path}: no {run_dtype} products in oneDNN on this CPU, float32 copies"
-    if fast_path == "bf16":
-        return "bfloat16", 1, "fast_path=bf16 keeps a packed copy"
-    if fast_path == "packed_bf16":  # the model's own weights stay in their dtype beside a bfloat16 copy
-        return dtype, 1, "fast_path=packed_bf16 keeps a bfloat16 packed copy beside the model's weights"
-    if dtype == "float32":
-        return dtype, 3, "fast_path=packed in float32 keeps a packed copy, the panels and W_t (up to three)"
-    return dtype, 1, "fast_path=packed keeps a packed copy"
-
-
-def narrow_panels_expected(hardware) -> bool:
-    """Whether graft/fast.PackedLinear will put bfloat16 weights in the AVX2 build's bfloat16 panels (on a
-    CPU where oneDNN has none): the native build loads here with them and the config does not rule it out."""
-    if hardware.native == "off" or hardware.product_kernel == "onednn":
-        return False
-    from graft import native
-
-    module = native.load()
-    return module is not None and bool(getattr(module, "bfloat16_panels_supported", lambda: False)())
-
-
-def _onednn_multiplies(dtype: str) -> bool:
-    import torch
-
-    from graft.fast import onednn_packs
-
-    return onednn_packs(getattr(torch, dtype))
 
 
 def planned_tokens(cfg: ExperimentConfig, shape: ModelShape, tree_nodes: int) -> tuple[int, str]:
@@ -651,7 +499,7 @@ def check_memory(cfg: ExperimentConfig) -> MemoryPlan | None:
     Reads only configs and local files: no download, no model built."""
     if cfg.run.skip_memory_check:
         return None
-    from graft.models import resolve_device
+    from graft.hardware import resolve_device
 
     device_type = resolve_device(cfg.hardware).type
     plan = plan_memory(cfg, device_type)
@@ -660,18 +508,3 @@ def check_memory(cfg: ExperimentConfig) -> MemoryPlan | None:
         if capacity is not None:
             check(plan, capacity, on_gpus=plan_memory(cfg, "cuda") if device_type == "cpu" else None)
     return plan
-
-
-def check_declared_shape(shape: dict) -> None:
-    """A model config's `shape`: known keys only (a misspelt one would silently mis-size the plan), and
-    enough of them to compute a plan."""
-    for key in shape:
-        if key not in SHAPE_KEYS:
-            raise ConfigError(
-                f"unknown key '{key}' in model.shape; allowed keys: {', '.join(SHAPE_KEYS)}"
-                + suggest(key, list(SHAPE_KEYS))
-            )
-    try:
-        ModelShape.from_hf_config(shape)
-    except ValueError as err:
-        raise ConfigError(f"model.shape: {err}") from err

@@ -12,10 +12,12 @@ import torch
 
 from graft.backends import TargetBackend
 from graft.backends.hf import HFBackend
-from graft.backends.lean import LeanBackend
 from graft.config import ConfigError, HardwareConfig, ModelConfig
 from graft.embedded import ensure_smollm2
-from graft.fast import ATTENTION_NAME, apply_fast_path, register_attention
+from graft.hardware import resolve_device
+from graft.hub import looks_local
+from graft.cpu.lean import LeanBackend
+from graft.cpu.products import ATTENTION_NAME, apply_fast_path, register_attention
 
 
 class ModelLoadError(RuntimeError):
@@ -83,14 +85,6 @@ class LoadedModel:
     source: str  # where the weights came from
 
 
-def resolve_device(hardware: HardwareConfig) -> torch.device:
-    if hardware.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if hardware.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("hardware.device='cuda' but torch sees no CUDA device; use hardware=cpu")
-    return torch.device(hardware.device)
-
-
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -116,11 +110,6 @@ def _random_model(cfg: ModelConfig, dtype: torch.dtype):
     torch.manual_seed(cfg.seed)
     model = model_cls(config)
     return model.to(dtype)
-
-
-def looks_local(path: str) -> bool:
-    """Hub ids are `name` or `org/name`; anything else that is not on disk was meant as a local path."""
-    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
 
 def _pretrained(cfg: ModelConfig, hardware: HardwareConfig, dtype: torch.dtype, device: torch.device):
@@ -197,7 +186,7 @@ def check_no_offload(device_map: dict, name: str) -> None:
 
 
 def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True) -> LoadedModel:
-    from graft import threads
+    from graft.cpu import threads
 
     threads.apply(hardware.num_threads)
     device = resolve_device(hardware)

@@ -59,7 +59,7 @@ def token_hash(ids: list[int]) -> str:
 
 
 def _thread_policy() -> dict | None:
-    from graft import threads
+    from graft.cpu import threads
 
     policy = threads.CHOSEN
     spin = os.environ.get("GOMP_SPINCOUNT")
@@ -67,7 +67,7 @@ def _thread_policy() -> dict | None:
 
 
 def _huge_pages() -> dict:
-    from graft.threads import HUGE_PAGES, huge_pages_mb
+    from graft.cpu.threads import HUGE_PAGES, huge_pages_mb
 
     return {"asked": os.environ.get(HUGE_PAGES) == "1", "in_use_mb": huge_pages_mb()}
 
@@ -80,7 +80,7 @@ def hardware_info(device: str, attention: str | None = None) -> dict:
         "device": device,
         "platform": platform.platform(),
         "cpu": _cpu_model(),
-        # the vector instructions torch's CPU kernels (and graft/native's) use: one "AMD EPYC" name covers a
+        # the vector instructions torch's CPU kernels (and graft/cpu/native's) use: one "AMD EPYC" name covers a
         # Zen 3 (AVX2) and a Zen 5 (AVX512), whose speeds differ by 2x here
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),

@@ -18,16 +18,6 @@ import torch
 from torch import Tensor
 
 
-# CPU tensors take host paths (Python over a few nodes, native helpers) where tensor code would cost more in op
-# dispatch than it computes; tests switch them off to count what the device path reads back (test_host_syncs.py)
-HOST_PATHS = True
-
-
-def on_host(t: Tensor) -> bool:
-    """Whether work on `t` takes the host path: a CPU tensor, host paths on."""
-    return HOST_PATHS and t.device.type == "cpu"
-
-
 class NodeSource(IntEnum):
     """Where a node came from, recorded per node so acceptance can be attributed to a source."""
 
@@ -149,14 +139,16 @@ class Topology:
         return paths
 
 
-def topology(parents: Tensor, cache_len: int) -> Topology:
+def topology(parents: Tensor, cache_len: int, host: bool = False) -> Topology:
     """Ancestor matrix and depths of a topologically ordered tree, without a Python loop over nodes.
 
     The ancestor relation is the transitive closure of "is my parent", computed by repeated squaring
     of a boolean matrix: ceil(log2(num_nodes)) small matrix products, a fixed count, so no host sync.
+    `host` (a backend's `ops.on_host(parents)`): a small tree is walked in Python instead, which is cheaper
+    than the squarings' tiny tensor ops on a CPU.
     """
     n = parents.shape[0]
-    if on_host(parents) and 1 < n <= HOST_TOPOLOGY_NODES:
+    if host and 1 < n <= HOST_TOPOLOGY_NODES:
         return _topology_walk(parents.tolist(), cache_len)
     reach = torch.eye(n, dtype=torch.bool, device=parents.device)
     if n > 1:

@@ -1,4 +1,4 @@
-"""Two builds of graft/native in one process: the forward of the target with this checkout's build against the
+"""Two builds of graft/cpu/native in one process: the forward of the target with this checkout's build against the
 build of `--ref`'s lean_layers.cpp, alternating round by round on the same cache, so that the machine's drift
 (this VM's memory moved decode steps by up to 20% between processes) hits both alike.
 
@@ -24,7 +24,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before t
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from graft.threads import prefer_huge_pages  # noqa: E402
+from graft.cpu.threads import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()
 
@@ -32,19 +32,19 @@ import torch  # noqa: E402
 
 
 def build_at(ref: str):
-    """graft/native's source at git revision `ref`, built once into $GRAFT_CACHE/native_ab/<commit>."""
+    """graft/cpu/native's source at git revision `ref`, built once into $GRAFT_CACHE/native_ab/<commit>."""
     from torch.utils.cpp_extension import load
 
-    from graft import native
+    from graft.cpu import native
     from graft.embedded import cache_root
 
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], capture_output=True, text=True, check=True)
     commit = commit.stdout.strip()
     source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:graft/native/lean_layers.cpp"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "show", f"{commit}:graft/cpu/native/lean_layers.cpp"], capture_output=True, text=True
     )
     if source.returncode != 0:
-        raise SystemExit(f"--ref {ref}: no graft/native/lean_layers.cpp there ({source.stderr.strip()})")
+        raise SystemExit(f"--ref {ref}: no graft/cpu/native/lean_layers.cpp there ({source.stderr.strip()})")
     fields = layer_fields_at(commit)
     if fields != native.LAYER_FIELDS:
         raise SystemExit(
@@ -64,9 +64,9 @@ def build_at(ref: str):
 
 
 def layer_fields_at(commit: str) -> tuple[str, ...] | None:
-    """graft/native's LAYER_FIELDS at `commit` (None where its __init__.py has none)."""
+    """graft/cpu/native's LAYER_FIELDS at `commit` (None where its __init__.py has none)."""
     shown = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:graft/native/__init__.py"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "show", f"{commit}:graft/cpu/native/__init__.py"], capture_output=True, text=True
     )
     if shown.returncode != 0:
         return None

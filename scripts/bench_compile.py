@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graft.threads import prefer_huge_pages  # noqa: E402
+from graft.cpu.threads import prefer_huge_pages  # noqa: E402
 
 prefer_huge_pages()
 

@@ -11,7 +11,7 @@ round: `--repeats R` runs the whole set R times). tokens/s = all new tokens / al
 round (prefill included, as `generate` includes it); with several rounds the table gives the median over
 the rounds of the tokens/s and of each round's ratios, and the ratios' range. `--neighbour`
 runs the same with one busy process beside it (a competing load on the machine), to measure the thread
-and spin policy of graft/threads.py.
+and spin policy of graft/cpu/threads.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graft.threads import choose_before_torch  # noqa: E402
+from graft.cpu.threads import choose_before_torch  # noqa: E402
 
 # the busy neighbour starts first, so that the thread policy sees it as run.py would on a busy machine
 NEIGHBOUR = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "--neighbour" in sys.argv else None
@@ -42,7 +42,7 @@ SETS = [("eagle_mt_bench", 3), ("eagle_cnndm", 2), ("eagle_humaneval", 2), ("eag
 PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the target's native loop off
 ONEDNN = "_onednn"  # not a method key: the system runs on a second target whose products are oneDNN's
 BF16 = "_packed_bf16"  # not a method key: the system runs on a second target, fast_path=packed_bf16
-NO_AMX = "_no_amx"  # not a method key: the system runs with graft/native's AMX tiles off (the dot products)
+NO_AMX = "_no_amx"  # not a method key: the system runs with graft/cpu/native's AMX tiles off (the dot products)
 # trim auto on the packed_bf16 target reads that target's costs (scripts/cost_profile.py hardware.fast_path=packed_bf16)
 BF16_PROFILE = {"cost_profile": "results/cost_model/cost_profile_amx_packed_bf16.json"}
 VARIANTS = {ONEDNN: ("product_kernel", "onednn", "ar/onednn"), BF16: ("fast_path", "packed_bf16", "ar/bf16")}
@@ -117,7 +117,7 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     # the target's layer loop in Python (the native C++ loop switched off for this system only)
     "ar/python": ("ar", {PYTHON_LOOP: True}),
     "graft@8/python": ("graft", {"total_tokens": 8, PYTHON_LOOP: True}),
-    # the target's products through oneDNN instead of graft/native's panel kernel (a second target, same weights)
+    # the target's products through oneDNN instead of graft/cpu/native's panel kernel (a second target, same weights)
     "ar/onednn": ("ar", {ONEDNN: True}),
     "graft@6/onednn": ("graft", {"total_tokens": 6, ONEDNN: True}),
     "graft@6/bf16_head/onednn": ("graft", {"total_tokens": 6, "head_dtype": "bfloat16", ONEDNN: True}),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from graft.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
+from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
 
 prefer_huge_pages()  # as run.py asks, before torch allocates
 
@@ -46,11 +46,11 @@ class StreamProbe:
 
 
 class ComputeProbe:
-    """The CPU's float32 FMA rate with every torch thread busy and nothing read from memory (graft/native's
+    """The CPU's float32 FMA rate with every torch thread busy and nothing read from memory (graft/cpu/native's
     fma_rate; None without the native build). Sampled once per round beside the bandwidth, as the clock moves."""
 
     def __init__(self, iterations: int = 5_000_000):
-        from graft import native
+        from graft.cpu import native
 
         self.module = native.load()
         self.iterations = iterations

@@ -22,7 +22,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
 os.environ.setdefault("WANDB_MODE", "disabled")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from graft.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
+from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
 
 prefer_huge_pages()  # as run.py asks, before torch allocates
 

@@ -150,7 +150,7 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = json.loads(out.read_text())
     assert profile["bandwidth_limit_ms"] > 0 and profile["fast_path"] == "packed"
-    if shutil.which(os.environ.get("CXX", "c++")):  # graft/native builds where there is a compiler
+    if shutil.which(os.environ.get("CXX", "c++")):  # graft/cpu/native builds where there is a compiler
         assert profile["paths"]["packed"]["kernels"]["native"] == "on"
         if profile["fma_rate_gfmas"] is not None:  # a vector build: the compute roof beside the bandwidth limit
             packed = profile["paths"]["packed"]
@@ -164,7 +164,7 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     assert "bandwidth" in proc.stdout and "verify" in proc.stdout
 
 
-@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/native needs a C++ compiler")
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/cpu/native needs a C++ compiler")
 def test_ab_native_times_two_builds_in_one_process_and_checks_their_bits(tmp_path):
     out = tmp_path / "ab.json"
     proc = subprocess.run(
@@ -181,7 +181,7 @@ def test_ab_native_times_two_builds_in_one_process_and_checks_their_bits(tmp_pat
     assert all(r["old"] > 0 and r["new"] > 0 for r in report["contexts"]["40"].values())
 
 
-@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/native needs a C++ compiler")
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX", "c++")), reason="graft/cpu/native needs a C++ compiler")
 def test_ab_native_refuses_a_revision_whose_loop_reads_other_layer_fields():
     # eb65213: before one_row joined LAYER_FIELDS (its loop read 15 tensors a layer, this one 19)
     proc = subprocess.run(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from graft.fast import PackedLinear, choose_one_row_kernel
+from graft.cpu.products import PackedLinear, choose_one_row_kernel
 from graft.tree import DraftTree, topology
 
 
@@ -71,7 +71,7 @@ def test_the_head_on_the_target_products_drafts_as_the_plain_head(product_kernel
     unchanged (training and saving read those)."""
     from conftest import compose
 
-    from graft import native
+    from graft.cpu import native
     from graft.config import validate
     from graft.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
@@ -203,9 +203,9 @@ def test_a_product_made_after_the_choice_keeps_only_the_chosen_copy(kernel):
 def test_narrow_weights_oneDNN_cannot_multiply_here_are_held_in_float32(monkeypatch, dtype):
     """On a CPU where oneDNN packs no bfloat16 (an AMD Zen 3: no avx512bw / avx_ne_convert) a bfloat16 head or
     target must still load and compute: the same weight values in float32, the caller's dtype in and out."""
-    import graft.fast
+    import graft.cpu.products
 
-    monkeypatch.setattr(graft.fast, "onednn_packs", lambda weight_dtype: weight_dtype == torch.float32)
+    monkeypatch.setattr(graft.cpu.products, "onednn_packs", lambda weight_dtype: weight_dtype == torch.float32)
     torch.manual_seed(3)
     linear = nn.Linear(32, 48).to(dtype)
     packed = PackedLinear(linear)
@@ -217,8 +217,8 @@ def test_narrow_weights_oneDNN_cannot_multiply_here_are_held_in_float32(monkeypa
             expected = (x.float() @ linear.weight.float().t() + linear.bias.float()).to(dtype)
         assert y.dtype == dtype
         torch.testing.assert_close(y, expected)  # within one rounding of the dtype: the sums may be ordered apart
-    assert graft.fast.widened_record([packed, PackedLinear(nn.Linear(8, 16))]) == {
+    assert graft.cpu.products.widened_record([packed, PackedLinear(nn.Linear(8, 16))]) == {
         "widened": f"{str(dtype).removeprefix('torch.')} weights held in float32: oneDNN has no "
         f"{str(dtype).removeprefix('torch.')} products on this CPU"
     }
-    assert graft.fast.widened_record([PackedLinear(nn.Linear(8, 16))]) == {}
+    assert graft.cpu.products.widened_record([PackedLinear(nn.Linear(8, 16))]) == {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import compose
 from graft.config import ConfigError, HardwareConfig, validate
-from graft.fast import onednn_packs
+from graft.cpu.products import onednn_packs
 from graft.memory import (
     ModelShape,
     available_ram,

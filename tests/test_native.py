@@ -1,4 +1,4 @@
-"""The native layer loop (graft/native) against the Python loop it replaces: same logits, taps and cache."""
+"""The native layer loop (graft/cpu/native) against the Python loop it replaces: same logits, taps and cache."""
 
 import os
 import shutil
@@ -6,14 +6,14 @@ import shutil
 import pytest
 import torch
 
-from graft import native
+from graft.cpu import native
 from graft.backends import HiddenTap
 from graft.schema import ConfigError
 from graft.tree import DraftTree, topology
 
 # the build needs a C++ compiler; where there is none these tests skip (the fallback is tested without one)
 needs_compiler = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build graft/native"
+    shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler to build graft/cpu/native"
 )
 
 
@@ -121,7 +121,7 @@ def test_the_build_key_changes_with_the_source(monkeypatch, tmp_path):
 @pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
 def test_the_native_head_layer_matches_the_python_layer(kind):
     """An extend of 5 entries (causal over the head's cache), a draft level of 3 nodes under a tree mask,
-    then one node that sees the whole cache: same outputs and cache through graft/native as through Python."""
+    then one node that sees the whole cache: same outputs and cache through graft/cpu/native as through Python."""
     from graft.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
     from graft.methods.eagle3 import head_step
@@ -202,7 +202,7 @@ def test_the_native_swiglu_matches_torch_over_the_whole_range():
 
 @pytest.mark.skipif(native.load() is None, reason="no native build here")
 def test_the_native_row_top_k_orders_as_torch_and_breaks_ties_by_index():
-    from graft.fast import top_k_rows
+    from graft.cpu.products import top_k_rows
 
     g = torch.Generator().manual_seed(0)
     for rows, width, k in [(1, 49152, 1), (8, 49152, 8), (3, 17, 5), (5, 8192, 10), (2, 7, 7), (4, 9, 1)]:

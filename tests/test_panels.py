@@ -1,5 +1,5 @@
-"""graft/native's panel kernel and few-row attention: the products and the attention against torch's, and
-the load-time choice of which rows the panels serve (graft/fast.py choose_product_kernel)."""
+"""graft/cpu/native's panel kernel and few-row attention: the products and the attention against torch's, and
+the load-time choice of which rows the panels serve (graft/cpu/products.py choose_product_kernel)."""
 
 import os
 import shutil
@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graft import native
-from graft.fast import PANEL_TIE, PRODUCT_ROWS, TILE_PREFETCH, PackedLinear, choose_product_kernel, panel_rows_from
+from graft.cpu import native
+from graft.cpu.products import PANEL_TIE, PRODUCT_ROWS, TILE_PREFETCH, PackedLinear, choose_product_kernel, panel_rows_from
 from graft.schema import ConfigError
 
 needs_panels = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None or native.load() is None or not native.load().panels_supported(),
-    reason="no C++ compiler, or neither AVX-512F nor AVX2 + FMA: graft/native's panel kernel is not built here",
+    reason="no C++ compiler, or neither AVX-512F nor AVX2 + FMA: graft/cpu/native's panel kernel is not built here",
 )
 
 
@@ -194,7 +194,7 @@ def test_amx_panels_leave_a_k_that_is_no_multiple_of_32_to_the_dot_products():
 def test_packed_bf16_runs_the_native_loop_on_bfloat16_products():
     """fast_path=packed_bf16: the products' weights in bfloat16, everything between them float32, so the C++
     layer loop runs where it builds (the full bf16 path runs the Python loop)."""
-    from graft.fast import Bf16PackedLinear
+    from graft.cpu.products import Bf16PackedLinear
 
     target = _target("tiny_llama", "hardware.fast_path=packed_bf16")
     linears = target.lean.linears()
@@ -222,9 +222,9 @@ def test_bfloat16_weights_go_to_the_bfloat16_panels_where_the_build_has_them():
 
 @needs_bfloat16_panels
 def test_bfloat16_weights_oneDNN_cannot_multiply_go_to_the_bfloat16_panels(monkeypatch):
-    import graft.fast
+    import graft.cpu.products
 
-    monkeypatch.setattr(graft.fast, "onednn_packs", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr(graft.cpu.products, "onednn_packs", lambda dtype: dtype == torch.float32)
     module = native.load()
     torch.manual_seed(5)
     linear = nn.Linear(40, 48).bfloat16()
@@ -241,9 +241,9 @@ def test_bfloat16_weights_oneDNN_cannot_multiply_go_to_the_bfloat16_panels(monke
             y = narrow(x)
             assert y.dtype == torch.bfloat16
             torch.testing.assert_close(y, widened(x))
-    assert graft.fast.widened_record([narrow, widened]) == {
+    assert graft.cpu.products.widened_record([narrow, widened]) == {
         "widened": "bfloat16 weights held in float32: oneDNN has no bfloat16 products on this CPU",
-        "narrow_panels": graft.fast.NARROW_PANELS[module.bfloat16_panel_products()],
+        "narrow_panels": graft.cpu.products.NARROW_PANELS[module.bfloat16_panel_products()],
     }
 
 

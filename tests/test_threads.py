@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from graft.threads import ThreadPolicy, choose, choose_before_torch, measure_busy
+from graft.cpu.threads import ThreadPolicy, choose, choose_before_torch, measure_busy
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_asked_huge_pages_back_torchs_large_tensors():
     """In a fresh process that asked before torch loaded, a large tensor lands in huge pages; without, in
     madvise mode, it does not."""
     code = (
-        "import os, sys; from graft.threads import prefer_huge_pages, huge_pages_mb\n"
+        "import os, sys; from graft.cpu.threads import prefer_huge_pages, huge_pages_mb\n"
         "os.environ['THP_MEM_ALLOC_ENABLE'] = sys.argv[1]\n"
         "import torch; x = torch.ones(64 << 20, dtype=torch.uint8); print(huge_pages_mb())"
     )

@@ -5,8 +5,9 @@ verifying a tree writes its nodes after the committed prefix, and committing the
 those rows down to close the gaps, so no step reallocates the cache. Hidden states are captured only
 for the taps a call asks for, so the autoregressive baseline never pays for a drafter's features.
 
-Backends: `HFBackend` (transformers' own forward, any device) and `LeanBackend` (a lean forward over
-the same weights, the fast CPU path). `load_backend` picks one from the hardware config.
+Backends: `HFBackend` (transformers' own forward, any device) and the CPU engine's `LeanBackend`
+(graft/cpu/lean.py: a lean forward over the same weights). `graft.models.load_model` picks one from the
+hardware config. A backend's `ops` (graft/ops.py) are the operations an engine may run faster.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from graft.kv import KVBuffer
-from graft.tree import DraftTree, Topology, additive_mask, on_host, prefix_causal
+from graft.ops import Ops
+from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
 
 
 @dataclass(frozen=True)
@@ -81,25 +83,17 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
 
 
 class PositionalKVCache(Cache):
-    def __init__(self, num_layers: int, capacity: int, static: bool = False):
+    def __init__(self, num_layers: int, capacity: int, static: bool = False, ops: Ops | None = None):
         super().__init__(layers=[PositionalKVLayer(capacity, static) for _ in range(num_layers)])
         self.static = static
+        self.ops = ops or Ops()
 
     def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
-        from graft import native  # the module; TargetBackend.native below is a backend's handle on it
-
-        module = native.loaded()
         first = self.layers[0]
-        if (
-            rows is not None
-            and module is not None
-            and not self.static
-            and first.keys is not None
-            and on_host(first.keys)
-        ):
-            # one native call moves every layer's rows (60 indexed copies through ATen cost some 0.3 ms a step)
-            module.move_rows([t for layer in self.layers for t in (layer.keys, layer.values)], committed, rows.cpu())
-            rows = None  # in place now: the layers only set their lengths
+        if rows is not None and not self.static and first.keys is not None:
+            tensors = [t for layer in self.layers for t in (layer.keys, layer.values)]
+            if self.ops.move_rows(tensors, committed, rows):
+                rows = None  # in place now: the layers only set their lengths
         for layer in self.layers:
             layer.keep(committed, rows, count)
 
@@ -157,16 +151,7 @@ class TargetBackend(ABC):
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
-
-    def product(self, linear: nn.Linear) -> nn.Module | None:
-        """`linear` as a module running this backend's fast products, or None (keep nn.Linear)."""
-        return None
-
-    @property
-    def native(self):
-        """The native module (graft/native) the forward runs its layers through, or None: draft heads on
-        this backend's products use it too."""
-        return None
+        self.ops = Ops()  # plain torch; an engine's backend sets its own
 
     def clock(self) -> float:
         """Seconds (perf_counter); with `sync_timing`, once every device finished what was queued."""
@@ -197,7 +182,7 @@ class TargetBackend(ABC):
 
     def reset(self, capacity: int) -> None:
         """Start a new sequence with room for `capacity` positions (the cache grows if exceeded)."""
-        self.cache = PositionalKVCache(self.num_layers, capacity, static=self.compile_mode is not None)
+        self.cache = PositionalKVCache(self.num_layers, capacity, static=self.compile_mode is not None, ops=self.ops)
 
     @torch.inference_mode()
     def prefill(

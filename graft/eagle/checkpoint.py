@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from graft.eagle.head import DraftHead, HeadConfig
-from graft.models import looks_local
+from graft.hub import looks_local
 
 DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers recomputed from the config
 # A head as wide as its target reads the target's own token embeddings: EAGLE and SpecForge freeze the copy a

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graft.fast import top_k_rows
 from graft.kv import KVBuffer
 from graft.nn import RMSNorm, Rotary, fuse_linears, grouped_sdpa
-from graft.tree import additive_mask, prefix_causal
+from graft.ops import DraftLayer
+from graft.tree import prefix_causal
 
 
 @dataclass
@@ -193,8 +193,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fast: dict[str, nn.Module] = {}  # from lean()
-        self.native = None  # from lean(): graft/native's module, when the layer runs through it
-        self._native_weights: list[Tensor] = []
+        self.engine: DraftLayer | None = None  # from lean(): the backend's run of the layer, where it has one
         self.compiled_step = None  # from compile()
         if cfg.kind == "eagle3":
             self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
@@ -212,90 +211,25 @@ class DraftHead(nn.Module):
         else:
             raise ValueError(f"head kind {cfg.kind!r}; allowed: eagle3, eagle1")
 
-    def lean(self, product, native=None) -> "DraftHead":
-        """Run every product of the head through `product` (a target backend's fast products, with its
-        kernels; product(linear) is None where the backend has none): q/k/v and gate/up fused, fc and the
-        LM head packed. With `native` (the backend's graft/native module) a float32 or bfloat16 head runs
-        its layer there at every step over a growing cache, activations and cache in float32. Inference only: the nn.Linear modules (and the state dict) stay as
-        they are, and training reads them."""
-        fc = product(self.fc)
+    def lean(self, ops) -> "DraftHead":
+        """Run every product of the head through `ops.product` (a target backend's fast products, with its
+        kernels; None where the backend has none): q/k/v and gate/up fused, fc and the LM head packed; and the
+        layer through the backend's engine where it has one (`ops.draft_layer`). Inference only: the nn.Linear
+        modules (and the state dict) stay as they are, and training reads them."""
+        fc = ops.product(self.fc)
         if fc is None:  # a backend without fast products
             return self
         layer = self._layer()
-        layer.self_attn.lean(product)
-        layer.mlp.lean(product)
+        layer.self_attn.lean(ops.product)
+        layer.mlp.lean(ops.product)
         self.fast = {"fc": fc}  # a dict: not submodules, not in the state dict
         if self.cfg.kind == "eagle3":
-            self.fast["lm_head"] = product(self.lm_head)
-        if native is not None and self.fc.weight.dtype in (torch.float32, torch.bfloat16):
-            self._use_native(native, layer)
+            self.fast["lm_head"] = ops.product(self.lm_head)
+        self.engine = ops.draft_layer(self)
         return self
-
-    def _product(self, name: str, x: Tensor) -> Tensor:
-        """fc or lm_head on x; a bfloat16 head on the native path takes float32 activations: the bfloat16 panels
-        as they are (they round them themselves where they multiply bfloat16 activations), oneDNN cast here."""
-        linear = self.fast.get(name, getattr(self, name))
-        dtype = self.fc.weight.dtype
-        if self.native is None or dtype == x.dtype or getattr(linear, "narrow_panels", False):
-            return linear(x)
-        return linear(x.to(dtype)).float()
 
     def _layer(self):
         return self.midlayer if self.cfg.kind == "eagle3" else self.layers[0]
-
-    def _use_native(self, module, layer) -> None:
-        """Hand the layer's weights to `module` (graft/native's built module) in its field order."""
-        from graft import native
-        from graft.fast import PackedLinear
-
-        products = {**layer.self_attn.fast, **layer.mlp.fast}
-        if not all(isinstance(p, PackedLinear) for p in products.values()):
-            return
-        eagle3 = self.cfg.kind == "eagle3"
-        norms = {"input_norm": layer.input_layernorm.weight if eagle3 else None}
-        norms["post_norm"] = layer.post_attention_layernorm.weight
-        weights = native.layer_weights({**norms, **products})  # no q/k norm
-        weights.append(layer.hidden_norm.weight.detach() if eagle3 else torch.empty(0))  # after LAYER_FIELDS
-        # the loops run in float32 (a bfloat16 head's products read bfloat16 weights, its activations do not)
-        self._native_weights = [w.float() if w.ndim == 1 else w for w in weights]
-        if self.cfg.kind == "eagle3":
-            self._final_norm = self.norm.weight.detach().float().contiguous()
-        self._small_rows = max(native.small_rows(p) for p in products.values())
-        self.native = module
-
-    def _native_step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor:
-        """The decoder layer through graft/native: embeds [n, H] (EAGLE-3) or None, hidden [n, H] -> [n, H],
-        all float32 (so is the cache)."""
-        cfg, attn = self.cfg, self._layer().self_attn
-        n, start, d = hidden.shape[0], cache.length, cfg.head_dim
-        if mask is None and n > 1:  # causal over the new entries, the whole cache visible
-            mask = additive_mask(prefix_causal(n, start, hidden.device), torch.float32)
-        elif mask is not None:
-            mask = mask.float()  # a bfloat16 head's callers build its masks in bfloat16
-        if cache.keys is None:
-            shape = (1, cfg.num_kv_heads, 0, d)
-            cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
-        cache.reserve(start + n)
-        cos, sin = attn.rotary.table(start + n, hidden)
-        out = self.native.head_layer(
-            torch.empty(0) if embeds is None else embeds.contiguous(),
-            hidden.contiguous(),
-            self._native_weights,
-            cache.keys,
-            cache.values,
-            cos[positions],
-            sin[positions],
-            torch.empty(0) if mask is None else mask,
-            start,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            d,
-            cfg.rms_norm_eps,
-            d**-0.5,
-            self._small_rows,
-        )
-        cache.length = start + n
-        return out
 
     def embedder(self, target_embed):
         """The token embedding the head reads: its own table when it has one, else the target's."""
@@ -312,16 +246,8 @@ class DraftHead(nn.Module):
 
     def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache: KVBuffer) -> Tensor:
         """embeds [n, H], hidden [n, F] (target features, or the head's own outputs: H wide) -> [n, H]."""
-        # the native layer runs every step over a growing cache (a static one is the compiled path's), so that
-        # the cache keeps one dtype: float32, whatever the head's weights
-        if self.native is not None and not cache.static:
-            embeds, hidden = embeds.float(), hidden.float()
-            if self.cfg.kind == "eagle3":
-                if hidden.shape[-1] != self.cfg.hidden_size:
-                    hidden = self._product("fc", hidden)
-                return self._native_step(embeds, hidden, positions, mask, cache)
-            x = self._product("fc", torch.cat([embeds, hidden], dim=-1))
-            return self._native_step(None, x, positions, mask, cache)
+        if self.engine is not None and not cache.static:  # a static cache is the compiled path's
+            return self.engine.step(embeds, hidden, positions, mask, cache)
         embeds, hidden = embeds.unsqueeze(0).to(self.fc.weight.dtype), hidden.unsqueeze(0).to(self.fc.weight.dtype)
         if self.cfg.kind == "eagle3":
             if hidden.shape[-1] != self.cfg.hidden_size:  # fused target features: project once
@@ -332,30 +258,21 @@ class DraftHead(nn.Module):
 
     def top_log_probs(self, out: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """(values, indices) [n, k]: each row's k most likely draft tokens by log-probability, largest first, and
-        the draft-to-target id offsets (or None). On the native path the log-softmax is never written out: the
-        top-k of the logits (graft.fast.top_k_rows, one pass) minus each row's logsumexp (native row_logsumexp),
-        the same order and the same values up to float32 rounding (ATen's log_softmax and topk of 10 x 8,192
-        took 46 + 93 us of a 1.1 ms draft level on an AMD Zen 4). Elsewhere torch.topk of log_probs."""
-        if self.native is None:
-            logp, d2t = self.log_probs(out)
-            top = torch.topk(logp, k, dim=-1)
-            return top.values, top.indices, d2t
-        logits, d2t = self._logits(out)
-        logits = logits.float().contiguous()
-        values, indices = top_k_rows(logits, k)
-        return values - self.native.row_logsumexp(logits), indices, d2t
+        the draft-to-target id offsets (or None)."""
+        if self.engine is not None:
+            return self.engine.top_log_probs(out, k)
+        logp, d2t = self.log_probs(out)
+        top = torch.topk(logp, k, dim=-1)
+        return top.values, top.indices, d2t
 
     def log_probs(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """Log-probabilities over the head's vocabulary, and the draft-to-target id offsets (or None)."""
-        logits, d2t = self._logits(out)
+        logits, d2t = self.engine.logits(out) if self.engine is not None else self.logits(out)
         return torch.log_softmax(logits.float(), dim=-1), d2t
 
-    def _logits(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
+    def logits(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Scores over the head's vocabulary from its layer's output, and the draft-to-target id offsets (or None)."""
         if self.cfg.kind == "eagle3":
-            if self.native is not None and out.dtype == torch.float32:  # the final norm in float32, one native pass
-                normed = self.native.rms_norm_rows(out.contiguous(), self._final_norm, self.cfg.rms_norm_eps)
-            else:
-                normed = self.norm(out)
             same_vocab = self.cfg.draft_vocab_size == self.cfg.vocab_size
-            return self._product("lm_head", normed), None if same_vocab else self.d2t
+            return self.fast.get("lm_head", self.lm_head)(self.norm(out)), None if same_vocab else self.d2t
         return self._target_lm_head[0](out), None

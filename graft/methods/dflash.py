@@ -87,7 +87,7 @@ class BlockSource(DraftSource):
             )
         else:
             self.model = load_block_drafter(params.checkpoint, target)
-        self.model.lean(target.product)
+        self.model.lean(target.ops.product)
         cfg = self.model.cfg
         self.block_size = params.block_size or cfg.block_size
         self.needs = TargetNeeds(

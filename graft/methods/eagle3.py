@@ -28,7 +28,6 @@ from graft.backends import HiddenTap, TargetBackend
 from graft.compose import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.eagle.checkpoint import load_head, random_head
-from graft.fast import widened_record
 from graft.eagle.head import DraftHead
 from graft.kv import KVBuffer
 from graft.registry import register
@@ -344,17 +343,9 @@ def select_static(found: Candidates, root: Tensor, keep: Tensor, size: int, leve
 
 
 def head_dtype_for(choice: str | None, target: TargetBackend) -> str | None:
-    """method.head_dtype resolved: `auto` is bfloat16 for a float32 target whose native products hold bfloat16
-    weights, else the target's own dtype (None). The AVX2 build widens them in the registers: a draft level reads
-    half the bytes (on the embedded model, an AMD Zen 3, Graft at 8 nodes with the refill drafted in 4.5 ms a step
-    against 5.2, tau 1.94 against 1.95). AVX512-BF16 multiplies them with bfloat16 activations by dot products at
-    twice the float32 rate (an AMD Zen 4: a draft level of 10 nodes in 1.22 ms against 1.88 for the float32 head,
-    in one forward profile)."""
-    if choice != "auto":
-        return choice
-    native = target.native
-    wide = target.dtype == torch.float32 and target.device.type == "cpu"
-    return "bfloat16" if wide and native is not None and native.bfloat16_panels_supported() else None
+    """method.head_dtype resolved: `auto` is what the target's backend multiplies fastest (its ops say, when it
+    loads), else the target's own dtype (None)."""
+    return target.ops.draft_head_dtype() if choice == "auto" else choice
 
 
 class HeadOnCache:
@@ -377,8 +368,8 @@ class HeadOnCache:
             logging.getLogger(__name__).info("method.head_dtype=auto: %s", dtype or "the target's dtype")
         if dtype is not None:
             self.head = self.head.to(getattr(torch, dtype))
-        self.head.lean(target.product, target.native)
-        widened = widened_record(list(getattr(self.head, "fast", {}).values()))
+        self.head.lean(target.ops)
+        widened = target.ops.product_record(list(self.head.fast.values()))
         if "widened" in widened:
             logging.getLogger(__name__).warning("method.head_dtype=%s: %s", dtype, widened["widened"])
         cfg = self.head.cfg

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graft.fast import top_k_rows
+from graft.ops import PLAIN, Ops
 from graft.tree import RankTree
 
 # How often the target's rank-r successor is the next token, as a prior for shaping templates. Rough
@@ -26,8 +26,8 @@ DEFAULT_RANK_PRIOR = (0.40, 0.14, 0.07, 0.045, 0.03, 0.022, 0.017, 0.013)
 
 
 class SuccessorTable:
-    def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu"):
-        self.k = k
+    def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu", ops: Ops = PLAIN):
+        self.k, self.ops = k, ops
         # one spare row past the vocabulary takes the writes that must not land (losers, empty slots), so
         # that an update has no data-dependent shape; reads never reach it
         self._rows = torch.full((vocab_size + 1, k), -1, dtype=torch.long, device=device)
@@ -56,7 +56,7 @@ class SuccessorTable:
         """tokens [n] verified node tokens (-1: an empty slot, skipped), logits [n, vocab] the target's
         logits at them, on_path [n] bool. Shapes do not depend on the data (no sync on a GPU)."""
         n = tokens.shape[0]
-        successors = top_k_rows(logits, self.k)[1]  # [n, k]
+        successors = self.ops.top_k_rows(logits, self.k)[1]  # [n, k]
         priority = torch.arange(n, device=tokens.device) + on_path.long() * n  # [n], distinct
         same_key = tokens[:, None] == tokens[None, :]  # [n, n]
         beaten = (same_key & (priority[None, :] > priority[:, None])).any(1)  # another node of the key wins
@@ -88,8 +88,10 @@ def read_template(table: SuccessorTable, template: RankTree, anchor_token: int |
 class Recycler:
     """The table plus templates of every size it is asked for (built once, then reused)."""
 
-    def __init__(self, vocab_size: int, k: int = 8, max_depth: int = 8, rank_prior=DEFAULT_RANK_PRIOR, device="cpu"):
-        self.table = SuccessorTable(vocab_size, k, device)
+    def __init__(
+        self, vocab_size: int, k: int = 8, max_depth: int = 8, rank_prior=DEFAULT_RANK_PRIOR, device="cpu", ops=PLAIN
+    ):
+        self.table = SuccessorTable(vocab_size, k, device, ops)
         self.max_depth, self.rank_prior, self.device = max_depth, tuple(rank_prior), device
         self._templates: dict[tuple[str, int], RankTree] = {}
 

@@ -7,7 +7,7 @@
 // straight into the cache, SiLU(gate) * up, and attention for few rows (SDPA cost some 40 us a layer for one
 // row). The products are the panel kernel below (AVX-512F, or AVX2 with FMA in 8-float vectors) where it was
 // measured faster at load, else oneDNN's packed linear. Activations and caches are float32 (products may read bfloat16 weights: a bfloat16 draft
-// head); graft/native/__init__.py builds it once, and the callers fall back to Python otherwise.
+// head); graft/cpu/native/__init__.py builds it once, and the callers fall back to Python otherwise.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -51,7 +51,7 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 // accumulators) reuses each loaded weight vector for every row. Rows beyond 8 run in groups of 8 that take turns
 // over chunks of the block, which the later groups read from L1. Blocks are split between threads; the tiles
 // read x as it is (row-major: each row a sequential stream). Needs AVX-512F, or AVX2 with FMA (tiles of at most 12 accumulators of 8 floats there); elsewhere
-// `panels_supported()` is false. graft/fast.py measures at load which row counts it serves (oneDNN the others).
+// `panels_supported()` is false. graft/cpu/products.py measures at load which row counts it serves (oneDNN the others).
 
 bool panels_supported() {
 #if defined(__AVX512F__) || defined(GRAFT_AVX2)
@@ -172,7 +172,7 @@ struct NextChunk {
 #ifdef __AVX512F__
 constexpr int kLanes = 16;  // floats per vector
 
-// How the AVX-512F tiles prefetch their weight stream; the machines this ran on disagreed, so graft/fast.py times
+// How the AVX-512F tiles prefetch their weight stream; the machines this ran on disagreed, so graft/cpu/products.py times
 // the modes at load (hardware.kernels: tile_prefetch), for products of one tile (up to 8 rows) and of several
 // apart, and sets each with set_tile_prefetch (before kChunkAhead took single tiles, an AMX Xeon ran 8 rows 14%
 // faster streaming ahead and 16 rows 24% faster chunking ahead, in one process):
@@ -672,7 +672,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
 // faster at one row (a decode step) than the panels, which serve 2 .. `small_rows` rows. Up to `small_rows` rows it
 // reads `small`, the weights laid out for few rows: the panels (the panel kernel) or W_t [K, N] (x @ W_t, one row);
 // above, `packed`: oneDNN's layout, or the panels where oneDNN's copy was dropped. Which layout serves which rows
-// was measured at load (graft/fast.py).
+// was measured at load (graft/cpu/products.py).
 at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& small, const at::Tensor& one_row,
                    const at::Tensor& bias, int64_t small_rows) {
   const bool first = present(one_row) && x.size(0) == 1;
@@ -693,7 +693,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return half ? y.to(at::kFloat) : y;
 }
 
-// A layer's tensors in graft/native/__init__.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
+// A layer's tensors in graft/cpu/native/__init__.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
 // bias) from its first index; the EAGLE-3 head's hidden norm appended after them.
 enum LayerField : int {
   kInputNorm = 0,
@@ -1250,7 +1250,7 @@ at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, co
 
 }  // namespace
 
-// x [n, hidden] float32; per layer `per_layer` tensors (see graft/native/__init__.py: LAYER_FIELDS), an empty
+// x [n, hidden] float32; per layer `per_layer` tensors (see graft/cpu/native/__init__.py: LAYER_FIELDS), an empty
 // tensor standing for an absent one; each layer's cache keys and values [1, kv_heads, capacity, head_dim]; cos,
 // sin [n, head_dim]; mask as attend's; cache rows start..start + n - 1 are written.
 // tap_flags[layer]: 1 capture the layer's input, 2 its output. Returns [x, captured...] in layer order.

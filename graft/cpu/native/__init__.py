@@ -3,7 +3,7 @@
 `lean_layers` runs the lean forward's layer loop for a few rows and `head_layer` an EAGLE head's decoder
 layer (lean_layers.cpp says why); on AVX-512F (or AVX2 with FMA: the same kernels in 8-float vectors),
 `pack_panels` / `panel_linear` are the panel kernel for float32
-products of few rows (graft/fast.py decides at load which row counts it serves), and in the AVX2 build for
+products of few rows (graft/cpu/products.py decides at load which row counts it serves), and in the AVX2 build for
 bfloat16 weights too, widened in the registers, where oneDNN has no bfloat16 products. It is built on first use
 into $GRAFT_CACHE/native/<key>, the key covering the source, torch's version and this CPU's flags (the build
 uses -march=native), so a cache shared between machines never loads another CPU's build. Building needs a C++
@@ -40,7 +40,7 @@ _failure: str | None = None
 
 def layer_weights(parts: dict) -> list:
     """One layer's tensors in LAYER_FIELDS order, from `parts`: input_norm, post_norm and qk_norm a tensor (or
-    absent / None), qkv, o, gate_up and down a graft.fast.PackedLinear; an empty tensor where one is absent."""
+    absent / None), qkv, o, gate_up and down a graft.cpu.products.PackedLinear; an empty tensor where one is absent."""
     import torch
 
     empty, weights = torch.empty(0), []
@@ -93,7 +93,7 @@ def load(verbose: bool = False):
         directory = cache_root() / "native" / key
         directory.mkdir(parents=True, exist_ok=True)
         if not any(directory.glob("*.so")):
-            print(f"building graft/native into {directory} (once per machine, about 20 s)", file=sys.stderr)
+            print(f"building graft/cpu/native into {directory} (once per machine, about 20 s)", file=sys.stderr)
         _module = build(
             name=f"graft_lean_layers_{key}",
             sources=[str(SOURCE)],
@@ -111,7 +111,7 @@ def load(verbose: bool = False):
 
 def loaded():
     """The module where this process has already loaded it, else None; never starts a build (helpers that any
-    path may call, such as graft.fast.top_k_rows, use it only where a fast path loaded it)."""
+    path may call, such as graft.cpu.products.top_k_rows, use it only where a fast path loaded it)."""
     return _module
 
 

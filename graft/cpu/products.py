@@ -6,7 +6,7 @@ rows, while `x @ W_t` with W_t stored [in, out] contiguous streams the weight on
 scripts/bench_forward.py). `transposed` swaps every nn.Linear (the LM head included) for that layout;
 `packed` keeps oneDNN-packed weights for several rows; `bf16` additionally halves the bytes read (the
 baseline runs in bf16 too, so losslessness is against the bf16 target). The products run inside the
-lean backend (graft/backends/lean.py).
+lean backend (graft/cpu/lean.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from graft import native
+from graft.cpu import native
 from graft.nn import grouped_sdpa
-from graft.tree import on_host
 
 ATTENTION_NAME = "graft_sdpa"
 
@@ -49,21 +48,6 @@ def keep_freed_memory() -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc.mallopt(m_mmap_threshold, 1 << 30)
     libc.mallopt(m_trim_threshold, 1 << 30)
-
-
-def top_k_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(values, indices) [n, k]: each row's k largest values of x [n, V], largest first, equal values in index
-    order (k = 1 is torch.argmax's first maximum). Through graft/native's one-pass kernel where a fast path has
-    loaded it and x is a float32 CPU matrix without NaN; else ATen (topk orders equal values its own way)."""
-    module = native.loaded()
-    if module is not None and on_host(x) and x.dtype == torch.float32 and x.dim() == 2:
-        values, indices, unordered = module.row_topk(x.contiguous(), k)
-        if not bool(unordered):
-            return values, indices
-    if k == 1:
-        indices = x.argmax(-1, keepdim=True)
-        return x.gather(-1, indices), indices
-    return x.topk(k, dim=-1)
 
 
 class TransposedLinear(nn.Module):
@@ -92,7 +76,7 @@ class PackedLinear(nn.Module):
     - x @ W_t from a contiguous transposed copy (`single_row_t`) for one row (a decode step) in fp32: faster
       on some CPUs (an Intel Xeon here) and much slower on others (an AMD Zen 5: 23.6 ms against 11.4 ms for a
       decode step's products); `choose_one_row_kernel` settles it;
-    - graft/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F
+    - graft/cpu/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F
       or AVX2 + FMA,
       given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
       every row count (oneDNN's copy dropped: `packed` is then the panels).

@@ -18,9 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graft import native
+from graft.cpu import native
 from graft.backends import ForwardOutput, TargetBackend, concat_taps
-from graft.fast import Bf16PackedLinear, PackedLinear, choose_one_row_kernel, choose_product_kernel, widened_record
+from graft.cpu.ops import CpuOps
+from graft.cpu.products import (
+    Bf16PackedLinear,
+    PackedLinear,
+    choose_one_row_kernel,
+    choose_product_kernel,
+    widened_record,
+)
 from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -93,7 +100,7 @@ class LeanForward:
         return rms_norm(x, weight, self.eps)
 
     def enable_native(self, mode: str = "auto") -> dict:
-        """Run forwards of a few rows through the native layer loop (graft/native) where this model allows it:
+        """Run forwards of a few rows through the native layer loop (graft/cpu/native) where this model allows it:
         float32 on the CPU, dense MLPs, oneDNN-packed products. "auto" falls back to the Python loop (saying
         why); "on" refuses to load without it; "off" keeps the Python loop. Returns what was chosen, for run.json.
         Call it after the one-row kernel is settled: the weights handed over are the ones that survived it."""
@@ -214,13 +221,13 @@ class LeanForward:
 
 
 def _panel_module(native_mode: str, product_kernel: str) -> tuple:
-    """(graft/native's built module, None) where the panel kernel may run (hardware.native not off, an
+    """(graft/cpu/native's built module, None) where the panel kernel may run (hardware.native not off, an
     AVX-512F or AVX2 + FMA build), else (None, why not); hardware.product_kernel=panel refuses to load without it."""
     reason = None
     if product_kernel == "onednn":
         return None, "hardware.product_kernel=onednn"
     if native_mode == "off":
-        reason = "hardware.native=off (the panel kernel is part of graft/native)"
+        reason = "hardware.native=off (the panel kernel is part of graft/cpu/native)"
     else:
         reason = native.unavailable() or (
             None if native.load().panels_supported() else "this CPU has neither AVX-512F nor AVX2 with FMA"
@@ -256,9 +263,11 @@ class LeanBackend(TargetBackend):
             self.kernels.update(choose_product_kernel(packed, product_kernel, no_panels, one_row_kernel=one_row_kernel))
             self.kernels.update(widened_record(packed))
         self.kernels = {**(self.kernels or {}), **self.lean.enable_native(native_mode)}
+        self.ops = CpuOps(native.loaded(), self.product, self.lean.native, wide_target=self.dtype == torch.float32)
 
     @property
     def native(self):
+        """The native module the layer loop runs through, or None (the Python loop)."""
         return self.lean.native
 
     def lm_head(self, hidden: Tensor) -> Tensor:

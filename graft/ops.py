@@ -1,0 +1,67 @@
+"""The operations where the research core lets an engine be faster than plain torch.
+
+A target backend carries one `Ops` (`target.ops`). These defaults are what the Hugging Face backend and
+GPUs run; the CPU engine (graft/cpu) supplies faster ones. The core calls only this interface, so it never
+imports an engine, and a new engine (a GPU kernel library, say) plugs in by subclassing it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor, nn
+
+
+class DraftLayer(Protocol):
+    """An engine's run of a draft head's decoder layer and its top-k log-probabilities (graft/eagle/head.py)."""
+
+    def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor: ...
+
+    def logits(self, out: Tensor) -> tuple[Tensor, Tensor | None]: ...
+
+    def top_log_probs(self, out: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]: ...
+
+
+class Ops:
+    """Plain-torch defaults. `host_paths`: small work on CPU tensors (a tree's ancestors, the accepted path)
+    walks Python lists, which costs less than a dozen tiny tensor ops; tests switch it off to count what the
+    device path reads back."""
+
+    def __init__(self, host_paths: bool = True):
+        self.host_paths = host_paths
+
+    def on_host(self, t: Tensor) -> bool:
+        """Whether work on `t` takes the host path: a CPU tensor, host paths on."""
+        return self.host_paths and t.device.type == "cpu"
+
+    def top_k_rows(self, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(values, indices) [n, k]: each row's k largest values of x [n, V], largest first (k = 1 is
+        torch.argmax's first maximum; topk orders equal values its own way)."""
+        if k == 1:
+            indices = x.argmax(-1, keepdim=True)
+            return x.gather(-1, indices), indices
+        return x.topk(k, dim=-1)
+
+    def move_rows(self, tensors: list[Tensor], committed: int, rows: Tensor) -> bool:
+        """Move rows `committed + rows` of every cache tensor [b, h, S, d] to `committed, committed + 1, ...`
+        in one call; False where the engine has no such call (the cache then copies layer by layer)."""
+        return False
+
+    def product(self, linear: nn.Linear) -> nn.Module | None:
+        """`linear` as a module on the engine's fast products, or None (keep nn.Linear)."""
+        return None
+
+    def draft_layer(self, head) -> DraftLayer | None:
+        """The engine's run of a draft head's layer (after head.lean), or None (the head's own modules)."""
+        return None
+
+    def draft_head_dtype(self) -> str | None:
+        """method.head_dtype=auto resolved for this backend: a dtype name, or None for the target's own."""
+        return None
+
+    def product_record(self, products: list[nn.Module]) -> dict:
+        """For run.json: how the engine holds these products' weights (empty where there is nothing to say)."""
+        return {}
+
+
+PLAIN = Ops()  # what a caller without a backend (tests, tools) gets
