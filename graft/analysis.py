@@ -1,5 +1,5 @@
-"""Run directories as pandas tables, for the paper-shaped tables and the figures (scripts/make_tables.py,
-scripts/plot.py, notebooks/reproduce_figures.ipynb).
+"""Run directories as pandas tables, for the paper-shaped tables and the figures (graft/report/tables.py,
+graft/report/figures.py, notebooks/reproduce_figures.ipynb).
 
 - `method_rows(paths)`: one row per (run, method) from the summaries: model, dataset, method, temperature,
   budget, the headline metrics, the time split and the pruning stages. A comparison gives a row per method

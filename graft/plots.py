@@ -70,7 +70,7 @@ def _title(rows) -> str:
 
 
 MARKERS = "os^Dv<>Ph*X"
-# every figure scripts/plot.py writes (PNG and PDF each)
+# every figure `python -m graft.report plot` writes (PNG and PDF each)
 FIGURES = (
     "pareto_speedup_decode",
     "pareto_tau",

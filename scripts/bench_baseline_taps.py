@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
 
 prefer_huge_pages()  # as run.py asks, before torch allocates

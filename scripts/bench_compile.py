@@ -18,10 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from graft.cpu.threads import prefer_huge_pages  # noqa: E402
+from graft.cpu.threads import prefer_huge_pages
 
 prefer_huge_pages()
 
@@ -48,7 +45,7 @@ def main() -> None:
     from graft.decode import generate
     from graft.registry import build_drafter
     from graft.tree import topology
-    from scripts.gpu_check import random_tree
+    from graft.gpu_check.measure import random_tree
 
     cfg = validate(compose([f"model={args.model}", "hardware=cpu_plain", "hardware.static_trees=true", "logger=none"]))
     from graft.models import load_model

@@ -3,9 +3,9 @@
 # scripts/device_wheels.sh) where hydra-core / omegaconf are missing, then the device check, writing
 # $OUT/gpu_check.json and $OUT/gpu_check.log.
 #
-#   bash scripts/device_check.sh [gpu_check.py arguments, e.g. --parts 1,4]
+#   bash scripts/device_check.sh [python -m graft.gpu_check arguments, e.g. --parts 1,4]
 #
-# It ends itself inside 8 minutes: gpu_check.py skips parts that would start after --budget-s (420 s), and
+# It ends itself inside 8 minutes: the check skips parts that would start after --budget-s (420 s), and
 # `timeout` stops it at LIMIT_S (480 s) with SIGTERM, after which it still writes what it has.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ fi
 
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 timeout --signal=TERM --kill-after=30 "$LIMIT_S" \
-  "$PYTHON" scripts/gpu_check.py --out "$OUT/gpu_check.json" "$@" 2>&1 | tee "$OUT/gpu_check.log"
+  "$PYTHON" -m graft.gpu_check --out "$OUT/gpu_check.json" "$@" 2>&1 | tee "$OUT/gpu_check.log"
 status=${PIPESTATUS[0]}
-echo "gpu_check.py exit status $status (124: stopped at LIMIT_S=$LIMIT_S s); report in $OUT/gpu_check.json"
+echo "python -m graft.gpu_check exit status $status (124: stopped at LIMIT_S=$LIMIT_S s); report in $OUT/gpu_check.json"
 exit "$status"

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def accuracy(target, drafter, taps, sequences, block: int) -> list[float]:
@@ -51,14 +47,14 @@ def main() -> None:
 
     from baselines.autoregressive import Autoregressive
     from graft.backends import HiddenTap
-    from graft.config import HardwareConfig, ModelConfig
+    from graft.config import CONFIG_DIR, HardwareConfig, ModelConfig
     from graft.data import BUILTIN
     from graft.decode import generate
     from graft.dflash.checkpoint import load_block_drafter
     from graft.models import load_model
     from graft.schema import coerce_dataclass
 
-    raw = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
+    raw = yaml.safe_load((CONFIG_DIR / "model" / f"{args.model}.yaml").read_text())
     raw.pop("defaults", None)
     model = load_model(coerce_dataclass(ModelConfig, raw, "model"), HardwareConfig(name="cpu", fast_path="packed"))
     target = model.target

@@ -2,13 +2,11 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 

@@ -131,7 +131,9 @@ def test_bench_forward_writes_a_cost_profile(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/bench_forward.py",
+            "-m",
+            "graft.costmodel",
+            "forward",
             "model=tiny_llama",
             "--paths",
             "none,packed/python,packed",
@@ -195,8 +197,7 @@ def test_ab_native_refuses_a_revision_whose_loop_reads_other_layer_fields():
 
 
 def test_a_forward_roofline_is_the_slower_of_streaming_the_weights_and_the_products_arithmetic():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_forward import roofline_ms
+    from graft.costmodel.forward import roofline_ms
 
     # the embedded model's 134,479,872 product FMAs a row at 102 G FMA/s: 1.318 ms a row of arithmetic
     assert roofline_ms(1, 134_479_872, 102.0, 15.0) == 15.0  # one row: the weights' stream bounds it

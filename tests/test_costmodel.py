@@ -152,7 +152,7 @@ def test_project_speedup_prints_the_projection_beside_the_measurement(tmp_path, 
     _run_dir(tmp_path / "runs" / "b8")
     _profile().save(tmp_path / "profile.json")
     out = tmp_path / "table.md"
-    command = [sys.executable, "scripts/project_speedup.py", str(tmp_path / "runs"), "--profile"]
+    command = [sys.executable, "-m", "graft.costmodel", "project", str(tmp_path / "runs"), "--profile"]
     command += [str(tmp_path / "profile.json"), "--out", str(out)] + (["--budgets"] if budgets else [])
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -327,7 +327,7 @@ def test_dflash_methods_draft_blocks_of_the_configured_size(qwen):
 
 
 def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
-    """scripts/train_dflash.py on a tiny target: generate, features, fit, export, resume; then method=dflash
+    """python -m graft.train dflash on a tiny target: generate, features, fit, export, resume; then method=dflash
     runs the exported drafter losslessly."""
     import os
     import shutil
@@ -339,7 +339,9 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     out = tmp_path / "train"
     args = [
         sys.executable,
-        "scripts/train_dflash.py",
+        "-m",
+        "graft.train",
+        "dflash",
         "model=tiny_llama",
         f"train.out_dir={out}",
         "train.data.num_gsm8k=4",
@@ -409,16 +411,16 @@ def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
 
 
 def test_first_code_block_takes_the_fenced_code_without_its_language_tag():
-    from scripts.train_eagle3 import _first_code_block
+    from graft.train.prompts import first_code_block
 
     answer = "Here it is:\n```python\ndef f(x):\n    return x\n```\nDone. ```js\nlet y = 1;\n```"
-    assert _first_code_block(answer) == "def f(x):\n    return x"
-    assert _first_code_block("```\nSELECT 1;\n```") == "SELECT 1;"
-    assert _first_code_block("no code here") is None and _first_code_block("```\n\n```") is None
+    assert first_code_block(answer) == "def f(x):\n    return x"
+    assert first_code_block("```\nSELECT 1;\n```") == "SELECT 1;"
+    assert first_code_block("no code here") is None and first_code_block("```\n\n```") is None
 
 
 def test_summary_pairs_never_repeat_a_passage_with_the_same_request():
-    from scripts.train_eagle3 import summary_pairs
+    from graft.train.prompts import summary_pairs
 
     assert summary_pairs(7, 3, 2) == [(0, 0), (1, 1), (2, 0), (0, 1), (1, 0), (2, 1)]  # capped at 3 x 2
     pairs = summary_pairs(240, 120, 6)  # round 4's counts, whose old rule repeated 120 of them
@@ -427,7 +429,7 @@ def test_summary_pairs_never_repeat_a_passage_with_the_same_request():
 
 
 def test_a_held_out_pool_keeps_the_held_out_set_when_data_is_appended():
-    from scripts.train_dflash import split_heldout
+    from graft.train.dflash import split_heldout
 
     records = [{"i": i} for i in range(10)]
     _, before = split_heldout(records[:6], 3, seed=0)
@@ -440,7 +442,7 @@ def test_code_requests_added_later_keep_the_earlier_ids_texts():
     """Round 5 appended CODE_TASKS_MORE: code-0 .. code-207 must still name round 4's requests."""
     import random
 
-    from scripts.train_eagle3 import CODE_SHAPES, CODE_TASKS, CODE_TASKS_MORE, SQL_TASKS, code_requests
+    from graft.train.prompts import CODE_SHAPES, CODE_TASKS, CODE_TASKS_MORE, SQL_TASKS, code_requests
 
     earlier = [shape.format(t=task) for task in CODE_TASKS for shape in CODE_SHAPES]
     earlier += [f"Write a SQL query that {task}." for task in SQL_TASKS]
@@ -456,7 +458,7 @@ def test_templated_and_passage_requests_added_later_keep_the_earlier_ids_texts()
     of the earlier rounds, and no new request repeats an earlier one."""
     import random
 
-    from scripts.train_eagle3 import PASSAGES, TEMPLATES, TOPICS, TOPICS_MORE, passage_groups, templated_requests
+    from graft.train.prompts import PASSAGES, TEMPLATES, TOPICS, TOPICS_MORE, passage_groups, templated_requests
 
     earlier = [template.format(t=topic) for template in TEMPLATES for topic in TOPICS]
     requests = templated_requests(0)

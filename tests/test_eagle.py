@@ -202,7 +202,7 @@ def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tok
 
 
 def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
-    """scripts/train_eagle3.py on a tiny target: generate, features, fit (TTT), export, then resume."""
+    """python -m graft.train eagle3 on a tiny target: generate, features, fit (TTT), export, then resume."""
     import subprocess
     import sys
     from pathlib import Path
@@ -211,7 +211,9 @@ def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     out = tmp_path / "train"
     args = [
         sys.executable,
-        "scripts/train_eagle3.py",
+        "-m",
+        "graft.train",
+        "eagle3",
         "model=tiny_llama",
         f"train.out_dir={out}",
         "train.data.num_gsm8k=4",

@@ -1,4 +1,4 @@
-"""make_tables and plot on hand-written run directories: the numbers in the tables are the literal
+"""`python -m graft.report tables` and `plot` on hand-written run directories: the numbers in the tables are the literal
 values written, and every figure file appears."""
 
 import json
@@ -90,9 +90,9 @@ def _sweep(tmp_path):
     return tmp_path / "sweep"
 
 
-def _script(name: str, tmp_path, out):
+def _report(command: str, tmp_path, out):
     proc = subprocess.run(
-        [sys.executable, f"scripts/{name}", str(_sweep(tmp_path)), "--out", str(out)],
+        [sys.executable, "-m", "graft.report", command, str(_sweep(tmp_path)), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -103,7 +103,7 @@ def _script(name: str, tmp_path, out):
 
 def test_make_tables_writes_the_paper_shaped_table(tmp_path):
     out = tmp_path / "tables"
-    _script("make_tables.py", tmp_path, out)
+    _report("tables", tmp_path, out)
     table = (out / "tables.md").read_text()
     graft_row = next(line for line in table.splitlines() if line.startswith("| graft"))
     assert [cell.strip() for cell in graft_row.strip("|").split("|")] == [
@@ -122,7 +122,7 @@ def test_make_tables_writes_the_paper_shaped_table(tmp_path):
 
 def test_plot_writes_every_figure(tmp_path):
     out = tmp_path / "figures"
-    _script("plot.py", tmp_path, out)
+    _report("plot", tmp_path, out)
     from graft.plots import FIGURES
 
     for name in FIGURES:
@@ -141,8 +141,7 @@ def test_a_sweep_gets_one_row_per_setting_not_an_average(tmp_path):
     sweep = tmp_path / "pareto"
     _comparison(sweep / "b8", "mt", {"eagle3": (0.9, 1.7), "graft": (1.6, 1.8)}, 8, [0.35, 0.25, 0.15])
     _comparison(sweep / "b60", "mt", {"eagle3": (0.6, 2.3), "graft": (1.2, 2.6)}, 60, [0.5, 0.35, 0.25])
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from make_tables import build
+    from graft.report.tables import build
 
     markdown, _, _ = build([str(sweep)], "speedup_wall")
     lines = markdown.splitlines()
@@ -156,7 +155,11 @@ def test_a_sweep_gets_one_row_per_setting_not_an_average(tmp_path):
 
 def test_results_readme_tables_match_their_committed_records():
     proc = subprocess.run(
-        [sys.executable, "scripts/render_results.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "graft.report", "render", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
@@ -168,10 +171,13 @@ def test_render_results_notices_a_hand_edited_table(tmp_path):
     )
     readme.write_text(block)
     proc = subprocess.run(
-        [sys.executable, "scripts/render_results.py", "--check", str(readme)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "graft.report", "render", "--check", str(readme)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 1 and "stale" in proc.stderr
-    subprocess.run([sys.executable, "scripts/render_results.py", str(readme)], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "graft.report", "render", str(readme)], cwd=ROOT, check=True)
     assert "| graft | 20/20 equal |" in readme.read_text()
 
 
@@ -184,26 +190,11 @@ def test_the_hardware_column_names_the_gpu_else_the_cpu_and_its_vector_instructi
     assert hardware_name({}) is None
 
 
-def _bench_e2e(monkeypatch):
-    """scripts/bench_e2e.py as a module, the environment as it was before the import."""
-    import importlib
-    import os
-
-    saved = dict(os.environ)
-    monkeypatch.setenv("GRAFT_THREADS", "fixed")  # importing the script measures no threads here
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module("bench_e2e")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatch):
-    """scripts/bench_e2e.py's summary over two rounds of hand-written records: tokens/s per round = tokens /
+def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range():
+    """scripts/bench_e2e.py's summary (graft/report/e2e.py) over two rounds of hand-written records: tokens/s per round = tokens /
     seconds summed over the round's prompts, the table the median of the rounds, x AR the median of each
     round's own ratio, with its range."""
-    bench = _bench_e2e(monkeypatch)
+    from graft.report import e2e as bench
 
     def run(tokens, seconds):
         phases = {"steps": tokens, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": seconds, "other_s": 0.0}
@@ -226,11 +217,11 @@ def test_the_side_by_side_gives_medians_of_rounds_and_the_ratio_range(monkeypatc
     assert "x_ar_range" not in one_round[1] and abs(one_round[1]["x_ar"] - 1.5) < 1e-9
 
 
-def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar(monkeypatch, tmp_path):
+def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar(tmp_path):
     """bench_e2e's /bf16 systems run on a second float target: their tokens are compared with ar/bf16's (not ar's),
     their 'x its AR' is against ar/bf16, and render_results gives the same ratio from the per-prompt records."""
-    bench = _bench_e2e(monkeypatch)
-    from render_results import side_by_side
+    from graft.report import e2e as bench
+    from graft.report.render import side_by_side
 
     def run(tokens, seconds, token=1):
         phases = {"steps": tokens, "prefill_s": 0.0, "draft_s": 0.0, "verify_s": seconds, "other_s": 0.0}
@@ -258,10 +249,10 @@ def test_systems_on_the_bfloat16_target_are_checked_and_timed_against_its_own_ar
     assert lines[-1] == "| graft@16/bf16 | 30.0 | - | 3.00 | 1.50 |"
 
 
-def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_own_ar(monkeypatch, tmp_path):
+def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_own_ar(tmp_path):
     """tau_needed = ratio x (draft + verify + other ms a step) / its AR's ms per token: at the step costs
     measured, the tokens a step would have to commit."""
-    bench = _bench_e2e(monkeypatch)
+    from graft.report import e2e as bench
 
     def run(steps, tokens, draft, verify, other):
         phases = {"steps": steps, "prefill_s": 0.0, "draft_s": draft, "verify_s": verify, "other_s": other}
@@ -283,7 +274,7 @@ def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_o
     assert "tau_needed" not in table["ar/bf16"]
     assert "tau_needed" not in bench.summarise(records, ["ar/bf16", "graft@16/bf16"])[1]
     assert bench.tau_needed(15.0, 10.0, 1.0) == 1.5  # break-even
-    from render_results import step_split
+    from graft.report.render import step_split
 
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps({"tau_for": 1.8, "table": list(table.values())}))
@@ -293,8 +284,7 @@ def test_the_side_by_side_gives_the_tau_a_system_would_need_for_a_ratio_to_its_o
 
 
 def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from render_results import ab_native
+    from graft.report.render import ab_native
 
     report = {
         "contexts": {

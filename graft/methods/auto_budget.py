@@ -4,7 +4,7 @@ draft's own confidence, instead of a fixed total_tokens.
 After the draft is expanded, keeping the best N - 1 candidates (root included: N nodes) is expected to
 commit E(N) = 1 + (sum of the N - 1 largest path probabilities exp(score)) tokens, the head's own estimate
 of each node's chance to lie on the accepted path, plus the bonus token. The step then costs
-draft + verify(N, context) + overhead(N) milliseconds, from the profile (scripts/cost_profile.py) at
+draft + verify(N, context) + overhead(N) milliseconds, from the profile (python -m graft.costmodel profile) at
 `method.auto_context` cached positions (the draft's own time is measured as it runs), and the split keeps the N that maximises E(N) / cost(N), up to total_tokens. Where a node
 costs almost nothing (a GPU) that is the whole budget; where it costs compute (a 2-core CPU) it is a small
 tree on uncertain steps and a larger one when the head is confident.
@@ -30,7 +30,7 @@ from graft.schema import ConfigError
 
 def load_profile(cost_profile: str | None, what: str) -> CostProfile:
     if not cost_profile:
-        raise ConfigError(f"{what} needs method.cost_profile=<a cost profile JSON (scripts/cost_profile.py)>")
+        raise ConfigError(f"{what} needs method.cost_profile=<a cost profile JSON (python -m graft.costmodel profile)>")
     path = from_cwd_or_repo(cost_profile)  # profiles committed under results/ resolve anywhere
     if not path.is_file():
         raise ConfigError(f"method.cost_profile={cost_profile}: no such file")
@@ -39,7 +39,7 @@ def load_profile(cost_profile: str | None, what: str) -> CostProfile:
 
 @dataclass
 class AutoParams:
-    cost_profile: str | None = None  # a CostProfile JSON of this device and target (scripts/cost_profile.py)
+    cost_profile: str | None = None  # a CostProfile JSON of this device and target (python -m graft.costmodel profile)
     auto_context: int = 512  # the context length whose verify costs the choice reads (cache positions)
 
 
@@ -109,7 +109,7 @@ DRAFT_PRIOR = 4.0  # pseudo-trials at the head's own probability before a bin's 
 
 @dataclass
 class TrimParams:
-    cost_profile: str | None = None  # a CostProfile JSON of this device and target (scripts/cost_profile.py)
+    cost_profile: str | None = None  # a CostProfile JSON of this device and target (python -m graft.costmodel profile)
     # Beta(hits, misses) prior of a retrieved node's acceptance given its parent's, before any is counted
     retrieval_prior: list[float] = field(default_factory=lambda: [1.0, 1.0])
 

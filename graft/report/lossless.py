@@ -1,6 +1,6 @@
 """Lossless check of many methods against one greedy baseline per prompt, in one process.
 
-    python scripts/check_lossless.py --methods pld,recycling,graft --datasets builtin,mt_bench \
+    python -m graft.report check-lossless --methods pld,recycling,graft --datasets builtin,mt_bench \
         --num-prompts 20 --max-new-tokens 64 [--set method.total_tokens=16] --out results/lossless.json
 
 For every prompt the autoregressive baseline runs once (recording its top-2 logit gaps), then every
@@ -18,17 +18,23 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
-os.environ.setdefault("WANDB_MODE", "disabled")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
 
-prefer_huge_pages()  # as run.py asks, before torch allocates
+def before_torch() -> None:
+    """What the command sets before torch loads (graft.report's __main__ calls it first): OpenMP workers spin as
+    run.py has them, W&B stays off, and torch's allocator asks for huge pages."""
+    os.environ.setdefault("GOMP_SPINCOUNT", "100000000")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from graft.cpu.threads import prefer_huge_pages  # imports no torch
+
+    prefer_huge_pages()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report check-lossless",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--methods", required=True)
     parser.add_argument("--datasets", default="builtin")
     parser.add_argument("--num-prompts", type=int, default=20)
@@ -40,7 +46,7 @@ def main() -> None:
         "--base", action="append", default=[], help="override for the model and hardware, e.g. hardware.num_threads=1"
     )
     parser.add_argument("--out", default="results/lossless_check.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from graft.config import compose, validate
     from graft.data import load_prompts

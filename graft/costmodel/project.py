@@ -1,10 +1,10 @@
 """Projected speedups from recorded acceptance and a device's cost profile, next to the measured ones.
 
-    python scripts/project_speedup.py RUN_DIR... --profile results/cost_model/cost_profile_cpu.json [--out table.md]
-    python scripts/project_speedup.py multirun/pareto/smollm2_135m --profile P.json --budgets
+    python -m graft.costmodel project RUN_DIR... --profile results/cost_model/cost_profile_cpu.json [--out table.md]
+    python -m graft.costmodel project multirun/pareto/smollm2_135m --profile P.json --budgets
 
 For every run directory (a comparison's methods, or a single-method run) and method, the projected speedup
-(graft/costmodel.py: the recorded steps' accepted tokens, node counts and contexts timed by the profile)
+(graft/costmodel: the recorded steps' accepted tokens, node counts and contexts timed by the profile)
 beside the run's measured `speedup_decode` (baseline s per step token / the method's, prefill excluded:
 the quantity the model projects). `--budgets` lays a budget sweep out as rows = (budget, thresholds),
 columns = methods. `--draft profile` takes the drafters' step cost from the profile instead of the run's
@@ -18,10 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from graft.analysis import run_dirs  # noqa: E402
-from graft.costmodel import AR, CostProfile, job_anchor, project, recorded_split, run_steps  # noqa: E402
+from graft.analysis import run_dirs
+from graft.costmodel import AR, CostProfile, job_anchor, project, recorded_split, run_steps
 
 WITHIN = 0.10  # "agrees" = projected within 10% of measured
 
@@ -51,7 +49,7 @@ def projection_rows(
     paths, profile: CostProfile, methods: list[str] | None, draft: str, anchor: str = "profile"
 ) -> list[dict]:
     """One row per (run, method): the setting, the measured speedup_decode and the projection. anchor="job"
-    scales the profile per run by its own baseline's speed (graft/costmodel.py: job_anchor)."""
+    scales the profile per run by its own baseline's speed (graft/costmodel: job_anchor)."""
     rows = []
     for run in run_dirs(paths):
         summary = json.loads((run / "summary.json").read_text())
@@ -193,10 +191,16 @@ def agreement(rows: list[dict]) -> str:
     return f"{close} of {len(checked)} projections within {WITHIN:.0%} of the measured speedup_decode."
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.costmodel project",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("paths", nargs="+", help="run directories, or folders holding them")
-    parser.add_argument("--profile", type=Path, required=True, help="a CostProfile JSON (scripts/cost_profile.py)")
+    parser.add_argument(
+        "--profile", type=Path, required=True, help="a CostProfile JSON (python -m graft.costmodel profile)"
+    )
     parser.add_argument("--methods", help="comma-separated methods to project (default: all but ar)")
     parser.add_argument("--draft", choices=["measured", "profile"], default="measured")
     parser.add_argument("--budgets", action="store_true", help="a budget sweep: rows = (budget, thresholds)")
@@ -209,14 +213,17 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true", help="also the recorded ms per step beside the profile's")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     parser.add_argument("--json", type=Path, help="also write every row with its full projection here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     profile = CostProfile.load(args.profile)
     methods = args.methods.split(",") if args.methods else None
     try:
         rows = projection_rows(args.paths, profile, methods, args.draft, args.anchor)
     except KeyError as err:  # --draft profile, and the profile did not measure a method's drafter
-        sys.exit(f"{args.profile}: {err.args[0]}; measure it with cost_profile.py --methods, or use --draft measured")
+        sys.exit(
+            f"{args.profile}: {err.args[0]}; measure it with python -m graft.costmodel profile --methods, "
+            "or use --draft measured"
+        )
     if not rows:
         sys.exit(f"no run with recorded steps under {' '.join(args.paths)}")
     table = budget_table(rows) if args.budgets else run_table(rows)
@@ -234,7 +241,3 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -12,11 +12,17 @@ verifies 1 node and commits 1 token per step. So
 which is the projection of `speedup_decode` (graft/metrics.py: baseline seconds per step token over the
 method's, prefill excluded): the same tokens, timed by a profile instead of by the run.
 
-A `CostProfile` holds verify(N, context) as a table measured by scripts/cost_profile.py on one device,
-the per-step overhead of the decode loop (topology, acceptance, cache commit, bookkeeping: it grows with
-N, and moving an accepted path in the cache adds to it) and, where measured, each drafter's ms per step. A projection is a model: it replays recorded
-acceptance (which does not depend on the device) against costs measured elsewhere; it is not a run.
-Pure functions: no torch.
+A `CostProfile` holds verify(N, context) as a table measured by `python -m graft.costmodel profile` on one
+device, the per-step overhead of the decode loop (topology, acceptance, cache commit, bookkeeping: it grows
+with N, and moving an accepted path in the cache adds to it) and, where measured, each drafter's ms per step.
+A projection is a model: it replays recorded acceptance (which does not depend on the device) against costs
+measured elsewhere; it is not a run. Pure functions: no torch, and no import of the CPU engine (graft.methods
+reads this module; tests/test_structure.py keeps the core off graft.cpu).
+
+The commands (`python -m graft.costmodel <command>`, graft/costmodel/__main__.py):
+- profile (profile.py): measure a device's CostProfile;
+- project (project.py): projected speedups of recorded runs beside the measured ones;
+- forward (forward.py): the target forward's cost per fast path: bandwidth and compute roofs, verify times.
 """
 
 from __future__ import annotations

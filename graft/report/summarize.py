@@ -1,6 +1,6 @@
 """Collect the summary.json of several runs into one Markdown table.
 
-python scripts/summarize_runs.py outputs/**/summary.json [--out results/table.md]
+python -m graft.report summarize outputs/**/summary.json [--out results/table.md]
 """
 
 from __future__ import annotations
@@ -53,11 +53,15 @@ def _load(path: Path) -> dict:
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report summarize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("summaries", nargs="+", type=Path)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     text = table([_load(p) for p in args.summaries])
     print(text)
     if args.out:

@@ -3,16 +3,15 @@ step), per-dataset speedup bars, accepted-length histograms, retrieval's share o
 pruning stage, where a step's time goes, and the published speedups beside this harness's where the
 setting matches (results/paper/published.csv). PNG and PDF.
 
-    python scripts/plot.py multirun/pareto [more dirs ...] --out results/figures
+    python -m graft.report plot multirun/pareto [more dirs ...] --out results/figures
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "paper" / "published.csv"
 
 
 def make_figures(paths: list[str], out: Path) -> list[Path]:
@@ -26,17 +25,19 @@ def make_figures(paths: list[str], out: Path) -> list[Path]:
         raise SystemExit(f"no finished runs under {', '.join(paths)}")
     written = plots.pareto_figures(rows, out) + plots.speedup_bars(rows, out)
     written += plots.accept_histograms(steps, out) + plots.retrieval_by_stage(steps, out) + plots.time_split(steps, out)
-    published = pd.read_csv(Path(__file__).resolve().parent.parent / "results" / "paper" / "published.csv")
+    published = pd.read_csv(PUBLISHED)
     published["model"] = published["model"].fillna("")
     written += plots.beside_paper(rows, published, out)
     return written
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--out", type=Path, default=Path("figures"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for path in make_figures(args.paths, args.out):
         print(path)
 

@@ -1,6 +1,6 @@
 """Cost profile of the target forward: bandwidth limit, decode step and verify times, per fast path.
 
-    python scripts/bench_forward.py [model=smollm2_135m] [--paths none,transposed,bf16] [--out FILE.json]
+    python -m graft.costmodel forward [model=smollm2_135m] [--paths none,transposed,bf16] [--out FILE.json]
 
 Times are medians over repeats of the same verification forward the decode loop runs (a chain of k
 tokens on top of a `--context`-token cache, with the 4-D tree mask), after warm-up rounds that are not
@@ -12,20 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
-
-prefer_huge_pages()  # as run.py asks, before torch allocates
-
-import torch  # noqa: E402
-
+import torch
 
 TOKEN_COUNTS = [1, 2, 4, 8, 16, 32, 60, 128]
 
@@ -146,7 +137,7 @@ def head_level_ms(
         )
         if head.cfg.kind == "eagle1":  # its logits are the target's LM head's
             fmas_per_node += target.model.get_output_embeddings().weight.numel()
-        head = head.to(getattr(torch, dtype)).lean(target.product, target.native)
+        head = head.to(getattr(torch, dtype)).lean(target.ops)
         cfg, g = head.cfg, torch.Generator().manual_seed(0)
         cache = head.new_cache(context_len + nodes + 8)
         with torch.inference_mode():
@@ -222,8 +213,12 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     return info, bandwidths, rates, dot_rates
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.costmodel forward",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny_llama")
     parser.add_argument(
         "--paths",
@@ -237,7 +232,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--head-level", action="store_true", help="also time one EAGLE draft level of 10 nodes")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -358,7 +353,3 @@ def write_report(path: Path | None, report: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2))
         print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

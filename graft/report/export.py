@@ -2,7 +2,7 @@
 samples.jsonl.gz (the records without the generated texts; the token hashes stay, gzipped), so tables and
 figures can be regenerated from what is committed.
 
-    python scripts/export_runs.py multirun/cpu_embedded results/cpu_embedded/runs
+    python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ import argparse
 import gzip
 import json
 import shutil
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def strip_texts(record: dict) -> dict:
@@ -43,11 +40,13 @@ def export(source: Path, target: Path) -> list[Path]:
     return written
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for out in export(args.source, args.target):
         print(out)
 

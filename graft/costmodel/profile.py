@@ -1,9 +1,9 @@
-"""Measure a device's cost profile for the cost model (graft/costmodel.py): the target's verify time as a
+"""Measure a device's cost profile for the cost model (graft/costmodel): the target's verify time as a
 function of tree nodes and context length, the decode loop's per-step overhead, and optionally the
 drafters' step cost.
 
-    python scripts/cost_profile.py [model=smollm2_135m hardware=cpu] [--out results/cost_model/cost_profile_cpu.json]
-    python scripts/cost_profile.py hardware=gpu --methods eagle3,pruned,graft --repeats 9
+    python -m graft.costmodel profile [model=smollm2_135m hardware=cpu] [--out results/cost_model/cost_profile_cpu.json]
+    python -m graft.costmodel profile hardware=gpu --methods eagle3,pruned,graft --repeats 9
 
 - verify: the forward the decode loop runs (a k-node tree on top of a C-token cache, the tree mask built
   inside, as target.verify does), after warm-up rounds, median over repeats. One cache per context is
@@ -26,24 +26,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("GOMP_SPINCOUNT", "100000000")  # as run.py does, before torch loads libgomp
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from graft.cpu.threads import prefer_huge_pages  # noqa: E402  (imports no torch)
+import torch
 
-prefer_huge_pages()  # as run.py asks, before torch allocates
-
-import torch  # noqa: E402
-
-
-from graft.costmodel import AR, NODE_COUNTS, CostProfile  # noqa: E402
-from graft.drafter import Drafter, Proposal, SequenceState  # noqa: E402
-from graft.tree import DraftTree, NodeSource, topology  # noqa: E402
+from graft.costmodel import AR, NODE_COUNTS, CostProfile
+from graft.drafter import Drafter, Proposal, SequenceState
+from graft.tree import DraftTree, NodeSource, topology
 
 CPU_CONTEXTS = (64, 256, 1024, 4096)
 GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
@@ -210,8 +201,12 @@ def device_label(target, fast_path: str) -> str:
     return f"cpu: {info['cpu']} ({torch.get_num_threads()} threads, fast path {fast_path})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.costmodel profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=smollm2_135m hardware=cpu")
     parser.add_argument("--nodes", default=",".join(map(str, NODE_COUNTS)), help="tree sizes, root included")
     parser.add_argument("--contexts", help="context lengths (default: 64,256,1024,4096, +16384 on a GPU)")
@@ -222,7 +217,7 @@ def main() -> None:
     parser.add_argument("--methods", default="", help="methods whose draft ms per step to measure, e.g. eagle3,graft")
     parser.add_argument("--draft-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from graft.config import compose, validate
     from graft.models import load_model
@@ -278,7 +273,3 @@ def main() -> None:
     out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}.json")
     profile.save(out)
     print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

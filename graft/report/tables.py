@@ -2,16 +2,13 @@
 rows = methods, columns = datasets and their mean, cells = speedup / tau; Graft's relative improvement
 over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX.
 
-    python scripts/make_tables.py multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--out results/cpu_embedded]
+    python -m graft.report tables multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--out results/cpu_embedded]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ORDER = [
     "ar",
@@ -80,12 +77,14 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
     return "\n".join(markdown), "\n".join(latex), rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--metric", default="speedup_wall", choices=["speedup_wall", "speedup_decode"])
     parser.add_argument("--out", type=Path, help="folder for tables.md, tables.tex and rows.csv")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     markdown, latex, rows = build(args.paths, args.metric)
     print(markdown)
     if args.out:

@@ -6,14 +6,15 @@ typed by hand. A generated block is
     <!-- /generated -->
 
 and its kind says what renders it:
-- `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of scripts/make_tables.py;
-- `forward_profile <json>`: the verify-time table of scripts/bench_forward.py's JSON;
-- `lossless <json ...>`: the per-method counts of scripts/check_lossless.py's JSONs;
+- `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of `python -m graft.report tables`;
+- `forward_profile <json>`: the verify-time table of `python -m graft.costmodel forward`'s JSON;
+- `lossless <json ...>`: the per-method counts of `python -m graft.report check-lossless`'s JSONs;
 - `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side;
-- `step_split <json>`: where a step's time goes (tau, draft / verify / other ms per step) in one of them.
+- `step_split <json>`: where a step's time goes (tau, draft / verify / other ms per step) in one of them;
+- `ab_native <json>`: scripts/ab_native.py's verify times, the --ref build against this checkout's.
 
-    python scripts/render_results.py [results/README.md]           # rewrite the blocks
-    python scripts/render_results.py --check [results/README.md]   # exit 1 if a block is stale
+    python -m graft.report render [results/README.md]           # rewrite the blocks
+    python -m graft.report render --check [results/README.md]   # exit 1 if a block is stale
 """
 
 from __future__ import annotations
@@ -22,12 +23,9 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: block paths are relative to it
 
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 
@@ -206,8 +204,8 @@ def ab_native(path: str) -> str:
 
 
 def tables(*args: str) -> str:
-    """make_tables' tables of the run folders; a leading `metric=<name>` picks the ratio (speedup_wall by default)."""
-    from make_tables import build
+    """graft/report/tables.py's tables of the run folders; a leading `metric=<name>` picks the ratio (speedup_wall by default)."""
+    from graft.report.tables import build
 
     metric = "speedup_wall"
     if args and args[0].startswith("metric="):
@@ -236,17 +234,19 @@ def render(text: str) -> str:
     return BLOCK.sub(one, text)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("readme", nargs="?", type=Path, default=ROOT / "results" / "README.md")
     parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from its records")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     text = args.readme.read_text()
     fresh = render(text)
     blocks = len(BLOCK.findall(text))
     if args.check:
         if fresh != text:
-            raise SystemExit(f"{args.readme}: generated blocks are stale; run python scripts/render_results.py")
+            raise SystemExit(f"{args.readme}: generated blocks are stale; run python -m graft.report render")
         print(f"{args.readme}: {blocks} generated blocks match their records")
         return
     args.readme.write_text(fresh)

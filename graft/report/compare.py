@@ -1,6 +1,6 @@
 """Did a change keep every method's output? Compare two sets of run directories method by method.
 
-    python scripts/compare_runs.py BEFORE_ROOT AFTER_ROOT [--out FILE.md]
+    python -m graft.report compare BEFORE_ROOT AFTER_ROOT [--out FILE.md]
 
 Each root holds one run directory per method (`<root>/<method>/samples.jsonl` and `summary.json`, as
 written by `python run.py method=<method> run.out_dir=<root>/<method> ...`). For each method present in
@@ -29,12 +29,14 @@ def load(run_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.report compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     methods = sorted(
         p.name
         for p in args.before.iterdir()

@@ -1,0 +1,28 @@
+"""Device check: what the harness does on a bare single-GPU node, in one JSON file, within a time budget.
+
+    python -m graft.gpu_check --out $OUT/gpu_check.json              # on the GPU node (scripts/device_check.sh)
+    python -m graft.gpu_check --device cpu --quick --out /tmp/q.json   # the same code at tiny shapes (its test)
+
+Parts (`--parts 1,2,...`; each timed):
+1. environment: device, driver, CUDA, library versions, memory, which SDPA kernels run (with and without a mask);
+2. lossless: every configs/method/*.yaml against the autoregressive baseline on the tiny random models, in
+   float32 and bfloat16 (a divergence records whether the baseline's top-2 gap there is a float tie);
+3. host syncs per decode step of ar, eagle3, pruned and graft, with and without fixed-size trees
+   (torch.cuda.set_sync_debug_mode("warn"); CUDA only);
+4. a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: verify time per tree size and context, the
+   loop's overhead per step, short ar / eagle3 / graft decode loops, the head's extend peak memory;
+5. a few Qwen3-235B-A22B-shaped MoE layers: verify time and experts touched per tree size;
+6. a 235B-shaped SpecForge EAGLE-3 head checkpoint (head_dim 128 != hidden / heads) loads and runs;
+7. hardware.compile (torch.compile over static caches; CUDA graphs with reduce-overhead): ar, eagle3 and graft
+   against the eager baseline on tiny_llama, and an 8B-shaped slice's verify time, eager against compiled.
+
+All weights are random (the node has no network): acceptance and tau mean nothing; timings, memory and
+token equality are what count. The JSON is rewritten after every part and inside the long ones, so a run
+cut short (a timeout, an out-of-memory kill) still reports; a failing part records its error and the
+traceback's last lines, and the next part runs. `--budget-s` is a soft limit: parts that would start after
+it are skipped, and the long parts stop early, saying so.
+
+Modules: plan.py (the shapes and sizes of every part, FULL and QUICK), report.py (the JSON report, a part's
+context, the summary), measure.py (timing and model helpers the parts share), one module per part or two
+(environment, lossless, syncs, dense, moe, compiled), and __main__.py (the command).
+"""

@@ -1,0 +1,154 @@
+"""Part 4 of the device check: a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: verify time per
+tree size and context, the loop's overhead per step, short ar / eagle3 / graft decode loops, and the
+head's extend peak memory."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from graft.gpu_check.measure import (
+    Clock,
+    decode_record,
+    gib,
+    hardware_config,
+    harness_target,
+    method_config_of,
+    parameter_count,
+    random_causal_lm,
+    random_ids,
+    rounded,
+    sync,
+    timed_verify,
+    verify_times,
+)
+from graft.gpu_check.plan import RANDOM_NOTE, Plan
+from graft.gpu_check.report import Context, release_memory
+
+
+def dense_layers(plan: Plan, device: torch.device, remaining_s: float) -> tuple[int, str | None]:
+    """How many layers part 4 builds: all of them, unless the time left or the free memory is short."""
+    layers = plan.dense_arch["num_hidden_layers"]
+    if remaining_s < plan.dense_full_needs_s:
+        return plan.dense_fallback_layers, f"{remaining_s:.0f} s of the budget left (< {plan.dense_full_needs_s:.0f} s)"
+    if device.type == "cuda":
+        a = plan.dense_arch
+        per_layer = 2 * (
+            4 * a["hidden_size"] ** 2 + 3 * a["hidden_size"] * a["intermediate_size"]
+        )  # bf16 bytes, upper bound
+        free, _ = torch.cuda.mem_get_info(device)
+        fits = int((free - 12 * 2**30) // per_layer)  # 12 GiB for embeddings, head, caches and activations
+        if fits < layers:
+            return max(1, min(fits, plan.dense_fallback_layers)), f"{gib(free)} GiB free fits {fits} layers"
+    return layers, None
+
+
+def save_random_head(target, plan: Plan, directory: Path) -> dict:
+    """A random EAGLE-3 head shaped for `target` (graft.eagle.checkpoint.random_head, draft vocabulary
+    plan.draft_vocab), saved in SpecForge's layout, so methods load it as `method.head=<directory>`."""
+    from graft.eagle.checkpoint import random_head, save_head
+
+    head = random_head(target, "eagle3", draft_vocab=plan.draft_vocab)
+    save_head(head, directory, layout="specforge")
+    info = {"parameters_m": round(parameter_count(head) / 1e6, 1), "layer_ids": head.cfg.layer_ids}
+    del head
+    return info
+
+
+def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
+    """Short ar / eagle3 / graft loops on a random prompt of plan.decode_context tokens; the verify forwards
+    are timed inside the loop, the rest of each step is the harness's overhead."""
+    from baselines.autoregressive import Autoregressive
+    from graft.decode import generate
+    from graft.registry import build_drafter
+
+    plan = ctx.plan
+    drafters = {"ar": Autoregressive(target)}
+    for name in ("eagle3", "graft"):
+        drafters[name] = build_drafter(method_config_of(name, [f"method.head={head_dir}"]), target)
+    prompt = random_ids(plan.decode_context, target.vocab_size, seed=1)
+    decode = out["decode"] = {"note": RANDOM_NOTE, "prompt_tokens": len(prompt), "max_new_tokens": plan.decode_tokens}
+    default_sync = target.sync_timing
+    # hardware.timing: sync (the default on CUDA) times each phase at the price of a sync per phase; async is
+    # the loop as it runs untimed. Both, so the price shows.
+    for timing in ("sync", "async"):
+        target.sync_timing = timing == "sync"
+        rows = decode[f"timing_{timing}"] = {}
+        for name, drafter in drafters.items():
+            if ctx.report.remaining() <= 0:
+                decode["truncated"] = f"budget spent before {name} (timing {timing})"
+                break
+            generate(target, drafter, prompt, min(8, plan.decode_tokens), set())  # warm-up, untimed
+            with timed_verify(target) as verify_ms:
+                gen = generate(target, drafter, prompt, plan.decode_tokens, set())
+            rows[name] = decode_record(gen, verify_ms)
+            ctx.checkpoint()
+    target.sync_timing = default_sync
+    return drafters
+
+
+def extend_peak(ctx: Context, target, drafter) -> dict:
+    """The head's extend over a plan.extend_tokens-token prompt (what a drafter's reset does after the
+    prefill): its time and the memory it needs beyond what was allocated before (torch.cuda peak)."""
+    from graft.drafter import PrefillInfo, SequenceState
+
+    ids = random_ids(ctx.plan.extend_tokens, target.vocab_size, seed=2)
+    target.reset(len(ids) + 16)
+    release_memory()
+    clock, cuda = Clock(target.device), target.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(target.device)
+    before = torch.cuda.memory_allocated(target.device) if cuda else 0
+    start = clock.mark()
+    forward = target.prefill(ids, drafter.needs.taps)
+    middle = clock.mark()
+    prefill_peak = torch.cuda.max_memory_allocated(target.device) - before if cuda else None
+    if cuda:
+        sync(target.device)
+        torch.cuda.reset_peak_memory_stats(target.device)
+    held = torch.cuda.memory_allocated(target.device) if cuda else 0
+    first = int(forward.logits[-1].argmax())
+    drafter.reset(PrefillInfo(state=SequenceState(tokens=[*ids, first], prompt_len=len(ids)), forward=forward))
+    end = clock.mark()
+    sync(target.device)
+    return {
+        "prompt_tokens": len(ids),
+        "target_prefill_ms": rounded(clock.ms(start, middle)),
+        "target_prefill_peak_gib": gib(prefill_peak) if cuda else None,
+        "head_extend_ms": rounded(clock.ms(middle, end)),  # includes the argmax's sync: on the CPU, all host time
+        "head_extend_peak_gib": gib(torch.cuda.max_memory_allocated(target.device) - held) if cuda else None,
+        "note": None if cuda else "peak memory is measured on CUDA only",
+    }
+
+
+def part_llama8b(ctx: Context, out: dict) -> None:
+    plan, dtype = ctx.plan, getattr(torch, ctx.plan.dtype)
+    layers, why = dense_layers(plan, ctx.device, ctx.report.remaining())
+    arch = {**plan.dense_arch, "num_hidden_layers": layers}
+    out.update(arch=arch, dtype=plan.dtype, note=RANDOM_NOTE)
+    if why:
+        out["reduced_layers"] = f"{layers} of {plan.dense_arch['num_hidden_layers']} layers: {why}"
+    start = time.perf_counter()
+    model = random_causal_lm("llama", arch, ctx.device, dtype)
+    out.update(build_s=round(time.perf_counter() - start, 1), parameters_b=round(parameter_count(model) / 1e9, 3))
+    if ctx.cuda:
+        out["weights_gib"] = gib(torch.cuda.memory_allocated(ctx.device))
+    target = harness_target(model, hardware_config(ctx), "llama8b_shaped")
+    out.update(attention=getattr(target, "attention", None), prefill_chunk=getattr(target, "prefill_chunk", None))
+    target.max_context = max(plan.extend_tokens, max(plan.dense_contexts)) + 1024
+    out["verify"] = {}
+    for context_len in plan.dense_contexts:
+        context = random_ids(context_len, target.vocab_size, seed=context_len)
+        out["verify"][str(context_len)] = verify_times(target, context, plan.dense_nodes, plan)
+        ctx.checkpoint()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_head_") as tmp:
+        out["head"] = save_random_head(target, plan, Path(tmp) / "head")
+        ctx.checkpoint()
+        drafters = decode_loops(ctx, target, Path(tmp) / "head", out)
+    if ctx.report.remaining() > 0:
+        out["extend"] = extend_peak(ctx, target, drafters["eagle3"])
+    else:
+        out["extend"] = {"skipped": "budget spent"}

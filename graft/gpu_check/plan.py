@@ -1,0 +1,170 @@
+"""The device check's plan: the published shapes it builds (in part, with random weights) and the sizes of
+every part, FULL on the GPU node and QUICK at tiny shapes (the CPU test)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from graft.config import CONFIG_DIR
+
+PART_NAMES = {
+    1: "environment",
+    2: "lossless",
+    3: "host_syncs",
+    4: "llama8b",
+    5: "moe235b_layers",
+    6: "head235b",
+    7: "compiled",
+}
+RANDOM_NOTE = "random weights: acceptance and tau are meaningless; only timings, memory and shapes count"
+
+
+def published_shape(model: str, **extra) -> dict:
+    """A model config's declared `shape` (configs/model/<model>.yaml: the published config.json fields the
+    memory plan reads) as transformers config fields, plus `extra`. head_dim is left to the config class when
+    it is hidden / heads, so that the tiny variants below, which shrink hidden and heads, keep it consistent."""
+    import yaml
+
+    shape = yaml.safe_load((CONFIG_DIR / "model" / f"{model}.yaml").read_text())["shape"]
+    shape = {k: v for k, v in shape.items() if k != "model_type"}
+    if shape.get("head_dim") == shape["hidden_size"] // shape["num_attention_heads"]:
+        del shape["head_dim"]
+    return {**shape, **extra}
+
+
+# Published shapes. The 8B and 235B targets are only ever built in part.
+LLAMA31_8B = published_shape("llama31_8b", rms_norm_eps=1e-5)
+QWEN3_235B = published_shape("qwen3_235b", rms_norm_eps=1e-6)
+# SpecForge's configs/qwen3-235B-A22B-eagle3.json (the layout of lmsys/Qwen3-235B-A22B-EAGLE3)
+SPECFORGE_235B_HEAD = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 46, 90], "use_aux_hidden_state": True},
+    "draft_vocab_size": 32000,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 24576,
+    "max_position_embeddings": 40960,
+    "model_type": "llama",
+    "num_attention_heads": 64,
+    "num_hidden_layers": 1,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+    "target_hidden_size": 4096,
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of every part: FULL on the GPU node, QUICK at tiny shapes (the CPU test)."""
+
+    lossless_models: tuple[str, ...] = ("tiny_llama", "tiny_qwen3", "tiny_qwen3_moe")
+    lossless_dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    lossless_methods: tuple[str, ...] | None = None  # None: every configs/method/*.yaml
+    lossless_prompts: int = 2
+    lossless_tokens: int = 24
+    lossless_share_s: float = 150.0  # part 2 starts no new model after this long: the rest of the budget is the others'
+    sync_tokens: tuple[int, int] = (8, 24)  # two generation lengths: their difference excludes the prefill's syncs
+    dense_arch: dict = field(default_factory=lambda: dict(LLAMA31_8B))
+    dense_fallback_layers: int = 8  # when the whole model would not fit the time left or the memory
+    dense_full_needs_s: float = 150.0  # time left below which part 4 builds the fallback's layers
+    dense_contexts: tuple[int, ...] = (1024, 4096)
+    dense_nodes: tuple[int, ...] = (1, 8, 24, 60)
+    decode_context: int = 1024
+    decode_tokens: int = 64
+    extend_tokens: int = 8192
+    draft_vocab: int = 32000
+    moe_arch: dict = field(default_factory=lambda: {**QWEN3_235B, "num_hidden_layers": 4})
+    moe_context: int = 1024
+    moe_nodes: tuple[int, ...] = (1, 8, 24, 60, 128)
+    repeats: int = 10
+    warmup: int = 3
+    dtype: str = "bfloat16"  # parts 4-6
+    hardware: tuple[str, ...] = ()  # overrides of configs/hardware/gpu.yaml
+    head235: dict = field(default_factory=lambda: dict(SPECFORGE_235B_HEAD))
+    target235: dict = field(default_factory=lambda: dict(QWEN3_235B))
+    compile_mode: str = "reduce-overhead"  # part 7: CUDA graphs
+    compile_backend: str = "inductor"
+    compile_methods: tuple[str, ...] = ("ar", "eagle3", "graft")
+    compile_layers: int = 4  # of dense_arch: compile time grows with the layers, the per-layer gain does not
+    compile_nodes: tuple[int, ...] = (1, 60)
+
+
+FULL = Plan()
+QUICK = replace(
+    FULL,
+    lossless_dtypes=("float32",),
+    lossless_methods=("pld", "eagle3", "graft"),
+    lossless_prompts=1,
+    lossless_tokens=8,
+    lossless_share_s=60.0,
+    sync_tokens=(4, 8),
+    dense_arch=dict(
+        LLAMA31_8B,
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,  # EAGLE-3's default taps need three distinct layers
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
+    dense_fallback_layers=4,
+    dense_full_needs_s=0.0,
+    dense_contexts=(64, 256),
+    decode_context=64,
+    decode_tokens=8,
+    extend_tokens=256,
+    draft_vocab=128,
+    moe_arch=dict(
+        QWEN3_235B,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+    ),
+    moe_context=64,
+    repeats=3,
+    warmup=1,
+    hardware=("hardware.prefill_chunk=48",),  # tiny prompts still take the chunked prefill path
+    compile_mode="default",
+    compile_backend="eager",  # dynamo captures the graphs; inductor's code generation would take minutes here
+    compile_methods=("ar", "graft"),
+    compile_layers=2,
+    head235=dict(
+        SPECFORGE_235B_HEAD,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True},
+        draft_vocab_size=100,
+        head_dim=32,  # != hidden / heads = 16, as in the 235B head
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        target_hidden_size=64,
+    ),
+    target235=dict(
+        QWEN3_235B,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+)

@@ -1,0 +1,50 @@
+"""`python -m graft.report <command> [arguments]`: the run tools (`<command> --help` for each one's arguments).
+
+python -m graft.report tables multirun/cpu_embedded --out results/cpu_embedded    # Markdown + LaTeX + rows.csv
+python -m graft.report plot multirun/pareto --out results/figures                 # PNG + PDF
+python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs     # records to commit
+python -m graft.report render [--check] [results/README.md]                       # generated tables
+python -m graft.report compare BEFORE_ROOT AFTER_ROOT [--out FILE.md]             # outputs kept?
+python -m graft.report check-lossless --methods pld,graft --datasets builtin      # one baseline, many methods
+python -m graft.report summarize outputs/**/summary.json [--out table.md]         # one Markdown table
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {  # command -> (module, what it does)
+    "tables": ("graft.report.tables", "paper-shaped tables of run or sweep directories"),
+    "plot": ("graft.report.figures", "figures of run or sweep directories"),
+    "export": ("graft.report.export", "finished run directories without their texts, to commit"),
+    "render": ("graft.report.render", "rewrite (or --check) the generated tables of results/README.md"),
+    "compare": ("graft.report.compare", "two sets of run directories, method by method"),
+    "check-lossless": ("graft.report.lossless", "many methods against one greedy baseline per prompt"),
+    "summarize": ("graft.report.summarize", "the summary.json of several runs as one Markdown table"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    return "\n".join(
+        [__doc__.strip(), "", "commands:", *(f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items())]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        sys.exit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        sys.exit(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    module = importlib.import_module(COMMANDS[command][0])
+    if hasattr(module, "before_torch"):
+        module.before_torch()
+    module.main(rest)
+
+
+if __name__ == "__main__":
+    main()
