@@ -6,8 +6,9 @@ import shutil
 import pytest
 import torch
 
-from graft.cpu import native
 from graft.backends import HiddenTap
+from graft.cpu import native
+from graft.cpu.ops import CpuOps
 from graft.schema import ConfigError
 from graft.tree import DraftTree, topology
 
@@ -25,6 +26,11 @@ def _target(name: str, *overrides: str):
 
     cfg = validate(compose([f"model={name}", "logger=none", "hardware.fast_path=packed", *overrides]))
     return load_model(cfg.model, cfg.hardware, progress=False).target
+
+
+def _without_layer(target) -> CpuOps:
+    """The target's ops with its products but no native head layer (the head's own modules run)."""
+    return CpuOps(target.ops.module, target.ops.product, None, target.ops.wide_target)
 
 
 def _session(target) -> dict:
@@ -108,13 +114,15 @@ def test_a_failed_build_falls_back_to_the_python_loop_and_says_why(monkeypatch):
         _target("tiny_llama", "hardware.native=on")
 
 
-def test_the_build_key_changes_with_the_source(monkeypatch, tmp_path):
-    source = tmp_path / "lean_layers.cpp"
-    source.write_text(native.SOURCE.read_text())
-    monkeypatch.setattr(native, "SOURCE", source)
-    before = native.build_key()
-    source.write_text(native.SOURCE.read_text() + "\n// edited\n")
-    assert native.build_key() != before
+def test_the_build_key_changes_with_the_sources_and_the_variant(monkeypatch, tmp_path):
+    for path in [*native.SOURCE_DIR.glob("*.cpp"), *native.SOURCE_DIR.glob("*.h")]:
+        (tmp_path / path.name).write_text(path.read_text())
+    monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
+    before = {variant: native.build_key(variant) for variant in native.VARIANTS}
+    assert len(set(before.values())) == len(native.VARIANTS)
+    header = tmp_path / "panels.h"
+    header.write_text(header.read_text() + "\n// edited\n")  # a header counts as much as a .cpp
+    assert all(native.build_key(variant) != key for variant, key in before.items())
 
 
 @needs_compiler
@@ -129,15 +137,15 @@ def test_the_native_head_layer_matches_the_python_layer(kind):
     target = _target("tiny_llama", "hardware.native=on")
     hidden_size = target.config.hidden_size
     heads = []
-    for native_module in (None, target.native):
+    for ops in (_without_layer(target), target.ops):
         head = random_head(target, kind, layer_ids=[0, 1, 2] if kind == "eagle3" else None)
         gen = torch.Generator().manual_seed(5)
         with torch.no_grad():  # norms away from their initial ones, so a norm weight misplaced shows
             for p in head.parameters():
                 if p.ndim == 1 and p.dtype == torch.float32:
                     p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
-        heads.append(head.lean(target.product, native_module))
-    assert heads[0].native is None and heads[1].native is not None
+        heads.append(head.lean(ops))
+    assert heads[0].engine is None and heads[1].engine is not None
     gen = torch.Generator().manual_seed(3)
     feature_size = 3 * hidden_size if kind == "eagle3" else hidden_size
     embeds, feats = torch.randn(5, hidden_size, generator=gen), torch.randn(5, feature_size, generator=gen)
@@ -168,9 +176,9 @@ def test_a_bfloat16_head_on_the_native_path_keeps_float32_activations_and_cache(
 
     target = _target("tiny_llama", "hardware.native=on")
     hidden_size = target.config.hidden_size
-    reference = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
-    half = random_head(target, "eagle3", layer_ids=[0, 1, 2]).to(torch.bfloat16).lean(target.product, target.native)
-    assert half.native is not None and half.fc.weight.dtype == torch.bfloat16
+    reference = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.ops)
+    half = random_head(target, "eagle3", layer_ids=[0, 1, 2]).to(torch.bfloat16).lean(target.ops)
+    assert half.engine is not None and half.fc.weight.dtype == torch.bfloat16
     gen = torch.Generator().manual_seed(4)
     embeds, feats = torch.randn(80, hidden_size, generator=gen), torch.randn(80, 3 * hidden_size, generator=gen)
     outs = []
@@ -202,8 +210,7 @@ def test_the_native_swiglu_matches_torch_over_the_whole_range():
 
 @pytest.mark.skipif(native.load() is None, reason="no native build here")
 def test_the_native_row_top_k_orders_as_torch_and_breaks_ties_by_index():
-    from graft.cpu.products import top_k_rows
-
+    top_k_rows = CpuOps(native.load(), None, None, wide_target=True).top_k_rows
     g = torch.Generator().manual_seed(0)
     for rows, width, k in [(1, 49152, 1), (8, 49152, 8), (3, 17, 5), (5, 8192, 10), (2, 7, 7), (4, 9, 1)]:
         x = torch.randn(rows, width, generator=g)
@@ -273,9 +280,9 @@ def test_a_native_heads_top_log_probs_are_the_top_k_of_its_log_softmax():
 
     target = _target("tiny_llama", "hardware.native=on")
     hidden_size = target.config.hidden_size
-    fast = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
+    fast = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.ops)
     plain = random_head(target, "eagle3", layer_ids=[0, 1, 2])
-    assert fast.native is not None and plain.native is None
+    assert fast.engine is not None and plain.engine is None
     out = torch.randn(7, hidden_size, generator=torch.Generator().manual_seed(9)) * 3
     with torch.inference_mode():
         for head in (fast, plain):
@@ -296,7 +303,7 @@ def test_the_native_head_layer_tiles_an_untiled_mask_where_it_falls_back_to_sdpa
     from graft.tree import additive_mask
 
     target = _target("tiny_llama", "hardware.native=on")
-    head = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product, target.native)
+    head = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.ops)
     assert head.cfg.num_heads > head.cfg.num_kv_heads  # grouped query heads: the case that needs the tiling
     hidden_size = target.config.hidden_size
     gen = torch.Generator().manual_seed(6)
@@ -310,5 +317,5 @@ def test_the_native_head_layer_tiles_an_untiled_mask_where_it_falls_back_to_sdpa
         for mask in (dense, strided):
             cache = KVBuffer(16)
             first = head_step(head, cache, embeds, feats, torch.arange(5), None)
-            outs.append(head._native_step(embeds[:3], first[-3:], torch.tensor([5, 5, 6]), mask, cache))
+            outs.append(head.engine.layer(embeds[:3], first[-3:], torch.tensor([5, 5, 6]), mask, cache))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)

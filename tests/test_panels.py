@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from graft.cpu import native
-from graft.cpu.products import PANEL_TIE, PRODUCT_ROWS, TILE_PREFETCH, PackedLinear, choose_product_kernel, panel_rows_from
+from graft.cpu.products import (
+    PANEL_TIE,
+    PRODUCT_ROWS,
+    TILE_PREFETCH,
+    PackedLinear,
+    choose_product_kernel,
+    panel_rows_from,
+    tile_prefetch_code,
+)
 from graft.schema import ConfigError
 
 needs_panels = pytest.mark.skipif(
@@ -205,7 +213,7 @@ def test_packed_bf16_runs_the_native_loop_on_bfloat16_products():
     if native.load() is not None and native.load().bfloat16_panels_supported():
         assert all(linear.narrow_panels and linear.packed.dtype == torch.bfloat16 for linear in linears)
         # a bfloat16 draft head's products, settled with the target's, go to the bfloat16 panels too (not oneDNN)
-        head_product = target.product(nn.Linear(64, 96).bfloat16())
+        head_product = target.ops.product(nn.Linear(64, 96).bfloat16())
         assert head_product.narrow_panels and head_product.onednn is None, target.kernels
 
 
@@ -342,71 +350,63 @@ def test_the_choice_measures_every_row_count_and_keeps_a_prefix():
 
 
 needs_prefetch_modes = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "c++")) is None or native.load() is None or native.load().tile_prefetch() < 0,
-    reason="tile prefetch modes are the AVX-512F build's (the AVX2 tiles have one scheme)",
+    shutil.which(os.environ.get("CXX", "c++")) is None
+    or native.load() is None
+    or not native.load().tile_prefetch_supported(),
+    reason="tile prefetch modes are the AVX-512F builds' (the AVX2 tiles have one scheme)",
 )
-
-
-@pytest.fixture
-def prefetch_module():
-    """The native module; its tile prefetch modes (one tile, several) put back after the test."""
-    module = native.load()
-    before = [module.tile_prefetch(tiles) for tiles in (0, 1)]
-    yield module
-    for tiles, mode in enumerate(before):
-        module.set_tile_prefetch(mode, tiles)
 
 
 @needs_prefetch_modes
 @pytest.mark.parametrize("out_features,in_features", [(48, 576), (32, 1536), (80, 100)])
-def test_the_tile_prefetch_modes_give_the_same_bits(prefetch_module, out_features, in_features):
-    module = prefetch_module
+def test_the_tile_prefetch_modes_give_the_same_bits(out_features, in_features):
+    module = native.load()
     torch.manual_seed(out_features)
     panels, bias = module.pack_panels(torch.randn(out_features, in_features)), torch.randn(out_features)
-    for rows in (1, 3, 8, 9, 16, 20, 64):
+    codes = [tile_prefetch_code(one, several) for one in TILE_PREFETCH for several in TILE_PREFETCH]
+    assert sorted(codes) == [0, 1, 2, 4, 5, 6, 8, 9, 10]  # one tile's mode in bits 0-1, several tiles' in 2-3
+    for rows in (1, 3, 8, 9, 16, 20, 64):  # each side of the one-tile boundary (8 rows)
         x = torch.randn(rows, in_features)
-        results = []
-        for mode in range(len(TILE_PREFETCH)):
-            module.set_tile_prefetch(mode)
-            results.append(module.panel_linear(x, panels, bias))
+        results = [module.panel_linear(x, panels, bias, code) for code in codes]
         assert all(torch.equal(results[0], other) for other in results[1:]), rows
-    with pytest.raises(RuntimeError, match="tile prefetch mode 0 .*, 1 .* or 2 .*, not 3"):
-        module.set_tile_prefetch(3)
-    with pytest.raises(RuntimeError, match="tiles: 0 .* 1 .* or -1 .*, not 2"):
-        module.set_tile_prefetch(0, 2)
+        assert torch.equal(results[0], module.panel_linear(x, panels, bias))  # the default: stream ahead for both
+    for code in (3, 12, 16, -1):
+        with pytest.raises(RuntimeError, match=r"tile prefetch: a mode 0 .*, 1 .* or 2 .* not "):
+            module.panel_linear(torch.randn(2, in_features), panels, bias, code)
 
 
 @needs_prefetch_modes
-def test_one_tile_and_several_keep_their_own_prefetch_mode(prefetch_module):
-    module = prefetch_module
-    module.set_tile_prefetch(0, 0)
-    module.set_tile_prefetch(1, 1)
-    assert (module.tile_prefetch(0), module.tile_prefetch(1), module.tile_prefetch()) == (0, 1, 0)
-    module.set_tile_prefetch(1)  # both
-    assert (module.tile_prefetch(0), module.tile_prefetch(1)) == (1, 1)
-    # mixed modes, the same bits as either alone, on each side of the one-tile boundary (8 rows)
+def test_each_product_passes_its_own_tile_prefetch_modes():
+    """The modes are arguments, not the process's: products settled apart keep theirs, and a product made from a
+    settled record (a draft head's) takes the record's."""
+    module = native.load()
     torch.manual_seed(1)
-    panels, bias = module.pack_panels(torch.randn(96, 576)), torch.randn(96)
+    settled = {"products": "panel", "tile_prefetch": {"one_tile": "chunk_ahead", "several_tiles": "hardware"}}
+    linear = nn.Linear(576, 96)
+    chunked = PackedLinear(linear, products=settled, native_module=module)
+    plain = PackedLinear(linear, products={"products": "panel"}, native_module=module)
+    assert chunked.tile_prefetch == tile_prefetch_code("chunk_ahead", "hardware") == 9 and plain.tile_prefetch == 0
     for rows in (8, 9, 16):
         x = torch.randn(rows, 576)
-        module.set_tile_prefetch(0, 0)
-        mixed = module.panel_linear(x, panels, bias)
-        module.set_tile_prefetch(0)
-        assert torch.equal(mixed, module.panel_linear(x, panels, bias)), rows
+        with torch.no_grad():
+            assert torch.equal(chunked(x), plain(x)), rows
 
 
 @needs_prefetch_modes
-def test_the_product_choice_times_every_tile_prefetch_mode_per_tile_class_and_keeps_the_faster(prefetch_module):
-    module = prefetch_module
+def test_the_product_choice_times_every_tile_prefetch_mode_per_tile_class_and_keeps_the_faster():
+    module = native.load()
     torch.manual_seed(0)
     linears = [PackedLinear(nn.Linear(64, 48), native_module=module) for _ in range(3)]
+    linears.append(PackedLinear(nn.Linear(64, 20), native_module=module))  # no panels: keeps the modes all the same
     record = choose_product_kernel(linears, "auto", repeats=1)
     chosen, times = record["tile_prefetch"], record["tile_prefetch_ms"]
     assert list(chosen) == list(times) == ["one_tile", "several_tiles"]
-    for tiles, name in enumerate(chosen):
+    for name in chosen:
         assert set(times[name]) == set(TILE_PREFETCH)
         assert times[name][chosen[name]] == min(times[name].values())  # rounded
-        assert module.tile_prefetch(tiles) == TILE_PREFETCH.index(chosen[name])
+    code = tile_prefetch_code(chosen["one_tile"], chosen["several_tiles"])
+    assert all(linear.tile_prefetch == code for linear in linears)
+    assert PackedLinear(nn.Linear(64, 48), products=record, native_module=module).tile_prefetch == code
     assert "tile_prefetch" not in choose_product_kernel(
         [PackedLinear(nn.Linear(64, 48), native_module=module)], "onednn"
     )

@@ -1,0 +1,100 @@
+// A layer's attention for few rows: q/k normed (Qwen3) and rotated, keys and values written into the cache, then
+// softmax attention in one pass of plain loops (attention_avx512.h, attention_avx2.h), where SDPA's dispatch and
+// layout work cost more than the few rows' arithmetic; SDPA for other head sizes and in the generic build.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "native.h"
+#include "vector_math.h"
+
+#if defined(GRAFT_AVX512)
+#include "attention_avx512.h"
+#elif defined(GRAFT_AVX2)
+#include "attention_avx2.h"
+#endif
+
+namespace graft {
+namespace {
+
+// One head of one row: optionally RMS-normed per head (Qwen3's q_norm / k_norm), then rotated (rotate-half).
+inline void norm_rotate(const float* x, const float* norm_weight, const float* cos, const float* sin, float* out,
+                        int64_t d, float eps, float* scratch) {
+  const float* src = x;
+  if (norm_weight != nullptr) {
+    const float inv = inverse_rms(x, d, eps);
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) scratch[i] = norm_weight[i] * (x[i] * inv);
+    src = scratch;
+  }
+  const int64_t half = d / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) out[i] = src[i] * cos[i] - src[i + half] * sin[i];
+#pragma omp simd
+  for (int64_t i = half; i < d; ++i) out[i] = src[i] * cos[i] + src[i - half] * sin[i];
+}
+
+
+}  // namespace
+
+// Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
+// at rows start.. of the cache, then attention over rows 0..start + n - 1 (few_row_attention, or SDPA for other
+// head sizes or without AVX-512F or AVX2). qkv [n, (heads + 2 kv_heads) * d];
+// mask [1, 1, groups * n, S] additive (tiled along the folded query axis), or empty: causal for n > 1.
+// Returns [n, heads * d].
+at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t d, const at::Tensor& qk_norm,
+                  const float* cos, const float* sin, const at::Tensor& keys, const at::Tensor& values, int64_t start,
+                  const at::Tensor& mask, double scaling, float eps) {
+  const int64_t n = qkv.size(0), qk_heads = heads + kv_heads, groups = heads / kv_heads, capacity = keys.size(2);
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
+                  values.scalar_type() == at::kFloat,
+              "contiguous float32 cache keys and values");
+  TORCH_CHECK(start + n <= capacity, "the cache holds ", capacity, " positions, not ", start + n);
+  at::Tensor query = at::empty({1, heads, n, d}, qkv.options());  // [1, heads, n, head_dim]
+  const float* src = qkv.data_ptr<float>();
+  const float* norm = present(qk_norm) ? qk_norm.data_ptr<float>() : nullptr;
+  float* q = query.data_ptr<float>();
+  float* k_cache = keys.data_ptr<float>();  // [1, kv_heads, capacity, head_dim]
+  float* v_cache = values.data_ptr<float>();
+  const int64_t row_width = (heads + 2 * kv_heads) * d;
+  std::vector<float> scratch(d);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = src + i * row_width;
+    for (int64_t j = 0; j < qk_heads; ++j) {
+      float* out = j < heads ? q + (j * n + i) * d : k_cache + ((j - heads) * capacity + start + i) * d;
+      norm_rotate(row + j * d, norm ? norm + j * d : nullptr, cos + i * d, sin + i * d, out, d, eps, scratch.data());
+    }
+    for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
+  }
+#if defined(GRAFT_VECTORS)
+  auto few_rows = d == 16 ? few_row_attention<16 / kLanes> : d == 32 ? few_row_attention<32 / kLanes>
+                : d == 64 ? few_row_attention<64 / kLanes> : d == 128 ? few_row_attention<128 / kLanes> : nullptr;
+  if (few_rows != nullptr && (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat))) {
+    at::Tensor merged = at::empty({n, heads * d}, qkv.options());  // [n, heads * head_dim]
+    const float* rows_mask = present(mask) ? mask.data_ptr<float>() : nullptr;  // its first tile: rows 0..n-1
+    const int64_t stride = present(mask) ? mask.size(-1) : 0;
+    few_rows(q, k_cache, v_cache, capacity, n, start, heads, kv_heads, rows_mask, stride, static_cast<float>(scaling),
+             merged.data_ptr<float>());
+    return merged;
+  }
+#endif
+  at::Tensor k = keys.narrow(2, 0, start + n), v = values.narrow(2, 0, start + n);
+  at::Tensor attended;  // [1, heads, n, head_dim]
+  if (present(mask)) {  // query heads sharing a key/value head folded into the query axis: the cache read in place
+    // the folded axis needs the mask tiled once a group (a caller may pass it tiled, or n rows as the few-row path reads it)
+    std::vector<int64_t> times(mask.dim(), 1);
+    times[mask.dim() - 2] = groups;
+    const at::Tensor tiled = groups > 1 && mask.size(-2) == n ? mask.repeat(times) : mask;
+    attended =
+        at::scaled_dot_product_attention(query.view({1, kv_heads, groups * n, d}), k, v, tiled, 0.0, false, scaling)
+            .view({1, heads, n, d});
+  } else {
+    attended = at::scaled_dot_product_attention(query, k, v, std::nullopt, 0.0, n > 1, scaling, groups > 1);
+  }
+  return attended.transpose(1, 2).reshape({n, heads * d});
+}
+
+}  // namespace graft

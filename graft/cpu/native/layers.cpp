@@ -1,0 +1,118 @@
+// The lean forward's layer loop for a few rows (a decode step, a verification), and an EAGLE draft head's layer.
+//
+// On a small model on a CPU, Python running the loop and some twenty small ATen ops per layer (norms, rotary,
+// transposes, SwiGLU), each a few microseconds of dispatch and allocation, cost a good part of a decode step beside
+// the weight-bound products. Here everything between the products is one pass over the rows in plain loops: the
+// RMSNorms, Qwen3's per-head q/k norm, the rotary embedding with keys and values written straight into the cache,
+// SiLU(gate) * up, and attention for few rows. The products are the panel kernel where it measured faster at load,
+// else oneDNN's packed linear (products.cpp). Activations and caches are float32 (products may read bfloat16
+// weights: a bfloat16 draft head); the callers fall back to Python where the build is missing.
+#include <ATen/ops/empty.h>
+
+#include <vector>
+
+#include "native.h"
+
+namespace graft {
+namespace {
+
+// A layer's tensors in graft/cpu/native/__init__.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
+// bias) from its first index; the EAGLE-3 head's hidden norm appended after them.
+enum LayerField : int {
+  kInputNorm = 0,
+  kQkv = 1,
+  kO = 5,
+  kPostNorm = 9,
+  kGateUp = 10,
+  kDown = 14,
+  kQkNorm = 18,
+  kHiddenNorm = 19,
+};
+
+// A layer's products in the order of its `prefetch` modes (graft/cpu/native/__init__.py: PRODUCTS).
+enum LayerProduct : int { kQkvProduct = 0, kOProduct = 1, kGateUpProduct = 2, kDownProduct = 3, kProducts = 4 };
+
+at::Tensor product_of(const at::Tensor& x, const at::Tensor* w, int field, int64_t small_rows, int64_t prefetch) {
+  return product(x, w[field], w[field + 1], w[field + 2], w[field + 3], small_rows, prefetch);
+}
+
+// A decoder layer after its input norm: attention reads `input` [n, width] (the normed residual, or a head's
+// wider [norm(embeds); norm(hidden)]), both sublayers add into `residual` [n, hidden]; w in LAYER_FIELDS order,
+// prefetch the tile prefetch modes of its products in LayerProduct order.
+at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, const at::Tensor* w,
+                         const int64_t* prefetch, const at::Tensor& keys, const at::Tensor& values, const float* cos,
+                         const float* sin, const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, float eps, double scaling, int64_t small_rows) {
+  at::Tensor qkv = product_of(input, w, kQkv, small_rows, prefetch[kQkvProduct]);
+  at::Tensor merged =
+      attend(qkv, heads, kv_heads, head_dim, w[kQkNorm], cos, sin, keys, values, start, mask, scaling, eps);
+  at::Tensor x = residual.add(product_of(merged, w, kO, small_rows, prefetch[kOProduct]));  // residual + o(...)
+  at::Tensor gate_up =
+      product_of(rms_norm_rows(x, w[kPostNorm], eps), w, kGateUp, small_rows, prefetch[kGateUpProduct]);
+  return x.add(product_of(swiglu(gate_up), w, kDown, small_rows, prefetch[kDownProduct]));
+}
+
+}  // namespace
+
+// x [n, hidden] float32; per layer `per_layer` tensors (see graft/cpu/native/__init__.py: LAYER_FIELDS), an empty
+// tensor standing for an absent one; each layer's cache keys and values [1, kv_heads, capacity, head_dim]; cos,
+// sin [n, head_dim]; mask as attend's; cache rows start..start + n - 1 are written.
+// tap_flags[layer]: 1 capture the layer's input, 2 its output. prefetch: each layer's products' tile prefetch
+// modes, four a layer (panels.h; graft/cpu/native/__init__.py: layer_prefetch). Returns [x, captured...] in
+// layer order.
+std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>& weights, int64_t per_layer,
+                                    const std::vector<at::Tensor>& keys_per_layer,
+                                    const std::vector<at::Tensor>& values_per_layer, const at::Tensor& cos,
+                                    const at::Tensor& sin, const at::Tensor& mask, int64_t start, int64_t heads,
+                                    int64_t kv_heads, int64_t head_dim, double eps, double scaling,
+                                    int64_t small_rows, const std::vector<int64_t>& tap_flags,
+                                    const std::vector<int64_t>& prefetch) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: contiguous [n, hidden] float32");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos, sin: contiguous [n, head_dim]");
+  const int64_t num_layers = static_cast<int64_t>(weights.size()) / per_layer;
+  TORCH_CHECK(static_cast<int64_t>(keys_per_layer.size()) == num_layers &&
+                  static_cast<int64_t>(values_per_layer.size()) == num_layers &&
+                  static_cast<int64_t>(tap_flags.size()) == num_layers &&
+                  static_cast<int64_t>(prefetch.size()) == kProducts * num_layers,
+              "one cache layer, one tap flag and four prefetch modes per layer");
+  const float feps = static_cast<float>(eps);
+  std::vector<at::Tensor> result{x};
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    const at::Tensor* w = weights.data() + layer * per_layer;
+    if (tap_flags[layer] & 1) result.push_back(x);
+    x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer,
+                      keys_per_layer[layer], values_per_layer[layer], cos.data_ptr<float>(), sin.data_ptr<float>(),
+                      mask, start, heads, kv_heads, head_dim, feps, scaling, small_rows);
+    if (tap_flags[layer] & 2) result.push_back(x);
+  }
+  result[0] = x;
+  return result;
+}
+
+// An EAGLE draft head's decoder layer for n entries: the attention reads [norm(embeds); hidden_norm(hidden)]
+// (EAGLE-3; `embeds` empty for EAGLE-1, whose layer reads `hidden`, fc's output, as it is), the residual
+// stream is `hidden` [n, H]. `weights` in LAYER_FIELDS order with the EAGLE-3 norms at input_norm (embeds),
+// post_norm, and hidden_norm appended; cache, cos, sin and mask as lean_layers', prefetch its four products'
+// modes. Returns the new hidden [n, H].
+at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
+                      const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                      double eps, double scaling, int64_t small_rows, const std::vector<int64_t>& prefetch) {
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.dim() == 2 && hidden.is_contiguous(),
+              "hidden: contiguous [n, H] float32");
+  TORCH_CHECK(static_cast<int64_t>(prefetch.size()) == kProducts, "four prefetch modes, one per product");
+  const float feps = static_cast<float>(eps);
+  at::Tensor input = hidden;
+  if (present(embeds)) {  // EAGLE-3: both halves normed straight into one [n, 2H] row
+    TORCH_CHECK(embeds.sizes() == hidden.sizes() && embeds.is_contiguous(), "embeds: contiguous, as hidden");
+    const int64_t n = hidden.size(0), width = hidden.size(1);
+    input = at::empty({n, 2 * width}, hidden.options());
+    at::Tensor both = input.view({n, 2, width});
+    both.select(1, 0).copy_(rms_norm_rows(embeds, w[kInputNorm], feps));
+    both.select(1, 1).copy_(rms_norm_rows(hidden, w[kHiddenNorm], feps));
+  }
+  return decoder_layer(input, hidden, w.data(), prefetch.data(), keys, values, cos.data_ptr<float>(),
+                       sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps, scaling, small_rows);
+}
+
+}  // namespace graft
