@@ -40,8 +40,8 @@ def graft(
     under draft node `anchor`. Unknown retrieved tokens (-1) and their descendants are skipped. The new nodes
     are marked `source`, with the subtree's `scores` [m] where given (else -inf).
 
-    The host path: a draft of a few dozen nodes is keyed by its token paths in a dict, which costs some tens of
-    microseconds where the tensor form (graft_static's) costs a few dozen tiny ops."""
+    The host path: a draft of a few dozen nodes is keyed by its token paths in a dict, which costs less than
+    the tensor form's (graft_static's) few dozen tiny ops."""
     device = draft.tokens.device
     n, m = draft.num_nodes, tokens.shape[0]
     if m <= 1 or room <= 0:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graft.cpu.layout import fast_path_layout
-from graft.schema import ConfigError, suggest
+from graft.schema import ConfigError
 from graft.shapes import (  # noqa: F401 (the plan's shapes, read from here by callers and tests)
     REQUIRED_SHAPE_KEYS,
     SHAPE_KEYS,

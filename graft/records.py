@@ -80,8 +80,8 @@ def hardware_info(device: str, attention: str | None = None) -> dict:
         "device": device,
         "platform": platform.platform(),
         "cpu": _cpu_model(),
-        # the vector instructions torch's CPU kernels (and graft/cpu/native's) use: one "AMD EPYC" name covers a
-        # Zen 3 (AVX2) and a Zen 5 (AVX512), whose speeds differ by 2x here
+        # the vector instructions torch's CPU kernels (and graft/cpu/native's) use: one model name ("AMD EPYC")
+        # can cover an AVX2 CPU and an AVX512 one, whose kernels run at very different speeds
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -162,8 +162,8 @@ def topology(parents: Tensor, cache_len: int, host: bool = False) -> Topology:
     return Topology(ancestors=reach, depth=depth, cache_len=cache_len)
 
 
-# up to this many nodes a CPU tree's ancestors are one walk over Python ints used as bit sets (some 20 us for
-# 8 nodes, where the squarings' dozen tiny tensor ops took 100); beyond, 64-bit rows would not hold them
+# up to this many nodes a CPU tree's ancestors are one walk over Python ints used as bit sets (cheaper than the
+# squarings' dozen tiny tensor ops); beyond, 64-bit rows would not hold them
 HOST_TOPOLOGY_NODES = 62
 
 

@@ -118,10 +118,10 @@ def _random_tree(generator, n: int, vocab: int) -> DraftTree:
     return DraftTree(tokens=torch.randint(0, vocab, (n,), generator=generator), parents=torch.tensor(parents))
 
 
-def test_the_host_walk_accepts_what_the_device_path_accepts(monkeypatch):
+def test_the_host_walk_accepts_what_the_device_path_accepts():
     """The CPU's host walk against the device path's tensor code, on random trees whose tokens often match
     (a 3-token vocabulary) and on equally deep correct paths (the lowest node index wins in both)."""
-    import graft.tree
+    from graft.ops import Ops
 
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
@@ -129,10 +129,8 @@ def test_the_host_walk_accepts_what_the_device_path_accepts(monkeypatch):
         tree = _random_tree(g, n, 3)
         logits = torch.randn(n, 3, generator=g)
         attn = topology(tree.parents, 7)
-        host = accept_greedy(tree, attn, logits)
-        monkeypatch.setattr(graft.tree, "HOST_PATHS", False)
-        device = accept_greedy(tree, attn, logits)
-        monkeypatch.setattr(graft.tree, "HOST_PATHS", True)
+        host = accept_greedy(tree, attn, logits, Ops(host_paths=True))
+        device = accept_greedy(tree, attn, logits, Ops(host_paths=False))
         assert (host.path, host.tokens) == (device.path, device.tokens), trial
         assert host.path_index.tolist() == device.path_index.tolist()
         assert host.token_ids.tolist() == device.token_ids.tolist()

@@ -12,6 +12,7 @@ from torch import nn
 
 from graft.eagle.checkpoint import HeadLoadError, head_config, load_head, random_head, save_head
 from graft.eagle.head import DraftHead
+from graft.ops import Ops
 
 VOCAB, DRAFT_VOCAB, TARGET_HIDDEN = 100, 40, 64
 TARGET = SimpleNamespace(hidden_size=TARGET_HIDDEN, vocab_size=VOCAB, num_hidden_layers=8)
@@ -394,7 +395,7 @@ def _retrievers(names: list[str], vocab: int = 50):
     from baselines.recycling import RecyclingParams, RecyclingRetriever
     from baselines.suffix import SuffixParams, SuffixRetriever
 
-    target = SimpleNamespace(vocab_size=vocab, device="cpu")
+    target = SimpleNamespace(vocab_size=vocab, device="cpu", ops=Ops())
     built = []
     for name in names:
         if name == "recycling":
@@ -502,11 +503,11 @@ def test_attach_leaves_reads_the_retrieval_setting(tiny):
     assert nodes[("recycling",)] != nodes[("suffix", "recycling")]
 
 
-# --- scripts/check_lossless.py: one rule for the head ---------------------------------------------------------
+# --- python -m graft.report check-lossless: one rule for the head -----------------------------------------------
 
 
 def test_check_lossless_takes_each_head_from_the_validated_config():
-    from scripts.check_lossless import head_of, method_configs
+    from graft.report.lossless import head_of, method_configs
 
     heads = {
         n: head_of(c) for n, c in method_configs(["eagle3", "graft", "pld"], ["model.draft_head=random"], []).items()
@@ -517,7 +518,7 @@ def test_check_lossless_takes_each_head_from_the_validated_config():
 
 
 def test_check_lossless_does_not_resume_a_check_of_other_heads(tmp_path):
-    from scripts.check_lossless import _earlier_results
+    from graft.report.lossless import _earlier_results
 
     fresh = {"model": "m", "max_new_tokens": 8, "overrides": [], "base": [], "heads": {"eagle3": "random"}}
     old = {

@@ -4,26 +4,25 @@ read (the accepted path) and stops Graft's from growing unnoticed. With fixed-si
 (hardware.static_trees) every tree method must stay at that one read, with no operation whose output shape
 depends on data (nonzero, boolean-mask indexing) and no host-to-device copy (torch.tensor) per step: each
 of those is a sync on CUDA too. torch.cuda.set_sync_debug_mode counts the real syncs on a GPU
-(scripts/gpu_check.py, part 3)."""
+(python -m graft.gpu_check, part 3)."""
 
 import collections
 
 import pytest
 import torch
 
-import graft.tree
-
 from baselines.autoregressive import Autoregressive
 from conftest import make_drafter
 from graft.decode import generate
+from graft.ops import Ops
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
 
 
 @pytest.fixture(autouse=True)
 def device_paths(monkeypatch):
-    """Count the device path's reads: the CPU's host paths (graft.tree.on_host) read values on purpose."""
-    monkeypatch.setattr(graft.tree, "HOST_PATHS", False)
+    """Count the device path's reads: the CPU's host paths (graft.ops.Ops.on_host) read values on purpose."""
+    monkeypatch.setattr(Ops, "on_host", lambda self, t: False)
 
 
 def host_reads_per_step(target, drafter, prompt: list[int]) -> float:

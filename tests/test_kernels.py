@@ -84,7 +84,7 @@ def test_the_head_on_the_target_products_drafts_as_the_plain_head(product_kernel
     target = load_model(cfg.model, cfg.hardware, progress=False).target
     assert target.kernels["products"] == product_kernel
     plain = random_head(target, "eagle3", layer_ids=[0, 1, 2])
-    lean = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.product)
+    lean = random_head(target, "eagle3", layer_ids=[0, 1, 2]).lean(target.ops)
     assert lean.state_dict().keys() == plain.state_dict().keys()
     assert lean.fast and lean.midlayer.self_attn.fast is not None and lean.midlayer.mlp.fast is not None
     assert (lean.fast["fc"].packed.dim() == 3) == (product_kernel == "panel")
@@ -136,19 +136,23 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_losslessly(tiny, method):
 
 
 def test_head_dtype_auto_is_bfloat16_only_where_native_panels_hold_bfloat16():
+    """method.head_dtype=auto is resolved by the backend's ops: the CPU engine's on a float32 target whose native
+    layer loop holds bfloat16 panels; plain ops (the HF backend, GPUs) keep the target's dtype."""
     from types import SimpleNamespace
 
+    from graft.cpu.ops import CpuOps
     from graft.methods.eagle3 import head_dtype_for
+    from graft.ops import Ops
 
-    def target(dtype=torch.float32, device="cpu", bf16_panels: bool | None = True):
-        native = None if bf16_panels is None else SimpleNamespace(bfloat16_panels_supported=lambda: bf16_panels)
-        return SimpleNamespace(dtype=dtype, device=torch.device(device), native=native)
+    def target(wide: bool = True, bf16_panels: bool | None = True):
+        module = None if bf16_panels is None else SimpleNamespace(bfloat16_panels_supported=lambda: bf16_panels)
+        return SimpleNamespace(ops=CpuOps(module, None, module, wide_target=wide))
 
     assert head_dtype_for("auto", target()) == "bfloat16"  # an AVX2 or AVX512-BF16 build
     assert head_dtype_for("auto", target(bf16_panels=False)) is None  # AVX-512F without BF16: oneDNN's bfloat16
     assert head_dtype_for("auto", target(bf16_panels=None)) is None  # no native build
-    assert head_dtype_for("auto", target(dtype=torch.bfloat16)) is None  # already the target's dtype
-    assert head_dtype_for("auto", target(device="meta")) is None  # not a CPU
+    assert head_dtype_for("auto", target(wide=False)) is None  # a bfloat16 target: already the target's dtype
+    assert head_dtype_for("auto", SimpleNamespace(ops=Ops())) is None  # not the CPU engine
     assert head_dtype_for("float32", target()) == "float32" and head_dtype_for(None, target()) is None
 
 
@@ -164,7 +168,7 @@ def test_the_block_drafter_on_the_target_products_drafts_as_the_plain_one():
     cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=packed"]))
     target = load_model(cfg.model, cfg.hardware, progress=False).target
     plain = random_block_drafter(target, 0, num_layers=2, block_size=6)
-    lean = random_block_drafter(target, 0, num_layers=2, block_size=6).lean(target.product)
+    lean = random_block_drafter(target, 0, num_layers=2, block_size=6).lean(target.ops.product)
     assert lean.state_dict().keys() == plain.state_dict().keys() and lean.fast
     torch.manual_seed(5)
     features = torch.randn(9, plain.cfg.feature_size)
@@ -191,7 +195,7 @@ def test_a_product_made_after_the_choice_keeps_only_the_chosen_copy(kernel):
     target = load_model(cfg.model, cfg.hardware, progress=False).target
     torch.manual_seed(0)
     linear = nn.Linear(40, 24)
-    made = target.product(linear)
+    made = target.ops.product(linear)
     assert isinstance(made, PackedLinear) and (made.single_row_t is None) == (kernel == "packed")
     for rows in (1, 5):
         x = torch.randn(1, rows, 40)

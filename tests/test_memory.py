@@ -13,17 +13,17 @@ import pytest
 import torch
 from conftest import compose
 from graft.config import ConfigError, HardwareConfig, validate
+from graft.cpu.layout import narrow_panels_expected
+from graft.shapes import check_declared_shape
 from graft.cpu.products import onednn_packs
 from graft.memory import (
     ModelShape,
     available_ram,
     check,
-    check_declared_shape,
     check_memory,
     count_parameters,
     cpu_capacity,
     cuda_capacity,
-    narrow_panels_expected,
     plan_memory,
     random_model_config,
 )

@@ -12,6 +12,7 @@ from graft.drafter import PrefillInfo, SequenceState, StepFeedback
 from graft.acceptance import Acceptance
 from graft.methods.eagle3 import Candidates, select
 from graft.methods.pruned import StageParams, StageSplit
+from graft.ops import Ops
 from graft.tree import NodeSource, topology
 
 T = torch.tensor
@@ -23,6 +24,8 @@ class StubTarget:
 
     device = torch.device("cpu")
     vocab_size = 10
+    static_trees = False
+    ops = Ops()
 
     def check_taps(self, taps):
         assert taps == ()

@@ -76,18 +76,16 @@ def test_validate_rejects_bad_trees(parents):
         tree.validate()
 
 
-def test_the_host_walk_gives_the_squarings_topology(monkeypatch):
+def test_the_host_walk_gives_the_squarings_topology():
     import graft.tree
 
     g = torch.Generator().manual_seed(1)
     for n in [2, 3, 9, 30, graft.tree.HOST_TOPOLOGY_NODES, graft.tree.HOST_TOPOLOGY_NODES + 1]:
         for _ in range(10):
             parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
-            host = topology(parents, 3)
-            monkeypatch.setattr(graft.tree, "HOST_PATHS", False)
-            device = topology(parents, 3)
-            monkeypatch.setattr(graft.tree, "HOST_PATHS", True)
+            host = topology(parents, 3, host=True)
+            device = topology(parents, 3, host=False)
             assert torch.equal(host.ancestors, device.ancestors) and torch.equal(host.depth, device.depth)
             assert host.depth.dtype == device.depth.dtype and host.cache_len == 3
     with pytest.raises(ValueError, match="parents"):
-        topology(torch.tensor([-1, 2, 0]), 0)
+        topology(torch.tensor([-1, 2, 0]), 0, host=True)

@@ -28,6 +28,7 @@ class NativeHeadLayer:
         self.weights = [w.float() if w.ndim == 1 else w for w in weights]
         self.final_norm = head.norm.weight.detach().float().contiguous() if eagle3 else None
         self.small_rows = max(native.small_rows(p) for p in products.values())
+        self.prefetch = native.layer_prefetch(products)
 
     @staticmethod
     def applies(head) -> bool:
@@ -86,6 +87,7 @@ class NativeHeadLayer:
             cfg.rms_norm_eps,
             d**-0.5,
             self.small_rows,
+            self.prefetch,
         )
         cache.length = start + n
         return out

@@ -1,7 +1,7 @@
 """The lean backend: a forward over the weights of a Hugging Face Llama / Qwen2 / Qwen3 (and Qwen3-MoE) model.
 
 On a small model on a CPU a decode step spends as long in Python and small-op dispatch as in the
-weight-bound products (measured in scripts/bench_forward.py), so the fast paths run this gpt-fast
+weight-bound products (docs/cpu_engine.md has the profiles), so the fast paths run this gpt-fast
 style forward instead of the transformers modules: fused q/k/v and gate/up products, one RMSNorm call,
 the rotary tables from the model's own rotary module, and grouped-query SDPA reading the cache in
 place. It uses the same weights and the same cache; tests check its logits against transformers'.
@@ -66,6 +66,7 @@ class LeanForward:
         self.lm_head = make_linear(model.lm_head)
         self.native = None  # the built native module once enable_native accepted this model
         self._native_weights: list[Tensor] = []
+        self._native_prefetch: list[int] = []  # each layer's products' tile prefetch modes (native.PRODUCTS)
         self._small_rows = 0
         self.layers = []
         for layer in decoder.layers:
@@ -115,8 +116,10 @@ class LeanForward:
             return {"native": "off", "native_reason": reason}
         self.native = native.load()
         self._native_weights = [w for layer in self.layers for w in native.layer_weights(vars(layer))]
+        self._native_prefetch = [mode for layer in self.layers for mode in native.layer_prefetch(vars(layer))]
         self._small_rows = max(native.small_rows(p) for p in self.linears())
-        return {"native": "on", "native_reason": f"layer loop in C++ for forwards of up to {NATIVE_MAX_ROWS} rows"}
+        reason = f"layer loop in C++ ({self.native.variant()} build) for forwards of up to {NATIVE_MAX_ROWS} rows"
+        return {"native": "on", "native_reason": reason}
 
     def _native_blocker(self) -> str | None:
         if self.final_norm.device.type != "cpu" or self.final_norm.dtype != torch.float32:
@@ -156,6 +159,7 @@ class LeanForward:
             self.scaling,
             self._small_rows,
             flags,
+            self._native_prefetch,
         )
         for buffer in cache.layers:
             buffer.length = start + n

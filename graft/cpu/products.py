@@ -2,8 +2,8 @@
 
 On a CPU a decode step is bound by reading the weights once; what decides its speed is which GEMM
 kernel the small-row products hit. `F.linear(x, W)` with W stored [out, in] takes a slow path for 1-2
-rows, while `x @ W_t` with W_t stored [in, out] contiguous streams the weight once (measured in
-scripts/bench_forward.py). `transposed` swaps every nn.Linear (the LM head included) for that layout;
+rows, while `x @ W_t` with W_t stored [in, out] contiguous streams the weight once (docs/cpu_engine.md).
+`transposed` swaps every nn.Linear (the LM head included) for that layout;
 `packed` keeps oneDNN-packed weights for several rows; `bf16` additionally halves the bytes read (the
 baseline runs in bf16 too, so losslessness is against the bf16 target). The products run inside the
 lean backend (graft/cpu/lean.py).
@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from graft.cpu import native
 from graft.nn import grouped_sdpa
 
 ATTENTION_NAME = "graft_sdpa"
@@ -73,27 +72,23 @@ class PackedLinear(nn.Module):
     `packed` is oneDNN's blocked layout, which keeps products of a few rows (a verification) near the
     streaming rate. Up to `small_rows` rows a second layout, `small`, is read instead, where one was measured
     faster at load:
-    - x @ W_t from a contiguous transposed copy (`single_row_t`) for one row (a decode step) in fp32: faster
-      on some CPUs (an Intel Xeon here) and much slower on others (an AMD Zen 5: 23.6 ms against 11.4 ms for a
-      decode step's products); `choose_one_row_kernel` settles it;
-    - graft/cpu/native's panel kernel (`panels`, [N / B, K, B]; lean_layers.cpp says why) for fp32 on AVX-512F
+    - x @ W_t from a contiguous transposed copy (`single_row_t`) for one row (a decode step) in fp32: whether
+      it or oneDNN is faster depends on the CPU, so `choose_one_row_kernel` times both and keeps one;
+    - graft/cpu/native's panel kernel (`panels`, [N / B, K, B]; native/panels.h says why) for fp32 on AVX-512F
       or AVX2 + FMA,
       given the built module; `choose_product_kernel` settles up to how many rows it serves, or that it serves
       every row count (oneDNN's copy dropped: `packed` is then the panels).
     bfloat16 weights go to the native build's bfloat16 panels for every row count where it has them
-    (`narrow_panels`; lean_layers.cpp: bfloat16_panel_products), else to oneDNN:
+    (`narrow_panels`; native/products.cpp: bfloat16_panel_products), else to oneDNN:
     - AVX2 ("widened"): where oneDNN packs no bf16 (or fp16) on this CPU (it needs avx512bw/vl/dq or
-      avx_ne_convert: an AMD Zen 3 has neither) a bfloat16 product in torch went through a reference loop 20x
-      slower than fp32 (161 against 7.7 ms for the embedded model's LM head at one row, on an AMD EPYC Zen 3).
+      avx_ne_convert) torch's bfloat16 product is a reference loop, far slower than fp32.
       The panels widen each weight to float32 in the registers: the float32 panels' bits for the widened
       weights, at half the bytes streamed.
     - AVX512-BF16 ("dot"): activations rounded to bfloat16 as oneDNN's bfloat16 products round them, k pairs
-      multiplied and added by vdpbf16ps: twice the multiply-adds an instruction of the float32 panels. On an
-      AMD Zen 4 (2 threads) a draft head's products at 10 rows took 0.57 ms, against 0.68 through oneDNN's
-      bfloat16 and 1.02 on the float32 panels (one process, scratch timing).
+      multiplied and added by vdpbf16ps: twice the multiply-adds an instruction of the float32 panels.
     Without them (no native build, float16, product_kernel=onednn) weights oneDNN cannot multiply are held in
     float32, the same values (`widened_from` names their dtype), and run as the fp32 products. Inputs and
-    outputs keep the caller's dtype.
+    outputs keep the caller's dtype. docs/cpu_engine.md has what each layout measured.
     """
 
     def __init__(
@@ -105,8 +100,9 @@ class PackedLinear(nn.Module):
         native_module=None,
     ):
         """`one_row`: the one-row kernel already settled ("packed" keeps no transposed copy); `products`: the
-        product kernel already settled (choose_product_kernel's record: its "products" and "panel_rows");
-        None: keep every candidate until choose_one_row_kernel / choose_product_kernel measure them."""
+        product kernel already settled (choose_product_kernel's record: its "products", "panel_rows" and
+        "tile_prefetch"); None: keep every candidate until choose_one_row_kernel / choose_product_kernel measure
+        them."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().contiguous()
@@ -127,6 +123,8 @@ class PackedLinear(nn.Module):
         self.single_row_t, self.panels, self._native, self.onednn = None, None, None, None
         # W_t read for one row beside the panels, where they measured slower there (choose_product_kernel)
         self.one_row = None
+        # how the panels' AVX-512F tiles prefetch the weights (native/panels.h: TilePrefetch), passed to each product
+        self.tile_prefetch = tile_prefetch_code(**(products or {}).get("tile_prefetch", {}))
         if self.narrow_panels:  # every row count
             self.panels, self._native = native_module.pack_panels(weight), native_module
             self.packed, self.small_rows = self.panels, 0
@@ -180,7 +178,7 @@ class PackedLinear(nn.Module):
     def _panel(self, flat: Tensor, panels: Tensor) -> Tensor:
         flat = flat.float()  # the panels take float32 activations (the "dot" ones round them to bfloat16 inside)
         bias = self.bias if self.bias is not None else flat.new_empty(0)
-        return self._native.panel_linear(flat.contiguous(), panels, bias)
+        return self._native.panel_linear(flat.contiguous(), panels, bias, self.tile_prefetch)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -230,7 +228,7 @@ def widened_record(linears: list[nn.Module]) -> dict:
     return record
 
 
-NARROW_PANELS = {  # what run.json says of bfloat16 weights in the panels, by lean_layers' bfloat16_panel_products
+NARROW_PANELS = {  # what run.json says of bfloat16 weights in the panels, by the native module's bfloat16_panel_products
     "widened": "bfloat16 weights multiplied by the panel kernel, widened to float32 in the registers: oneDNN has no "
     "bfloat16 products on this CPU",
     "dot": "bfloat16 weights multiplied by the panel kernel's AVX512-BF16 dot products, activations rounded to "
@@ -269,10 +267,9 @@ def choose_product_kernel(
     PRODUCT_ROWS, alternating over `repeats` rounds after a warm-up round, and gives the panels every row
     count up to `panel_rows_from`'s ("mixed": oneDNN above it, so both copies are kept), or none (their copy
     freed). Where the one-row kernel settled on W_t and the panels measured more than PANEL_TIE slower at one
-    row, W_t stays for one row (`one_row`, a third copy) and the panels are judged from two rows: on an AMX
-    Xeon the panels measured 6-8% slower than W_t at one row and 15-35% faster at 2-64, and a rule from one
-    row handed every count to oneDNN (a 16-row verification 2.05x a decode step instead of 1.74x). A decode
-    step and a verification then add a token's terms in different orders (lossless up to float ties, as with
+    row, W_t stays for one row (`one_row`, a third copy) and the panels are judged from two rows, so that a
+    loss at one row alone does not hand every row count to oneDNN (panels can lose at one row and win at 2-64).
+    A decode step and a verification then add a token's terms in different orders (lossless up to float ties, as with
     oneDNN); within the tie the panels keep one row, and the bits agree. "panel" gives them every row count
     (oneDNN's copy freed; one row stays W_t's where `one_row_kernel`, the config's hardware.one_row_kernel,
     asked for "transposed") and refuses where no linear has panels, "onednn" none. Linears without panels (bf16,
@@ -291,6 +288,8 @@ def choose_product_kernel(
     panel_rows = 0 if kernel == "onednn" else max(PRODUCT_ROWS)
     keep_one_row = False
     prefetch = {} if kernel == "onednn" else choose_tile_prefetch(dual)
+    if prefetch:  # every product settled here keeps the modes, as do those made from the record (a draft head's)
+        _use_tile_prefetch(linears, **prefetch["tile_prefetch"])
     if kernel == "auto":
         settled = {linear: (linear.packed, linear.small_rows) for linear in dual}
         inputs = {rows: {n: torch.randn(rows, n) for n in {lin.in_features for lin in dual}} for rows in PRODUCT_ROWS}
@@ -329,21 +328,28 @@ def choose_product_kernel(
     return {"products": products, "panel_rows": panel_rows if products == "mixed" else None, **record, **prefetch}
 
 
-# lean_layers.cpp's TilePrefetch modes, in its order, and the row counts each tile class is timed at, in the order of
-# set_tile_prefetch's `tiles` index: products of one tile (up to 8 rows: a decode step, small trees) and of several
-# (16- and 32-node trees), where the measured machines disagreed
+# graft/cpu/native/panels.h's TilePrefetch modes, in its order, and the row counts each tile class is timed at:
+# products of one tile (up to 8 rows: a decode step, small trees) and of several (16- and 32-node trees), since a
+# CPU's best mode can differ between the two
 TILE_PREFETCH = ("stream_ahead", "chunk_ahead", "hardware")
 PREFETCH_ROWS = {"one_tile": (1, 2, 8), "several_tiles": (16, 32)}
 
 
+def tile_prefetch_code(one_tile: str = "stream_ahead", several_tiles: str = "stream_ahead") -> int:
+    """The panel products' `prefetch` argument for these modes (panels.h: the one-tile mode in bits 0-1, the
+    several-tile mode in bits 2-3)."""
+    return TILE_PREFETCH.index(one_tile) | TILE_PREFETCH.index(several_tiles) << 2
+
+
 def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
-    """Settle how the AVX-512F panel tiles prefetch their weights (lean_layers.cpp: TilePrefetch), for products of
-    one tile and of several apart: time the panels of these linears in forward order in each mode at each class's
-    PREFETCH_ROWS, alternating over `repeats` rounds after a warm-up round, and keep per class the mode with less
-    time in all. The modes are the process's (the native module's), and never change a product's bits. Returns a
-    record for run.json; {} where the build has no modes (AVX2, no native build)."""
+    """Settle how the AVX-512F panel tiles prefetch their weights (graft/cpu/native/panels.h: TilePrefetch), for
+    products of one tile and of several apart: time the panels of these linears in forward order in each mode at
+    each class's PREFETCH_ROWS, alternating over `repeats` rounds after a warm-up round, and keep per class the
+    mode with less time in all, in each linear's `tile_prefetch` (every panel product passes its own). The modes
+    never change a product's bits. Returns a record for run.json (a product made from it takes its modes); {}
+    where the build has no modes (AVX2, generic, no native build)."""
     module = next((linear._native for linear in linears if linear._native is not None), None)
-    if module is None or not hasattr(module, "tile_prefetch") or module.tile_prefetch() < 0:
+    if module is None or not module.tile_prefetch_supported():
         return {}
     settled = {linear: (linear.packed, linear.small_rows) for linear in linears}
     counts = sorted({rows for rows_of in PREFETCH_ROWS.values() for rows in rows_of})
@@ -359,27 +365,33 @@ def choose_tile_prefetch(linears: list[PackedLinear], repeats: int = 5) -> dict:
         for linear in linears:
             linear.packed, linear.small_rows = linear.panels, 0
         medians = _interleaved_ms(
-            TILE_PREFETCH, lambda mode: module.set_tile_prefetch(TILE_PREFETCH.index(mode)), time_round, repeats
+            TILE_PREFETCH, lambda mode: _use_tile_prefetch(linears, mode, mode), time_round, repeats
         )
     finally:
         for linear in linears:
             linear.packed, linear.small_rows = settled[linear]
     chosen, times = {}, {}
-    for tiles, name in enumerate(PREFETCH_ROWS):
+    for name in PREFETCH_ROWS:
         times[name] = {mode: round(medians[f"{mode}@{name}"], 2) for mode in TILE_PREFETCH}
         chosen[name] = min(TILE_PREFETCH, key=lambda mode: medians[f"{mode}@{name}"])
-        module.set_tile_prefetch(TILE_PREFETCH.index(chosen[name]), tiles)
+    _use_tile_prefetch(linears, chosen["one_tile"], chosen["several_tiles"])
     return {"tile_prefetch": chosen, "tile_prefetch_ms": times}
 
 
-PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (this VM's noise) and keep it
+def _use_tile_prefetch(linears: list[PackedLinear], one_tile: str, several_tiles: str) -> None:
+    code = tile_prefetch_code(one_tile, several_tiles)
+    for linear in linears:
+        linear.tile_prefetch = code
+
+
+PANEL_TIE = 1.05  # the panels may measure up to 5% slower at one row count (load-time timing noise) and keep it
 
 
 def panel_rows_from(medians: dict[str, float], first: int = 1) -> int:
     """The largest measured row count r such that, over the counts from `first` up to r, the panels took less
-    time in all than oneDNN and were nowhere more than PANEL_TIE slower; 0 where there is none. A prefix of the
-    counts where each must win outright let one noisy tie (15.96 against 15.89 ms at 4 rows) hand 4-16 rows to
-    oneDNN, where the panels had measured 22% and 8% faster at 8 and 16. (`first` 2: one row is W_t's.)"""
+    time in all than oneDNN and were nowhere more than PANEL_TIE slower; 0 where there is none. Summing over the
+    prefix keeps one noisy tie at a small count from handing every larger count to oneDNN, as a rule where each
+    count must win outright did. (`first` 2: one row is W_t's.)"""
     best = 0
     counts = [rows for rows in PRODUCT_ROWS if rows >= first]
     for index, rows in enumerate(counts):

@@ -3,7 +3,7 @@
 A decode step on the CPU is hundreds of small operations; OpenMP workers that spin between them (a high
 GOMP_SPINCOUNT) save the wake-up after each, which pays when every core is ours. With a busy neighbour
 the spinning workers fight it for the cores and a step waits on whichever worker was descheduled, so
-steps slowed 4-5x under one competing process (issue 17). The policy: sample how busy the cores this
+a step slows several-fold under one competing process. The policy: sample how busy the cores this
 process may run on are (/proc/stat over a short window); when they are idle, one thread per core and
 spinning workers; when some are busy, one thread per free core (at least one) and workers that sleep.
 OpenMP reads the spin setting when torch loads, so `choose_before_torch()` runs first in run.py and the
@@ -88,8 +88,8 @@ HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"  # torch's CPU allocator: 2 MB-aligned large
 
 def prefer_huge_pages(environ=os.environ) -> None:
     """Ask torch's CPU allocator for transparent huge pages (unless the user set it): a decode step streams
-    every weight once, and with 4 KB pages that is a TLB miss per page. On this Zen 5 VM (THP in madvise
-    mode) the embedded model's decode step took 15.0 against 15.8 ms, in two pairs of processes."""
+    every weight once, and with 4 KB pages that is a TLB miss per page. Where THP is in madvise mode only
+    memory asked for this way gets huge pages (docs/cpu_engine.md has what it saved)."""
     environ.setdefault(HUGE_PAGES, "1")
 
 
