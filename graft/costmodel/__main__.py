@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
+
+from graft.commands import pick
 
 COMMANDS = {  # command -> (module, what it does, whether it times forwards)
     "profile": ("graft.costmodel.profile", "measure a device's cost profile (verify, overhead, drafts)", True),
@@ -26,21 +27,8 @@ def before_torch() -> None:
     prefer_huge_pages()
 
 
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    return "\n".join(
-        [__doc__.strip(), "", "commands:", *(f"  {name:<{width}}  {what}" for name, (_, what, _) in COMMANDS.items())]
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        sys.exit(0 if argv else 2)
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        sys.exit(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    command, rest = pick(__doc__, COMMANDS, argv)
     module, _, timed = COMMANDS[command]
     if timed:
         before_torch()

@@ -12,7 +12,8 @@ python -m graft.report summarize outputs/**/summary.json [--out table.md]       
 from __future__ import annotations
 
 import importlib
-import sys
+
+from graft.commands import pick
 
 COMMANDS = {  # command -> (module, what it does)
     "tables": ("graft.report.tables", "paper-shaped tables of run or sweep directories"),
@@ -25,21 +26,8 @@ COMMANDS = {  # command -> (module, what it does)
 }
 
 
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    return "\n".join(
-        [__doc__.strip(), "", "commands:", *(f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items())]
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        sys.exit(0 if argv else 2)
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        sys.exit(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    command, rest = pick(__doc__, COMMANDS, argv)
     module = importlib.import_module(COMMANDS[command][0])
     if hasattr(module, "before_torch"):
         module.before_torch()
