@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.ops import PLAIN, Ops
+from graft.ops import PLAIN, Ops, read_back
 from graft.tree import DraftTree, Topology
 
 
@@ -46,7 +46,7 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
     target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
     n = tree.num_nodes
     if n == 1:
-        return Acceptance(path=[0], tokens=target.tolist(), token_ids=target)
+        return Acceptance(path=[0], tokens=read_back(target), token_ids=target)
     if ops.on_host(logits):
         return _accept_walk(tree, target)
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
@@ -58,7 +58,7 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
         0, slot, torch.arange(n, device=logits.device)
     )
     packed = torch.cat([attn.depth[deepest].view(1), path[:n], tree.tokens[path[:n]], target[deepest].view(1)])
-    host = packed.tolist()
+    host = read_back(packed)
     length = host[0] + 1
     path_list = host[1 : 1 + length]
     tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]

@@ -2,10 +2,9 @@
 
 Phases of a step: draft (the drafter proposes a tree), verify (one target forward over it), accept and
 commit (the accepted path stays in the cache), extend (the drafter learns from the verification).
-On CUDA, kernels run asynchronously: with `hardware.timing=sync` (the default there) the loop's clock
-synchronises the devices at each phase boundary, so draft / verify / other are each their own GPU time
-(at the price of a few host syncs per step); with `timing=async` only the step's and the prompt's wall
-times are exact and the split is approximate.
+On CUDA a step reads one thing back to the host, the accepted path; everything else (the phase clock's
+CUDA events, the per-step source counts, the top-2 gaps) stays on the device and is read once, after
+the sequence (graft/clock.py).
 
 Definitions used by every record and summary:
 - a *step* is one verification forward of the target; prefill is not a step;
@@ -102,11 +101,17 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None
     return gap <= tie_ulps(dtype, ulps) * ulp
 
 
+def _count_sources(sources: torch.Tensor) -> torch.Tensor:
+    """[len(NodeSource)] nodes per source; a fixed-size scatter, where bincount would sync to size its output."""
+    counts = torch.zeros(len(NodeSource), dtype=torch.long, device=sources.device)
+    return counts.scatter_add_(0, sources, torch.ones_like(sources))
+
+
 def _source_counts(tree, acceptance) -> torch.Tensor:
     """[4]: draft and retrieved nodes in the tree, then among the accepted nodes (stays on the device)."""
     src = tree.node_sources()  # [num_nodes]
-    in_tree = torch.bincount(src, minlength=len(NodeSource))
-    accepted = torch.bincount(src[acceptance.index], minlength=len(NodeSource))
+    in_tree = _count_sources(src)
+    accepted = _count_sources(src[acceptance.index])
     return torch.stack(
         [
             in_tree[NodeSource.DRAFT],
@@ -129,8 +134,8 @@ def generate(
     record_gaps: bool = False,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` with `drafter` proposing trees."""
-    clock = target.clock  # on CUDA it synchronises first (hardware.timing), so each phase is its own
-    start = clock()
+    clock = target.phase_clock()
+    start = clock.mark()
     taps = drafter.needs.taps  # the drafter's features, computed on its own forwards only
     target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
     prefill = target.prefill(prompt_ids, taps, successors_k=drafter.needs.prompt_successors)
@@ -142,7 +147,8 @@ def generate(
         top2 = [_top2(prefill.logits[-1:], 1)]
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
-    gen.prefill_s = clock() - start
+    prefilled = clock.mark()
+    marks = []  # per step: draft, (mask), verify, accept + commit, extend, end
     done = first in stop_ids or max_new_tokens <= 1
     if first in stop_ids:
         gen.stop_reason = "stop_token"
@@ -150,10 +156,10 @@ def generate(
     sources = []  # per step [4] counts, left on the device until the end
 
     while not done:
-        t0 = clock()
+        t0 = clock.mark()
         proposal = drafter.propose(state)  # draft
         tree = proposal.tree
-        t1 = clock()
+        t1 = clock.mark()
         committed_len = target.cache_len
         room = context_limit - committed_len
         if room < 1:
@@ -165,9 +171,9 @@ def generate(
             tree = tree.first(room)
             proposal = Proposal(tree, {**proposal.note, "fitted_to_context": room})
         topo = topology(tree.parents, committed_len, host=target.ops.on_host(tree.parents))
-        t2 = clock()
+        t2 = clock.mark()
         forward = target.verify(tree, topo, taps)  # verify
-        t3 = clock()
+        t3 = clock.mark()
         if sampling.greedy:
             acceptance = accept_greedy(tree, topo, forward.logits, target.ops)
         else:
@@ -189,24 +195,28 @@ def generate(
             top2.append(_top2(forward.logits[acceptance.index], len(committed)))
         if len(gen.new_tokens) >= max_new_tokens:
             done = True
-        t4 = clock()
+        t4 = clock.mark()
         if not done:  # extend: the drafter learns from the verification for the next step
             drafter.update(
                 StepFeedback(proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=state)
             )
-        t5 = clock()
+        t5 = clock.mark()
 
         if proposal.note:
             gen.step_info.append(proposal.note)
         sources.append(_source_counts(tree, acceptance))
         gen.accept_lengths.append(len(committed))
         gen.nodes.append(tree.num_nodes)
+        marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
+
+    seconds = clock.seconds([start, prefilled, *(m for step in marks for m in step), clock.mark()])
+    gen.prefill_s, gen.wall_s = seconds[1], seconds[-1]
+    for i in range(len(marks)):
+        t0, t1, t2, t3, t4, t5, end = seconds[2 + 7 * i : 9 + 7 * i]
         draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
         gen.draft_s.append(draft_s)
         gen.verify_s.append(verify_s)
-        gen.other_s.append(clock() - t0 - draft_s - verify_s)
-
-    gen.wall_s = clock() - start
+        gen.other_s.append(end - t0 - draft_s - verify_s)
     resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
     if sources:
         gen.step_sources = torch.stack(sources).tolist()

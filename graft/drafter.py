@@ -24,6 +24,7 @@ from torch import Tensor
 from graft.acceptance import Acceptance
 from graft.backends import ForwardOutput, HiddenTap, TargetBackend
 from graft.tree import DraftTree, Topology
+from graft.ops import upload
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class SequenceState:
         """[1] the root token on `device`, without a host-to-device copy when the loop left it there."""
         if self.root_id is not None and self.root_id.device == torch.device(device):
             return self.root_id
-        return torch.tensor([self.root], dtype=torch.long, device=device)
+        return upload([self.root], device)
 
 
 @dataclass

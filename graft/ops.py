@@ -9,7 +9,23 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
 from torch import Tensor, nn
+
+
+def read_back(values: Tensor) -> list:
+    """The step's one read of device values to the host (the accepted path): a sync on CUDA. Every such
+    read goes through here, so a GPU test can allow this one and fail on any other."""
+    return values.tolist()
+
+
+def upload(values: list[int], device: torch.device | str, dtype: torch.dtype = torch.long) -> Tensor:
+    """Host integers onto `device`. To CUDA through pinned memory without blocking: a plain
+    torch.tensor(..., device="cuda") waits for the stream, a host sync per call."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class DraftLayer(Protocol):

@@ -199,6 +199,10 @@ class RunDir:
         if not self.run_path.exists():
             self.write_json("run.json", {"config_hash": self.hash, "config": self.cfg, **meta})
 
+    def update_run(self, meta: dict) -> None:
+        """Add what is known only after the run (what compiling cost) to run.json."""
+        self.write_json("run.json", {**json.loads(self.run_path.read_text()), **meta})
+
     def _conflict_message(self, old: dict, new: dict) -> str:
         old_flat, new_flat = _flatten(result_config(old)), _flatten(result_config(new))
         diffs = [

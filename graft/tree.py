@@ -123,6 +123,11 @@ class Topology:
         allowed[:, self.cache_len :] = self.ancestors
         return additive_mask(allowed, dtype)
 
+    def tree_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """[1, 1, num_nodes, num_nodes] additive: the tree's own block of attention_mask, for an attention that
+        lets every node see the committed prefix without a mask (graft/nn.py: split_attention)."""
+        return additive_mask(self.ancestors, dtype)
+
     def position_ids(self) -> Tensor:
         """[1, num_nodes] absolute positions: a node sits at cache_len + its depth."""
         return (self.depth + self.cache_len).unsqueeze(0)
@@ -131,10 +136,10 @@ class Topology:
     def paths(self) -> Tensor:
         """[num_leaves, max_depth + 1] root-to-leaf node indices, padded with -1, leaves in index order."""
         is_parent = self.ancestors.sum(0) > 1  # a node is an ancestor of someone other than itself
-        leaves = torch.nonzero(~is_parent).squeeze(1)  # [num_leaves]
+        leaves = torch.nonzero(~is_parent).squeeze(1)  # [num_leaves]  # sync ok: tests and analysis, not a step
         max_depth = int(self.depth.max())
         paths = torch.full((leaves.shape[0], max_depth + 1), -1, dtype=torch.long, device=self.depth.device)
-        leaf_row, node = torch.nonzero(self.ancestors[leaves], as_tuple=True)
+        leaf_row, node = torch.nonzero(self.ancestors[leaves], as_tuple=True)  # sync ok: as above
         paths[leaf_row, self.depth[node]] = node
         return paths
 
@@ -197,7 +202,8 @@ class RankTree:
     @cached_property
     def levels(self) -> tuple[Tensor, ...]:
         """Per depth 1, 2, ...: the nodes at that depth (one gather or head call per depth)."""
-        return tuple(torch.nonzero(self.depth == d).squeeze(1) for d in range(1, int(self.depth.max()) + 1))
+        depths = range(1, int(self.depth.max()) + 1)
+        return tuple(torch.nonzero(self.depth == d).squeeze(1) for d in depths)  # sync ok: once, a template's shape
 
     @cached_property
     def ancestors(self) -> Tensor:

@@ -41,6 +41,10 @@ def test_compile_with_a_fast_path_is_refused_with_the_reason():
         validate(compose(["model=tiny_llama", "hardware=cpu", "hardware.compile=default"]))
 
 
+def _prompt_of(model, prompt):
+    return model.chat.prompt_ids([{"role": "user", "content": prompt.turns[0]}])
+
+
 def _prompt(model, k=0):
     return model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
 
@@ -82,21 +86,38 @@ def test_compiled_steps_over_static_caches_are_lossless(tiny, name, methods):
         assert target._compiled is not None, "the verify forward never went through torch.compile"
 
 
-def test_inductor_compiles_once_and_later_sequences_reuse_the_graphs(tiny):
-    """With inductor's kernels: lossless, and a second sequence compiles nothing new (a shape that varied
-    per step would recompile every step)."""
-    from torch._dynamo.utils import counters
+def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny):
+    """CPU inductor over static caches sized in buckets: the runner's warm-up compiles every bucket the run's
+    prompts reach, then prompts of three lengths (two buckets) run without a new graph, lossless, and later
+    sequences reuse the cache buffers of their bucket."""
+    from types import SimpleNamespace
+
+    from graft.backends import capacity_bucket, compiled_graphs
+    from graft.data import Prompt
+    from graft.decode import SamplingConfig
+    from graft.runner import warm_up
 
     eager = tiny("tiny_llama")
-    ids = _prompt(eager, 1)
-    base = generate(eager.target, Autoregressive(eager.target), ids, 16, eager.stop_ids)
+    texts = ["Hi.", BUILTIN[1].turns[0], BUILTIN[1].turns[0] * 12]
+    prompts = [Prompt(id=str(i), turns=[t], category="test") for i, t in enumerate(texts)]
+    lengths = [len(_prompt_of(eager, p)) for p in prompts]
+    run_cfg = SimpleNamespace(max_new_tokens=12, warmup_tokens=4)
+    bases = [
+        generate(eager.target, Autoregressive(eager.target), _prompt_of(eager, p), 12, eager.stop_ids) for p in prompts
+    ]
     with _compiled(tiny, "tiny_llama", "inductor") as model:
         drafter = make_drafter("graft", model.target)
-        first = generate(model.target, drafter, ids, 16, model.stop_ids)
-        graphs = counters["stats"]["unique_graphs"]
-        second = generate(model.target, drafter, ids, 16, model.stop_ids)
-    assert first.new_tokens == base.new_tokens == second.new_tokens
-    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs
+        info = warm_up(model, [drafter], prompts, run_cfg, SamplingConfig())
+        graphs = compiled_graphs()
+        for prompt, base in zip(prompts, bases):
+            out = generate(model.target, drafter, _prompt_of(model, prompt), 12, model.stop_ids)
+            assert out.new_tokens == base.new_tokens, prompt.id
+        buffer = model.target.cache.layers[0].keys
+        generate(model.target, drafter, _prompt_of(model, prompts[-1]), 12, model.stop_ids)
+        assert model.target.cache.layers[0].keys is buffer  # the same bucket: the same buffers
+        nodes = drafter.max_nodes()
+    assert len({capacity_bucket(n + 12 + nodes + 8) for n in lengths}) == 2, lengths
+    assert info["graphs_at_warmup"] > 0 and compiled_graphs() == graphs, info
 
 
 def test_bench_compile_reports_both_backends_and_equal_tokens(tmp_path):

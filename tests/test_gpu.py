@@ -25,3 +25,46 @@ def test_drafters_are_lossless_on_cuda(model_name):
         for drafter in drafters:
             out = generate(model.target, drafter, ids, 32, model.stop_ids)
             assert out.new_tokens == base.new_tokens, f"{drafter.method.name} on prompt {k}"
+
+
+@pytest.mark.parametrize("method", ["ar", "pld", "eagle3", "pruned", "graft"])
+def test_a_cuda_step_syncs_only_to_read_the_accepted_path(monkeypatch, method):
+    """Under torch.cuda.set_sync_debug_mode("error") every step runs without a sync but its one read
+    (graft.ops.read_back, the accepted path); what a sequence does once at its start and end is let be."""
+    import torch
+
+    import graft.acceptance
+    from graft.clock import PhaseClock
+
+    cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware=gpu", "model.dtype=float32"]))
+    model = load_model(cfg.model, cfg.hardware, progress=False)
+    target = model.target
+    drafter = Autoregressive(target) if method == "ar" else make_drafter(method, target)
+    ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[0].turns[0]}])
+    generate(target, drafter, ids, 8, set())  # warm-up: lazy setup (cuBLAS handles, tables) may sync
+    reads, propose, seconds = [], drafter.propose, PhaseClock.seconds
+
+    def allowed(values):
+        torch.cuda.set_sync_debug_mode("default")
+        reads.append(values.numel())
+        try:
+            return values.tolist()
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def strict_step(state):
+        torch.cuda.set_sync_debug_mode("error")  # from the first step's draft on
+        return propose(state)
+
+    def lenient_end(clock, marks):
+        torch.cuda.set_sync_debug_mode("default")  # the sequence's records: read once, after the loop
+        return seconds(clock, marks)
+
+    monkeypatch.setattr(graft.acceptance, "read_back", allowed)
+    monkeypatch.setattr(drafter, "propose", strict_step)
+    monkeypatch.setattr(PhaseClock, "seconds", lenient_end)
+    try:
+        out = generate(target, drafter, ids, 32, set())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.steps >= 4 and len(reads) == out.steps, (method, len(reads), out.steps)

@@ -12,7 +12,6 @@ hardware config. A backend's `ops` (graft/ops.py) are the operations an engine m
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
@@ -21,9 +20,11 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from graft.clock import PhaseClock
 from graft.kv import KVBuffer
 from graft.ops import Ops
 from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
+from graft.ops import upload
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ def text_config(config):
 class TargetBackend(ABC):
     """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
 
+    # whether the forward's attention takes compact masks (graft/nn.py: grouped_sdpa): a tree's [n, n] block with
+    # the committed prefix seen unmasked, and no mask for a prompt chunk (causal), instead of [n, S] masks
+    compact_masks = False
+
     def __init__(self, model, tokenizer, name: str = "target"):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -135,9 +140,8 @@ class TargetBackend(ABC):
         self.device = self._lm_head.weight.device
         self.dtype = self._lm_head.weight.dtype
         self.cache: PositionalKVCache | None = None
-        # CUDA runs kernels asynchronously: without a synchronisation at each phase boundary a phase's time
-        # would be its kernel launches, and its GPU time would land in the next phase (hardware.timing)
-        self.sync_timing = False
+        # how the decode loop times its phases (graft/clock.py, hardware.timing): "host", "events" or "sync"
+        self.timing = "host"
         # prompt positions per prefill forward (hardware.prefill_chunk): long prompts are encoded in chunks so
         # that no [prompt, prompt] mask or score matrix is built; None encodes the prompt in one forward
         self.prefill_chunk: int | None = None
@@ -152,14 +156,18 @@ class TargetBackend(ABC):
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
         self.ops = Ops()  # plain torch; an engine's backend sets its own
+        self.full_masks = False  # [n, S] masks even where compact ones would do (to compare: scripts/verify_memory.py)
 
-    def clock(self) -> float:
-        """Seconds (perf_counter); with `sync_timing`, once every device finished what was queued."""
-        if self.sync_timing:
-            for device in self.devices:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-        return time.perf_counter()
+    def phase_clock(self) -> PhaseClock:
+        return PhaseClock(self.devices, self.timing, self.device)
+
+    @property
+    def sync_timing(self) -> bool:
+        return self.timing == "sync"
+
+    @sync_timing.setter
+    def sync_timing(self, value: bool) -> None:
+        self.timing = "sync" if value else "host"
 
     # --- what drafters may use --------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
@@ -181,8 +189,19 @@ class TargetBackend(ABC):
         return 0 if self.cache is None else self.cache.layers[0].length
 
     def reset(self, capacity: int) -> None:
-        """Start a new sequence with room for `capacity` positions (the cache grows if exceeded)."""
-        self.cache = PositionalKVCache(self.num_layers, capacity, static=self.compile_mode is not None, ops=self.ops)
+        """Start a new sequence with room for `capacity` positions (the cache grows if exceeded). A static
+        cache (hardware.compile) is sized in buckets and kept while its bucket fits: a compiled graph is
+        specialised to the cache's shape, so sequences of one bucket reuse one graph (and, for CUDA graphs,
+        the same buffers)."""
+        static = self.compile_mode is not None
+        if not static:
+            self.cache = PositionalKVCache(self.num_layers, capacity, ops=self.ops)
+            return
+        capacity = capacity_bucket(capacity)
+        if self.cache is not None and self.cache.static and self.cache.capacity == capacity:
+            self.cache.keep(0, None, 0)
+        else:
+            self.cache = PositionalKVCache(self.num_layers, capacity, static=True, ops=self.ops)
 
     @torch.inference_mode()
     def prefill(
@@ -192,13 +211,14 @@ class TargetBackend(ABC):
         `all_logits`), the `taps` hidden states for all positions, and with `successors_k` the top-k
         next tokens at every position (taken chunk by chunk, so no [prompt, vocab] logits are kept)."""
         assert self.cache is not None, "call reset() first"
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.input_device)
+        ids = upload(prompt_ids, self.input_device).unsqueeze(0)
         positions = torch.arange(len(prompt_ids), device=self.input_device).unsqueeze(0)
         chunk = self.prefill_chunk or len(prompt_ids)
         parts, successors = [], []
         for lo in range(0, len(prompt_ids), chunk):
             hi = min(lo + chunk, len(prompt_ids))
-            mask = None if lo == 0 else self._chunk_mask(hi - lo, lo)  # later chunks see the cached prefix
+            # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
+            mask = None if lo == 0 or self._compact() else self._chunk_mask(hi - lo, lo)
             keep = 0 if all_logits or successors_k else 1  # else only the last chunk's last logits are used
             part = self._run(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
             if successors_k:
@@ -220,6 +240,10 @@ class TargetBackend(ABC):
             )
         return out
 
+    def _compact(self) -> bool:
+        """Compact masks for this forward; a static cache keeps [n, capacity] masks that hide its unfilled slots."""
+        return self.compact_masks and not self.full_masks and not self.cache.static
+
     def _chunk_mask(self, n: int, start: int) -> Tensor:
         """[1, 1, n, start + n] additive: a prompt chunk sees the cached prefix and is causal within itself."""
         return additive_mask(prefix_causal(n, start, self.device), self.dtype)
@@ -234,7 +258,11 @@ class TargetBackend(ABC):
         ids = tree.tokens.clamp_min(0).unsqueeze(0)  # an empty slot (-1) is verified as token 0, never accepted
         # fixed-size trees (and one-token steps) reuse one compiled graph; other sizes would each compile anew
         compiled = self.static_trees or ids.shape[1] == 1
-        return self._run(ids, topo.position_ids(), topo.attention_mask(self.dtype), taps, compiled=compiled)
+        if not self._compact():
+            mask = topo.attention_mask(self.dtype)
+        else:  # the tree's own block; a lone root sees the whole cache, no mask at all
+            mask = topo.tree_mask(self.dtype) if ids.shape[1] > 1 else None
+        return self._run(ids, topo.position_ids(), mask, taps, compiled=compiled)
 
     def _run(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         """One forward; over a static cache the mask covers every slot (the unfilled ones hidden) and the
@@ -273,11 +301,29 @@ class TargetBackend(ABC):
         self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0, compiled: bool = False
     ) -> ForwardOutput:
         """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal), [1, 1, n, capacity] over a
-        static cache; `compiled`: through the compiled module (hardware.compile)."""
+        static cache, [1, 1, n, n] with compact masks (the cache before the n new positions seen unmasked); `compiled`: through the compiled module (hardware.compile)."""
+
+
+def capacity_bucket(needed: int) -> int:
+    """The static cache size for `needed` positions: 512, then four sizes per doubling (at most 25% unused),
+    so that prompts of similar lengths share one compiled graph."""
+    if needed <= 512:
+        return 512
+    step = 1 << (needed.bit_length() - 3)
+    return -(-needed // step) * step
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has captured in this process (each new cache bucket or tree size adds one)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def compiled(fn, mode: str | None, backend: str = "inductor"):
-    """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor."""
+    """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor. Every cache
+    bucket and tree size is a graph of its own: past dynamo's default limit of 8 it would fall back to eager."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if backend != "inductor":
         return torch.compile(fn, backend=backend, dynamic=False)
     return torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)

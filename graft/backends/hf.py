@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from graft.backends import ForwardOutput, HiddenTap, TargetBackend, compiled, concat_taps
+from graft.nn import ATTENTION_NAME
 
 
 def decoder_of(model):
@@ -23,6 +24,10 @@ class HFBackend(TargetBackend):
         # transformers renamed past_key_values to cache; older 5.x releases silently ignore `cache=`
         self.attention = f"transformers {getattr(model.config, '_attn_implementation', None) or 'default'}"
         self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @property
+    def compact_masks(self) -> bool:
+        return getattr(self.model.config, "_attn_implementation", None) == ATTENTION_NAME
 
     def _cache_hint(self) -> str:
         import transformers

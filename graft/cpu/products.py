@@ -21,17 +21,15 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from graft.nn import grouped_sdpa
-
-ATTENTION_NAME = "graft_sdpa"
+from graft.nn import ATTENTION_NAME, graft_mask, grouped_sdpa
 
 
 def register_attention() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(ATTENTION_NAME, grouped_sdpa)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, graft_mask)
 
 
 def keep_freed_memory() -> None:

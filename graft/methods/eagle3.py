@@ -24,7 +24,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from graft.backends import HiddenTap, TargetBackend
+from graft.backends import HiddenTap, TargetBackend, capacity_bucket
 from graft.compose import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.eagle.checkpoint import load_head, random_head
@@ -33,6 +33,7 @@ from graft.kv import KVBuffer
 from graft.registry import register
 from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource, RankTree, additive_mask, prefix_causal
+from graft.ops import upload
 
 
 @dataclass
@@ -179,7 +180,7 @@ class StaticPlan:
     def of(shape: RankTree) -> "StaticPlan":
         expand_at, parent_row = [], []
         for kids in shape.levels:
-            owners, rows = torch.unique(shape.parents[kids], sorted=True, return_inverse=True)
+            owners, rows = torch.unique(shape.parents[kids], sorted=True, return_inverse=True)  # sync ok: once per run
             expand_at.append(owners)
             parent_row.append(rows)
         return StaticPlan(shape, tuple(expand_at), shape.levels, tuple(parent_row), int(shape.ranks.max()) + 1)
@@ -385,9 +386,21 @@ class HeadOnCache:
 
     def reset(self, prefill: PrefillInfo) -> None:
         tokens = prefill.state.tokens
-        self.cache = self.head.new_cache(len(tokens) + 512, static=self.target.compile_mode is not None)
+        self.cache = self._fresh_cache(len(tokens))
         # the head pairs the target feature at position t with the token at t + 1
         self.last = self._extend(tokens[1:], prefill.forward.hidden)
+
+    def _fresh_cache(self, prompt_len: int) -> KVBuffer:
+        """The head's cache for a new sequence. A static one (hardware.compile) follows the target's cache
+        bucket and is kept while the bucket is the same, so its compiled levels are reused too."""
+        if self.target.compile_mode is None:
+            return self.head.new_cache(prompt_len + 512)
+        capacity = capacity_bucket(self.target.cache.capacity + 512)  # + the drafted levels' entries
+        old = getattr(self, "cache", None)
+        if old is not None and old.static and old.capacity == capacity:
+            old.keep(0, None, 0)
+            return old
+        return self.head.new_cache(capacity, static=True)
 
     def update(self, step: StepFeedback) -> None:
         ids = step.acceptance.token_ids  # on the device already: no copy up
@@ -396,9 +409,7 @@ class HeadOnCache:
         )
 
     def _extend(self, tokens: list[int] | Tensor, hidden: Tensor) -> Tensor:
-        ids = (
-            tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=self.target.device)
-        )
+        ids = tokens if isinstance(tokens, Tensor) else upload(tokens, self.target.device)
         return extend(self.head, self.cache, self.embed(ids), hidden)[-1]
 
 

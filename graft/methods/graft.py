@@ -79,7 +79,7 @@ def best_leaves(tree, count: int) -> list[int]:
     has_child[tree.parents[1:]] = True
     has_child[0] = True  # the root is never a leaf to continue
     scores = tree.scores if tree.scores is not None else torch.zeros(tree.num_nodes, device=tree.tokens.device)
-    leaves = torch.nonzero(~has_child).squeeze(1)  # [num_leaves]
+    leaves = torch.nonzero(~has_child).squeeze(1)  # [num_leaves]  # sync ok: growing trees (static: grafting.py)
     order = torch.sort(scores[leaves], descending=True, stable=True).indices  # ties: the earlier node first
     return leaves[order[:count]].tolist()
 

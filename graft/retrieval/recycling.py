@@ -18,6 +18,7 @@ from torch import Tensor
 
 from graft.ops import PLAIN, Ops
 from graft.tree import RankTree
+from graft.ops import upload
 
 # How often the target's rank-r successor is the next token, as a prior for shaping templates. Rough
 # shape of rank-acceptance curves reported for Token Recycling and Medusa-style trees; only the order of
@@ -110,7 +111,7 @@ class Recycler:
         """A fresh table per sequence. With `successors` (the prefill's top-k at every prompt position: the
         paper's cold start) every prompt token's row is the target's own prediction after it; without, the
         prompt's bigrams, then the target's top-k after the last prompt token."""
-        prompt_tokens = torch.tensor(prompt, dtype=torch.long, device=self.table.rows.device)
+        prompt_tokens = upload(prompt, self.table.rows.device)
         self.table.clear()
         if successors is not None:
             self.table.seed_successors(prompt_tokens, successors)

@@ -1,0 +1,40 @@
+"""The decode loop's clock: marks at phase boundaries, turned into seconds once per sequence.
+
+On a CPU a mark is the host's perf_counter. On CUDA kernels run asynchronously, so the host's clock at a
+phase boundary is only when the phase was queued; there a mark is a CUDA event recorded on the stream, and
+the events are read back once, after the sequence (hardware.timing=auto). hardware.timing=sync instead
+synchronises every device at each mark (exact per phase, at the price of a host sync per mark), and
+timing=async uses the host's clock without synchronising (the split between phases is then approximate).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class PhaseClock:
+    def __init__(self, devices: list[torch.device], mode: str = "host", device: torch.device | None = None):
+        """mode: "host" (perf_counter), "sync" (perf_counter after synchronising `devices`) or "events"
+        (recorded on `device`'s stream: a sharded model's last GPU, which finishes each phase last)."""
+        self.cuda = [d for d in devices if d.type == "cuda"]
+        self.mode = "host" if mode == "events" and not self.cuda else mode
+        self.stream = torch.cuda.current_stream(device or self.cuda[-1]) if self.mode == "events" else None
+
+    def mark(self):
+        if self.mode == "events":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.stream)
+            return event
+        if self.mode == "sync":
+            for device in self.cuda:
+                torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    def seconds(self, marks: list) -> list[float]:
+        """Each mark's time in seconds after the first one; with events, one wait for the last."""
+        if self.mode != "events":
+            return [m - marks[0] for m in marks]
+        marks[-1].synchronize()
+        return [marks[0].elapsed_time(m) / 1e3 for m in marks]
