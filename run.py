@@ -22,12 +22,14 @@ from graft.config import ConfigError, check_overrides, register_schemas, validat
 from graft.data import DatasetError  # noqa: E402
 from graft.eagle.checkpoint import HeadLoadError  # noqa: E402
 from graft.embedded import EmbeddedModelError  # noqa: E402
+from graft.hardware import register_resolvers  # noqa: E402
 from graft.models import ModelLoadError  # noqa: E402
 from graft.records import RunDirConflict  # noqa: E402
-from graft.sweeps import clear_failure, record_failure  # noqa: E402
+from graft.sweeps import clear_failure, record_failure, submitted_to_slurm  # noqa: E402
 
 USER_ERRORS = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError, DatasetError, HeadLoadError)
 register_schemas()
+register_resolvers()  # ${gpus_needed:}: the GPUs a scheduler asks for (graft/hardware.py)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -48,6 +50,8 @@ def main(cfg: DictConfig) -> float | None:
         if sweeping:  # this job fails, the sweep goes on; graft.sweeps.FailedJobs names it at the end
             print(f"error: {err}", file=sys.stderr)
             record_failure(hydra_cfg.runtime.output_dir, err)
+            if submitted_to_slurm():  # a SLURM job is its own process: SLURM marks it failed by its exit status
+                sys.exit(1)
             return None
         if isinstance(err, USER_ERRORS):
             print(f"error: {err}", file=sys.stderr)

@@ -8,6 +8,7 @@ a method YAML states only what differs from the dataclass defaults or from the m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +82,10 @@ class ModelConfig:
     draft_head: str | None = None  # the model's published EAGLE head (Hub id or local directory)
     block_drafter: str | None = None  # the model's DFlash-style block drafter (Hub id or local directory)
     hardware_hint: str = ""  # what it needs, for people choosing a node
-    num_gpus: int = 1  # GPUs a job needs (the SLURM launcher asks for this many)
+    # GPUs a sharded run uses: "auto", the smallest count whose per-GPU memory plan fits (graft/memory.py), settled
+    # at start-up from the GPUs' free memory; a number is honoured. `${gpus_needed:}` (graft/hardware.py) resolves
+    # it to a number before the run (a scheduler's request): the plan's count on H200s unless told another size.
+    num_gpus: int | Literal["auto"] = "auto"
     # The published config.json sizes (graft/memory.SHAPE_KEYS) that the memory plan reads before loading;
     # a local model.path's config.json and a random model's arch_config take its place.
     shape: dict | None = None
@@ -90,6 +94,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.shape is not None:
             check_declared_shape(self.shape)
+        require(
+            self.num_gpus == "auto" or self.num_gpus >= 1, "model.num_gpus", self.num_gpus, "auto or an integer >= 1"
+        )
 
 
 @dataclass
@@ -152,12 +159,14 @@ class HardwareConfig:
     # load (1-64 rows, graft/cpu/products.py PRODUCT_ROWS) and gives the panels the row counts they win (one row stays
     # x @ W_t's where that beat them), panel all (but one row with one_row_kernel=transposed), onednn none
     product_kernel: Literal["auto", "panel", "onednn"] = "auto"
-    # several GPUs: "auto" shards the layers over every visible GPU (Accelerate's planned device_map, capped
-    # by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.
+    # several GPUs: "auto" shards the layers over the first model.num_gpus GPUs (Accelerate's planned device_map,
+    # capped by max_memory); it overrides model.device_map. Nothing may be offloaded to the CPU or disk.
     device_map: str | None = None
     gpu_memory_fraction: float = 0.9  # of each GPU's memory the weights may take (the rest: KV cache, trees)
     tensor_parallel: bool = False  # transformers' tp_plan="auto", one process per GPU under torchrun
-    timing: Literal["auto", "sync", "async"] = "auto"  # auto: synchronise at phase boundaries on CUDA only
+    # the phase clock (graft/clock.py): auto = CUDA events read once per sequence on a GPU, perf_counter on a
+    # CPU; sync = synchronise at every phase boundary (a host sync each); async = perf_counter, no sync
+    timing: Literal["auto", "sync", "async"] = "auto"
     # the attention kernel of transformers' forward, overriding model.attn_implementation; "graft_sdpa"
     # (graft/nn.py: grouped_sdpa) verifies a tree without copying keys/values per query head (GQA)
     attention: str | None = None
@@ -237,6 +246,24 @@ def run_label(methods, method_name: str) -> str:
     return "compare" if methods else method_name
 
 
+@functools.cache
+def hardware_profile(name: str) -> dict:
+    """What configs/hardware/<name>.yaml states beyond the schema defaults."""
+    raw = yaml.safe_load((CONFIG_DIR / "hardware" / f"{name}.yaml").read_text()) or {}
+    raw.pop("defaults", None)
+    return raw
+
+
+def auto_hardware(key: str):
+    """`${auto_hardware:<key>}` in configs/hardware/auto.yaml: hardware=auto's value of `key`, gpu.yaml's where
+    torch sees a CUDA device, else cpu.yaml's (the schema default where that file states none). The GPU count,
+    and with it gpu_multi.yaml's sharding, is settled at start-up (graft/hardware.resolve_hardware)."""
+    import torch
+
+    settings = hardware_profile("gpu" if torch.cuda.is_available() else "cpu")
+    return settings[key] if key in settings else schema_defaults(HardwareConfig)[key]
+
+
 def register_schemas() -> None:
     """Store each group's full key set as `<group>/schema`; group YAML files start from it; register the
     config's resolvers."""
@@ -244,6 +271,7 @@ def register_schemas() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("run_label", run_label, replace=True)
+    OmegaConf.register_new_resolver("auto_hardware", auto_hardware, replace=True)
 
     store = ConfigStore.instance()
     for group, cls in SCHEMA_GROUPS.items():

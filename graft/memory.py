@@ -1,14 +1,20 @@
-"""Memory planning before a model loads: the bytes a run needs, from the sizes its config declares, against
-what this machine offers, so that a run that cannot fit is refused in seconds (with the figures) instead
-of after a download of hundreds of GB.
+"""Memory planning before a model loads: the bytes a run needs, from the sizes its config declares, placed
+where they will live, against what this machine offers, so that a run that cannot fit is refused in seconds
+(with the figures) instead of after a download of hundreds of GB.
 
 What is counted: the target's weights (parameters x bytes of the dtype, plus the extra weight layouts a
 CPU fast path keeps), the KV cache of the longest prompt the run plans for + the new tokens + the draft
-tree, the verification's logits [tree nodes, vocab] in float32 plus an allowance for one layer's prefill
-activations, and the draft head (one decoder layer at the head's shape, its fc and lm_head, its KV cache).
-What is offered: on CUDA the free memory of the GPUs the model will use, 10% kept as headroom (CUDA
-context, allocator fragmentation, the library's workspaces); on the CPU the RAM the kernel reports as
-available. GB = 1e9 bytes throughout.
+tree, a verification's logits [tree nodes, vocab] and the prefill's (a chunk's rows when a method reads
+every prompt position, else one) in float32, one layer's activations over a prefill chunk, the attention
+mask a forward carries, and the draft models (an EAGLE head: one decoder layer at the head's shape, its
+fc and lm_head, its KV cache; a block drafter: its layers and cache).
+Where: on the CPU everything in one place. On k GPUs (`place`) the layers split as Accelerate's balanced
+device_map splits them (about layers / k each) with their KV cache; the embeddings on the first GPU; the
+final norm, LM head, draft models and logits on the last (drafting lives on the LM head's device); a
+prefill chunk's activations and the attention mask on every one. `check` compares each GPU's share with
+that GPU's free memory, 10% kept as headroom (CUDA context, allocator fragmentation, the library's
+workspaces); on the CPU the total with the RAM the kernel reports as available. `gpus_needed` is the
+smallest k for which every GPU fits. GB = 1e9 bytes throughout.
 
 The shape comes from, in order: config.json in a local `model.path`, the `model.shape` the model config
 declares (the published config.json fields), or a random model's `arch_config` (with transformers'
@@ -18,7 +24,6 @@ defaults). Without one the plan says "unknown shape, not checked" and nothing is
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,26 +196,36 @@ def block_drafter_size(method_keys: dict, target: ModelShape) -> tuple[int, int,
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes a run needs on its device, by what needs them. `shape` None: unknown, nothing checked."""
+    """Bytes a run needs, by what needs them and where it lives. `shape` None: unknown, nothing checked."""
 
     model: str
     shape: ModelShape | None
     shape_source: str
     dtype: str = "float32"
     params: int = 0
-    weights: int = 0
+    weights: int = 0  # every parameter in `dtype`
+    layer_weights: int = 0  # one decoder layer (the GPUs split the layers between them)
+    embedding_weights: int = 0  # the token embeddings (the first GPU)
+    output_weights: int = 0  # the final norm and LM head (the last GPU; the norm alone when tied)
     weight_layouts: int = 0  # the CPU fast path's extra copies of the dense weights
     weight_layouts_note: str = ""
-    kv_cache: int = 0
+    kv_cache: int = 0  # every layer's; each GPU holds its own layers' share
     kv_tokens: int = 0
     kv_tokens_note: str = ""
-    tree: int = 0  # verification logits and prefill activations
+    tree_logits: int = 0  # one verification's [tree nodes, vocab] in float32, on the LM head's GPU
     tree_nodes: int = 1
-    draft_head: int = 0  # every head the compared methods load
+    prefill_logits: int = 0  # the prefill's [rows, vocab] in float32, on the LM head's GPU
+    prefill_logit_rows: int = 1
+    activations: int = 0  # one layer's working set over a prefill chunk, on every GPU
+    prefill_rows: int = 0  # prompt positions per prefill forward
+    masks: int = 0  # the attention mask a forward carries (attention_mask_bytes), on every GPU
+    mask_rows: int = 0
+    draft_head: int = 0  # every draft model the compared methods load, with its cache, on the LM head's GPU
     draft_head_note: str = ""
     draft_heads: int = 0
-    num_gpus: int = 1
+    num_gpus: int | None = None  # model.num_gpus when it is a number; None: as many as the plan needs
     device_map: str | None = None
+    placement: str = "one"  # on CUDA: "one", "sharded" or "tensor_parallel" (gpu_placement)
     hardware_hint: str = ""
 
     @property
@@ -218,8 +233,17 @@ class MemoryPlan:
         return self.shape is not None
 
     @property
+    def kv_layer(self) -> int:
+        return self.kv_cache // self.shape.num_layers
+
+    @property
+    def working(self) -> int:
+        """What the forwards need beside the weights and caches."""
+        return self.tree_logits + self.prefill_logits + self.activations + self.masks
+
+    @property
     def total(self) -> int:
-        return self.weights + self.weight_layouts + self.kv_cache + self.tree + self.draft_head
+        return self.weights + self.weight_layouts + self.kv_cache + self.working + self.draft_head
 
     def breakdown(self) -> str:
         if not self.known:
@@ -229,10 +253,21 @@ class MemoryPlan:
             parts.append(f"fast-path weight layouts {gb(self.weight_layouts)} ({self.weight_layouts_note})")
         parts.append(f"KV cache {gb(self.kv_cache)} for {self.kv_tokens:,} tokens ({self.kv_tokens_note})")
         if self.draft_head:
-            label = "draft model" if self.draft_heads == 1 else f"{self.draft_heads} draft models (one per method)"
-            parts.append(f"{label} {gb(self.draft_head)} ({self.draft_head_note})")
-        parts.append(f"tree and activations {gb(self.tree)} ({self.tree_nodes} tree nodes)")
+            parts.append(f"{self.draft_label()} {gb(self.draft_head)} ({self.draft_head_note})")
+        parts += [
+            f"verification logits {gb(self.tree_logits)} ({self.tree_nodes} tree nodes)",
+            f"prefill logits {gb(self.prefill_logits)} ({rows(self.prefill_logit_rows)})",
+            f"prefill activations {gb(self.activations)} ({self.prefill_rows:,}-token chunk)",
+            f"attention masks {gb(self.masks)} ({self.mask_rows:,} x {self.kv_tokens:,})",
+        ]
         return ", ".join(parts)
+
+    def draft_label(self) -> str:
+        return "draft model" if self.draft_heads == 1 else f"{self.draft_heads} draft models (one per method)"
+
+
+def rows(count: int) -> str:
+    return f"{count:,} row" if count == 1 else f"{count:,} rows"
 
 
 def gb(num_bytes: float) -> str:
@@ -321,11 +356,65 @@ def gpu_placement(cfg: ExperimentConfig) -> str:
     return "sharded" if placement_map(cfg) else "one"
 
 
+def compact_masks(hardware) -> bool:
+    """Whether forwards carry compact masks (graft/nn.py: split_attention): transformers' forward with the
+    graft_sdpa attention over a growing cache; the CPU engine and static caches (hardware.compile) keep
+    [rows, context] masks."""
+    return hardware.attention == "graft_sdpa" and hardware.fast_path == "none" and hardware.compile == "off"
+
+
+def attention_mask_bytes(rows: int, context: int, dtype_bytes: int, compact: bool = False) -> int:
+    """The mask one forward carries as graft/tree.additive_mask builds it: a bool and an additive one in the
+    model's dtype, [rows, context], or with compact masks the tree's own [rows, rows] (a prompt chunk has
+    none). Built on the LM head's GPU, each layer's GPU gets a copy (Accelerate moves the inputs), so every
+    GPU counts it."""
+    return rows * (rows if compact else context) * (1 + dtype_bytes)
+
+
+def layer_params(shape: ModelShape) -> int:
+    """One decoder layer: attention, MLP (or experts) and its two norms."""
+    return attention_params(shape) + mlp_params(shape) + 2 * shape.hidden_size
+
+
+def output_params(shape: ModelShape) -> int:
+    """The final norm and, unless tied to the embeddings, the LM head."""
+    return shape.hidden_size + (0 if shape.tie_embeddings else shape.vocab_size * shape.hidden_size)
+
+
+def prefill_logit_rows(methods: list[dict], chunk: int) -> tuple[int, str]:
+    """Rows of logits one prefill forward keeps: a chunk's when a method reads the successors of every
+    prompt position (Token Recycling's cold_start=prefill, graft/decode.py), else the last position's."""
+    if any(m.get("cold_start") == "prefill" for m in methods):
+        return chunk, "every prompt position: method.cold_start=prefill"
+    return 1, "the last position"
+
+
+def draft_models(methods: list[dict], shape: ModelShape, dtype_bytes: int, tokens: int) -> tuple[int, int, str]:
+    """(bytes, count, where the figures came from) of the draft heads and block drafters the methods load,
+    each with its cache for `tokens` positions."""
+    total, note = 0, ""
+    head_methods = [m for m in methods if m.get("head")]  # each loads its own head (graft/methods/eagle3.py)
+    if head_methods:
+        head_shape, note = draft_head_shape(head_methods[0], shape)
+        head_kv = 2 * head_shape.num_kv_heads * head_shape.head_dim * dtype_bytes * tokens  # one layer
+        total = len(head_methods) * (head_params(head_shape) * dtype_bytes + head_kv)
+    block_methods = [m for m in methods if m.get("checkpoint")]  # each loads its own block drafter
+    for method in block_methods:
+        block_params, block_kv_per_token, block_note = block_drafter_size(method, shape)
+        total += (block_params + block_kv_per_token * tokens) * dtype_bytes
+        note = f"{note}; {block_note}" if note else block_note
+    return total, len(head_methods) + len(block_methods), note
+
+
 def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
     """What `cfg` needs on a `device_type` ("cpu" | "cuda") device, from declared sizes only."""
     model = cfg.model
     common = dict(
-        model=model.name, num_gpus=model.num_gpus, device_map=placement_map(cfg), hardware_hint=model.hardware_hint
+        model=model.name,
+        num_gpus=model.num_gpus if isinstance(model.num_gpus, int) else None,
+        device_map=placement_map(cfg),
+        placement=gpu_placement(cfg) if device_type == "cuda" else "one",
+        hardware_hint=model.hardware_hint,
     )
     shape, shape_source = model_shape(model)
     if shape is None:
@@ -337,19 +426,13 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
     methods = [m.flat() for m in cfg.compared]
     tree_nodes = max((m.get("total_tokens", 1) for m in methods), default=1)  # the baseline verifies 1
     tokens, tokens_note = planned_tokens(cfg, shape, tree_nodes)
-    prompt_tokens = tokens - tree_nodes - CACHE_SLACK
-    logits = tree_nodes * shape.vocab_size * 4  # [tree nodes, vocab] float32
-    head, head_note = 0, ""
-    head_methods = [m for m in methods if m.get("head")]  # each loads its own head (graft/methods/eagle3.py)
-    if head_methods:
-        head_shape, head_note = draft_head_shape(head_methods[0], shape)
-        head_kv = 2 * head_shape.num_kv_heads * head_shape.head_dim * dtype_bytes * tokens  # one layer
-        head = len(head_methods) * (head_params(head_shape) * dtype_bytes + head_kv)
-    block_methods = [m for m in methods if m.get("checkpoint")]  # each loads its own block drafter
-    for method in block_methods:
-        block_params, block_kv_per_token, block_note = block_drafter_size(method, shape)
-        head += (block_params + block_kv_per_token * tokens) * dtype_bytes
-        head_note = f"{head_note}; {block_note}" if head_note else block_note
+    prompt = tokens - cfg.run.max_new_tokens - tree_nodes - CACHE_SLACK
+    chunk = max(1, min(prompt, cfg.hardware.prefill_chunk or prompt))  # prompt positions per prefill forward
+    logit_rows, _ = prefill_logit_rows(methods, chunk)
+    compact = compact_masks(cfg.hardware)
+    # the first chunk runs causal, without a mask; with compact masks every chunk does
+    mask_rows = max(tree_nodes, chunk if prompt > chunk and not compact else 0)
+    draft, draft_count, draft_note = draft_models(methods, shape, dtype_bytes, tokens)
     params = shape.total_params
     return MemoryPlan(
         shape=shape,
@@ -357,18 +440,137 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
         dtype=dtype,
         params=params,
         weights=params * dtype_bytes,
+        layer_weights=layer_params(shape) * dtype_bytes,
+        embedding_weights=shape.vocab_size * shape.hidden_size * dtype_bytes,
+        output_weights=output_params(shape) * dtype_bytes,
         weight_layouts=copies * dense_linear_params(shape) * dtype_bytes,
         weight_layouts_note=layouts_note,
         kv_cache=kv_bytes_per_token(shape, dtype_bytes) * tokens,
         kv_tokens=tokens,
         kv_tokens_note=tokens_note,
-        tree=logits + prefill_activation_bytes(shape, prompt_tokens, dtype_bytes),
+        tree_logits=tree_nodes * shape.vocab_size * 4,
         tree_nodes=tree_nodes,
-        draft_head=head,
-        draft_head_note=head_note,
-        draft_heads=len(head_methods) + len(block_methods),
+        prefill_logits=logit_rows * shape.vocab_size * 4,
+        prefill_logit_rows=logit_rows,
+        activations=prefill_activation_bytes(shape, chunk, dtype_bytes),
+        prefill_rows=chunk,
+        masks=attention_mask_bytes(mask_rows, tokens, dtype_bytes, compact),
+        mask_rows=mask_rows,
+        draft_head=draft,
+        draft_head_note=draft_note,
+        draft_heads=draft_count,
         **common,
     )
+
+
+# --- where each part lives ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one GPU holds: bytes by part."""
+
+    index: int
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def breakdown(self) -> str:
+        return ", ".join(f"{name} {gb(size)}" for name, size in self.parts.items() if size)
+
+
+def layer_split(num_layers: int, gpus: int) -> list[int]:
+    """Layers per GPU as Accelerate's balanced device_map spreads them, roughly: num_layers / gpus each,
+    the first GPUs taking one more where it does not divide (the last one holds the LM head)."""
+    base, extra = divmod(num_layers, gpus)
+    return [base + (index < extra) for index in range(gpus)]
+
+
+def place(plan: MemoryPlan, gpus: int) -> list[GpuShare]:
+    """What each of `gpus` GPUs holds: its layers and their KV cache, a prefill chunk's activations and the
+    attention mask on every one, the embeddings on the first, and on the last the LM head with what works
+    on its logits (graft/backends: drafting lives on the LM head's device)."""
+    if plan.placement == "tensor_parallel":
+        return tensor_parallel_shares(plan, gpus)
+    num_layers = plan.shape.num_layers
+    last = 0 if plan.shape.tie_embeddings else gpus - 1  # a tied LM head stays with the embeddings
+    shares = []
+    for index, layers in enumerate(layer_split(num_layers, gpus)):
+        parts = {
+            f"{layers} layers": layers * plan.layer_weights,
+            "fast-path layouts": plan.weight_layouts * layers // num_layers,  # they follow their layers
+            "KV cache": layers * plan.kv_layer,
+            "prefill activations": plan.activations,
+            "attention mask": plan.masks,
+        }
+        if index == 0:
+            parts["embeddings"] = plan.embedding_weights
+        if index == last:
+            parts["LM head"] = plan.output_weights
+            parts[plan.draft_label()] = plan.draft_head
+            parts["verification logits"] = plan.tree_logits
+            parts["prefill logits"] = plan.prefill_logits
+        shares.append(GpuShare(index, parts))
+    return shares
+
+
+def tensor_parallel_shares(plan: MemoryPlan, gpus: int) -> list[GpuShare]:
+    """tp_plan="auto": every GPU holds 1/gpus of each layer's weights and KV heads, and its own copy of the
+    rest (each process runs the whole decode loop on gathered logits)."""
+    parts = {
+        "weight shard": (plan.weights + plan.weight_layouts) // gpus,
+        "KV cache shard": plan.kv_cache // gpus,
+        plan.draft_label(): plan.draft_head,
+        "working set": plan.working,
+    }
+    return [GpuShare(index, dict(parts)) for index in range(gpus)]
+
+
+def gpus_needed(plan: MemoryPlan, free_per_gpu: list[int], headroom: float = CUDA_HEADROOM) -> int | None:
+    """The smallest count k for which every one of the first k GPUs holds its share (free memory less
+    `headroom`); None when none does. More GPUs than layers would hold nothing more."""
+    for k in range(1, min(len(free_per_gpu), plan.shape.num_layers) + 1):
+        if all(share.total <= free * (1 - headroom) for share, free in zip(place(plan, k), free_per_gpu)):
+            return k
+    return None
+
+
+def gpus_needed_like(plan: MemoryPlan, gpu_bytes: int) -> int | None:
+    """gpus_needed on identical GPUs of `gpu_bytes` free each."""
+    return gpus_needed(plan, [gpu_bytes] * plan.shape.num_layers)
+
+
+def planned_gpus(cfg: ExperimentConfig, free_per_gpu: list[int]) -> tuple[int, str]:
+    """How many of these GPUs a sharded run uses, and why: model.num_gpus when it is a number, else the
+    smallest count whose per-GPU plan fits (every one of them when none does or the shape is unknown: the
+    memory check then says why)."""
+    if isinstance(cfg.model.num_gpus, int):
+        return cfg.model.num_gpus, f"model.num_gpus={cfg.model.num_gpus}"
+    plan = plan_memory(cfg, "cuda")
+    if not plan.known:
+        return len(free_per_gpu), "unknown model shape, every visible GPU"
+    needed = gpus_needed(plan, free_per_gpu)
+    if needed is None:
+        return len(free_per_gpu), f"the memory plan fits on none of the {len(free_per_gpu)} visible GPUs"
+    return needed, f"plan needs {needed}"
+
+
+def reference_gpus(cfg: ExperimentConfig, gpu_bytes: int | None = None) -> int:
+    """GPUs a job asks a scheduler for before it runs (the SLURM launcher, `${gpus_needed:}`):
+    model.num_gpus when it is a number, else the plan's count on GPUs of `gpu_bytes` (an H200 when not
+    given); 1 for an unknown shape."""
+    if isinstance(cfg.model.num_gpus, int):
+        return cfg.model.num_gpus
+    plan = plan_memory(cfg, "cuda")
+    if not plan.known:
+        return 1
+    size = gpu_bytes or REFERENCE_GPUS[0][1]
+    needed = gpus_needed_like(plan, size)
+    if needed is None:
+        raise ConfigError(f"model={plan.model} fits no count of GPUs with {gb(size)}: {needs_text(plan)}")
+    return needed
 
 
 # --- what the machine offers ---------------------------------------------------------------------------
@@ -383,8 +585,16 @@ class Capacity:
     source: str
     device: str  # "cpu" | "cuda"
     gpus_visible: int = 0
-    per_gpu: int | None = None  # free bytes of the first GPU used (sizes the GPUs a refusal asks for)
+    free_per_gpu: tuple[int, ...] = ()  # free bytes of each GPU the model will use, in order
     headroom: float = 0.0
+
+    @property
+    def per_gpu(self) -> int | None:
+        """Free bytes of the first GPU used (sizes the GPUs a refusal asks for)."""
+        return self.free_per_gpu[0] if self.free_per_gpu else None
+
+    def usable_on(self, index: int) -> int:
+        return int(self.free_per_gpu[index] * (1 - self.headroom))
 
 
 def cpu_capacity(available: int, source: str = "CPU RAM available") -> Capacity:
@@ -392,7 +602,7 @@ def cpu_capacity(available: int, source: str = "CPU RAM available") -> Capacity:
 
 
 def cuda_capacity(free_per_gpu: list[int], gpus_visible: int, headroom: float = CUDA_HEADROOM) -> Capacity:
-    """The GPUs the model will use: all visible ones when sharded (device_map), else the one device."""
+    """The GPUs the model will use, each with its free memory."""
     offered = sum(free_per_gpu)
     source = f"free CUDA memory on {len(free_per_gpu)} of {gpus_visible} visible GPU(s)"
     return Capacity(
@@ -401,7 +611,7 @@ def cuda_capacity(free_per_gpu: list[int], gpus_visible: int, headroom: float = 
         source=source,
         device="cuda",
         gpus_visible=gpus_visible,
-        per_gpu=free_per_gpu[0] if free_per_gpu else None,
+        free_per_gpu=tuple(free_per_gpu),
         headroom=headroom,
     )
 
@@ -421,11 +631,18 @@ def available_ram() -> tuple[int | None, str]:
     return int(psutil.virtual_memory().available), "CPU RAM available, psutil"
 
 
-def machine_capacity(device_type: str, placement: str = "one") -> Capacity | None:
+def cuda_free_memory() -> list[int]:
+    """Free bytes on every visible GPU (opens a CUDA context on each)."""
+    import torch
+
+    return [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+
+
+def machine_capacity(device_type: str, placement: str = "one", num_gpus: int | None = None) -> Capacity | None:
     """What this machine offers the model on `device_type`; None when it cannot tell. On CUDA `placement`
-    is "one" (one device), "sharded" (a device_map over every visible GPU) or "tensor_parallel" (one
-    process per GPU under torchrun: this process's GPU, WORLD_SIZE times). Only the GPUs this process
-    will use are asked for their free memory, which opens a CUDA context on each."""
+    is "one" (one device), "sharded" (a device_map over the first `num_gpus` GPUs, every visible one when
+    None) or "tensor_parallel" (one process per GPU under torchrun: this process's GPU, WORLD_SIZE times).
+    Only the GPUs this process will use are asked for their free memory, which opens a CUDA context on each."""
     if device_type == "cpu":
         available, source = available_ram()
         return None if available is None else cpu_capacity(available, source)
@@ -433,7 +650,8 @@ def machine_capacity(device_type: str, placement: str = "one") -> Capacity | Non
 
     visible = torch.cuda.device_count()
     if placement == "sharded":
-        return cuda_capacity([torch.cuda.mem_get_info(i)[0] for i in range(visible)], visible)
+        used = min(num_gpus or visible, visible)  # more than are visible is refused by count (check)
+        return cuda_capacity([torch.cuda.mem_get_info(i)[0] for i in range(used)], visible)
     if placement == "tensor_parallel":
         local = int(os.environ.get("LOCAL_RANK", 0))
         return cuda_capacity([torch.cuda.mem_get_info(local)[0]] * int(os.environ.get("WORLD_SIZE", 1)), visible)
@@ -443,25 +661,23 @@ def machine_capacity(device_type: str, placement: str = "one") -> Capacity | Non
 # --- the verdict ----------------------------------------------------------------------------------------
 
 
-def gpus_needed(total: int, per_gpu: int, headroom: float = CUDA_HEADROOM) -> int:
-    return max(1, math.ceil(total / (per_gpu * (1 - headroom))))
-
-
 def what_it_needs(plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None) -> str:
-    """The GPUs that would hold the run (`on_gpus`: its plan on CUDA; else this plan less the CPU fast
-    path's weight layouts), in GPUs like this machine's or the common sizes."""
-    total = on_gpus.total if on_gpus is not None else plan.total - plan.weight_layouts
+    """The GPUs that would hold the run (`on_gpus`: its plan on CUDA; else this plan), each holding its
+    share, in GPUs like this machine's or the common sizes."""
+    sized = on_gpus if on_gpus is not None else plan
     if capacity.device == "cuda" and capacity.per_gpu:
         gpus = [(f"GPUs with {gb(capacity.per_gpu)} free like this machine's", capacity.per_gpu)]
     else:
         gpus = [(f"{name} ({gb(size)})", size) for name, size in REFERENCE_GPUS]
-    counts = [gpus_needed(total, size) for _, size in gpus]
-    options = " or ".join(f"{count} {label}" for count, (label, _) in zip(counts, gpus))
-    shard = "" if plan.device_map or max(counts) == 1 else ", model.device_map=auto"
+    counts = [gpus_needed_like(sized, size) for _, size in gpus]
+    options = " or ".join(
+        f"{count} {label}" if count else f"more than {sized.shape.num_layers} {label}"
+        for count, (label, _) in zip(counts, gpus)
+    )
     hint = f"; model.hardware_hint: {plan.hardware_hint}" if plan.hardware_hint else ""
     return (
-        f"It needs about {options}, {CUDA_HEADROOM:.0%} kept as headroom "
-        f"(hardware=gpu, model.num_gpus={plan.num_gpus}{shard}){hint}."
+        f"It needs about {options}, each GPU holding its share with {CUDA_HEADROOM:.0%} kept as headroom "
+        f"(hardware=auto takes that many on such a node; model.num_gpus={plan.num_gpus or 'auto'}){hint}."
     )
 
 
@@ -478,33 +694,43 @@ ESCAPE = "run.skip_memory_check=true skips this check."
 
 
 def check(plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None) -> None:
-    """Refuse (ConfigError) a plan that needs more GPUs than are visible, or more bytes than are offered;
-    `on_gpus`, the same run planned for CUDA, sizes the GPUs a refusal on the CPU asks for."""
+    """Refuse (ConfigError) a plan that needs more GPUs than are visible, more than a GPU offers on any
+    one of them, or more bytes than the CPU offers; `on_gpus`, the same run planned for CUDA, sizes the
+    GPUs a refusal on the CPU asks for."""
     if not plan.known:
         return
-    needs = f"model={plan.model} needs about {gb(plan.total)} (GB = 1e9 bytes: {plan.breakdown()})"
-    if capacity.device == "cuda" and plan.num_gpus > capacity.gpus_visible:
-        raise ConfigError(
-            f"model={plan.model} asks for {plan.num_gpus} GPUs (model.num_gpus={plan.num_gpus}) and this machine "
-            f"shows {capacity.gpus_visible} (torch.cuda.device_count()); {needs}. {ESCAPE}"
-        )
+    if capacity.device == "cuda":
+        check_gpus(plan, capacity)
+        return
     if plan.total > capacity.usable:
         raise ConfigError(
-            f"{needs}; this machine offers {offered_text(capacity)}. {what_it_needs(plan, capacity, on_gpus)} {ESCAPE}"
+            f"{needs_text(plan)}; this machine offers {offered_text(capacity)}. "
+            f"{what_it_needs(plan, capacity, on_gpus)} {ESCAPE}"
         )
 
 
-def check_memory(cfg: ExperimentConfig) -> MemoryPlan | None:
-    """Plan `cfg`'s memory on the device it will run on and refuse it if this machine cannot hold it.
-    Reads only configs and local files: no download, no model built."""
-    if cfg.run.skip_memory_check:
-        return None
-    from graft.hardware import resolve_device
+def needs_text(plan: MemoryPlan) -> str:
+    return f"model={plan.model} needs about {gb(plan.total)} (GB = 1e9 bytes: {plan.breakdown()})"
 
-    device_type = resolve_device(cfg.hardware).type
-    plan = plan_memory(cfg, device_type)
-    if plan.known:
-        capacity = machine_capacity(device_type, gpu_placement(cfg))
-        if capacity is not None:
-            check(plan, capacity, on_gpus=plan_memory(cfg, "cuda") if device_type == "cpu" else None)
-    return plan
+
+def check_gpus(plan: MemoryPlan, capacity: Capacity) -> None:
+    """Each GPU's share (place) against that GPU's free memory less headroom; the refusal names the GPU
+    that overflows most, by how much, and what it holds."""
+    if plan.num_gpus and plan.num_gpus > capacity.gpus_visible:
+        raise ConfigError(
+            f"model={plan.model} asks for {plan.num_gpus} GPUs (model.num_gpus={plan.num_gpus}) and this machine "
+            f"shows {capacity.gpus_visible} (torch.cuda.device_count()); {needs_text(plan)}. {ESCAPE}"
+        )
+    shares = place(plan, len(capacity.free_per_gpu))
+    over = {s.index: s.total - capacity.usable_on(s.index) for s in shares if s.total > capacity.usable_on(s.index)}
+    if not over:
+        return
+    worst = shares[max(over, key=over.get)]
+    others = [f"GPU {i} by {gb(excess)}" for i, excess in over.items() if i != worst.index]
+    also = f"; also over: {', '.join(others)}" if others else ""
+    raise ConfigError(
+        f"model={plan.model} overflows GPU {worst.index} (of {len(shares)} used) by {gb(over[worst.index])}: it "
+        f"needs {gb(worst.total)} there ({worst.breakdown()}) and GPU {worst.index} offers "
+        f"{gb(capacity.usable_on(worst.index))} ({gb(capacity.free_per_gpu[worst.index])} free less "
+        f"{capacity.headroom:.0%} headroom){also}. {needs_text(plan)}. {what_it_needs(plan, capacity)} {ESCAPE}"
+    )

@@ -161,14 +161,15 @@ def placement(cfg: ModelConfig, hardware: HardwareConfig, device: torch.device) 
     if not device_map:
         return {}
     if device.type == "cuda" and device_map == "auto":
-        if torch.cuda.device_count() < cfg.num_gpus:
+        # the first model.num_gpus GPUs (graft/hardware.resolve_hardware settles "auto" from the memory plan)
+        gpus = torch.cuda.device_count() if cfg.num_gpus == "auto" else cfg.num_gpus
+        if torch.cuda.device_count() < gpus:
             raise ConfigError(
                 f"model={cfg.name} needs model.num_gpus={cfg.num_gpus} GPUs; torch sees {torch.cuda.device_count()}"
             )
         # no "cpu" entry: a model that does not fit is refused below instead of running from host memory
         budget = {
-            i: int(torch.cuda.get_device_properties(i).total_memory * hardware.gpu_memory_fraction)
-            for i in range(torch.cuda.device_count())
+            i: int(torch.cuda.get_device_properties(i).total_memory * hardware.gpu_memory_fraction) for i in range(gpus)
         }
         return {"device_map": "auto", "max_memory": budget}
     return {"device_map": device_map}
@@ -236,7 +237,9 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     target.static_trees = hardware.static_trees
     target.compile_mode = None if hardware.compile == "off" else hardware.compile
     target.compile_backend = hardware.compile_backend
-    target.sync_timing = hardware.timing == "sync" or (hardware.timing == "auto" and device.type == "cuda")
+    target.timing = {"sync": "sync", "async": "host"}.get(
+        hardware.timing, "events" if device.type == "cuda" else "host"
+    )
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)
     chat = ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)
     return LoadedModel(target=target, chat=chat, stop_ids=stop_ids, source=source)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from graft.backends import capacity_bucket, compiled_graphs
 from graft.config import ExperimentConfig
 from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
@@ -18,12 +19,13 @@ from graft.decode import Generation, SamplingConfig, float_tie, generate, tie_ul
 from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
 from graft.loggers import make_logger
-from graft.memory import check_memory
+from graft.hardware import check_memory, resolve_hardware
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
 from graft.plots import plot_comparison_pareto
 from graft.records import RunDir, completed_summary, hardware_info, peak_memory, token_hash
 from graft.registry import build_drafter
+from graft.resolve import resolve as resolve_artefacts
 
 
 class PromptTooLong(Exception):
@@ -166,6 +168,31 @@ def outcome(
     return side, lossless, side["totals"]["tokens_per_s"] / b_tps if b_tps else None
 
 
+def warm_up(model: LoadedModel, drafters: list[Drafter], prompts: list[Prompt], run_cfg, sampling) -> dict:
+    """Untimed runs of every drafter before the timed ones. Compiled (hardware.compile), once per static cache
+    bucket each drafter's sequences will reach, so that no graph is compiled inside a timed run; returns what
+    run.json records of it."""
+    target = model.target
+    first_turns = [model.chat.prompt_ids([{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    ids = first_turns[0][-target.max_context // 2 :]
+    graphs = compiled_graphs()
+    buckets = {}
+    for drafter in drafters:
+        lengths = [len(ids)]
+        if target.compile_mode is not None:  # a warm-up prompt that fills each bucket the run's prompts need
+            extra = run_cfg.max_new_tokens + drafter.max_nodes() + 8
+            needed = sorted({capacity_bucket(min(len(t) + extra, target.max_context)) for t in first_turns})
+            lengths = [b - run_cfg.warmup_tokens - drafter.max_nodes() - 8 for b in needed]
+            buckets[drafter.method.name if drafter.method else "baseline"] = needed
+        for length in lengths:
+            prompt = (ids * (length // len(ids) + 1))[:length]
+            generator = torch.Generator().manual_seed(0)
+            generate(target, drafter, prompt, run_cfg.warmup_tokens, model.stop_ids, sampling, generator)
+    if target.compile_mode is None:
+        return {}
+    return {"cache_buckets": buckets, "graphs_at_warmup": compiled_graphs() - graphs}
+
+
 def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) -> dict:
     """A single-method run (today's records: `method`, `baseline` per prompt) or a comparison
     (`methods=[...]`: every method and ONE baseline per prompt; one summary per method and a comparison
@@ -179,7 +206,10 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         return done
     if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
         load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
+    cfg, choice = resolve_hardware(cfg)  # hardware=auto: CUDA (as many GPUs as the plan needs) or the CPU
+    print(choice.line)
     check_memory(cfg)  # a model this machine cannot hold is refused here, in seconds, with the figures
+    artefacts = resolve_artefacts(cfg)  # every missing file named at once, heads fetched, before the target loads
     rundir = RunDir(run_cfg.out_dir, resolved)  # writable, and no other config's results: before loading
     model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
@@ -190,7 +220,8 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             )
         prompts = prompts[: run_cfg.num_prompts]
     hardware = hardware_info(str(model.target.device), model.target.attention)
-    hardware["timing"] = "sync" if model.target.sync_timing else "async"
+    hardware["choice"] = choice.record()  # what hardware=auto settled on, and why
+    hardware["timing"] = model.target.timing
     hardware["compile"] = model.target.compile_mode or "off"
     if model.target.kernels:
         hardware["kernels"] = model.target.kernels
@@ -206,7 +237,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         "temperature": run_cfg.temperature,
     }
     contenders = {m.name: build_drafter(m, model.target) for m in cfg.compared}
-    rundir.start({"hardware": hardware})
+    rundir.start({"hardware": hardware, "artefacts": artefacts})
     only_ar = not comparison and isinstance(contenders[cfg.method.name], Autoregressive)
     baseline = None if only_ar else Autoregressive(model.target)
 
@@ -235,12 +266,11 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     summary, figures, failed = summaries(), [], True
     logger = make_logger(cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label)
     try:
+        compile_info = {}
         if todo and run_cfg.warmup:
-            warm = todo[0][1]
-            ids = model.chat.prompt_ids([{"role": "user", "content": warm.turns[0]}])[-model.target.max_context // 2 :]
-            for d in filter(None, (baseline, *contenders.values())):
-                generator = torch.Generator().manual_seed(0)
-                generate(model.target, d, ids, run_cfg.warmup_tokens, model.stop_ids, sampling, generator)
+            drafters = [d for d in (baseline, *contenders.values()) if d is not None]
+            compile_info = warm_up(model, drafters, [p for _, p in todo], run_cfg, sampling)
+        graphs = compiled_graphs()
         bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
         for index, prompt in bar:
             record = prompt_record(model, contenders, baseline, prompt, index, run_cfg, sampling, comparison)
@@ -256,6 +286,10 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             bar.set_postfix(done=len(records))
         bar.close()
         summary["peak_memory"] = peak_memory(model.target.devices)
+        if model.target.compile_mode is not None:  # a graph compiled after the warm-up was timed: say so
+            compile_info["graphs_timed"] = compiled_graphs() - graphs
+            summary["compile"] = compile_info
+            rundir.update_run({"compile": compile_info})
         summary["complete"] = plan  # every prompt of this plan is recorded: a rerun skips the job
         rundir.write_summary(summary)
         if comparison:

@@ -21,6 +21,10 @@ def compose(overrides: list[str]) -> dict:
     """The resolved config dict that `python run.py <overrides>` would see."""
     from graft.config import compose as compose_config
 
+    # the suite tests the CPU engine wherever it runs (the default hardware=auto would take a GPU where there is
+    # one); tests of other hardware configs, and experiments (which name theirs), say so
+    if not any(o.lstrip("+").split("=")[0] in ("hardware", "experiment") for o in overrides):
+        overrides = [*overrides, "hardware=cpu"]
     return compose_config(overrides)
 
 
@@ -40,6 +44,13 @@ def load_tiny(name: str):
 @pytest.fixture
 def tiny():
     return load_tiny
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cost_profile_cache(tmp_path_factory):
+    """Profiles measured by method.cost_profile=auto (and by run.py subprocesses) land in a folder of this
+    session, never in the user's cache."""
+    os.environ["GRAFT_COST_PROFILES"] = str(tmp_path_factory.mktemp("cost_profiles"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -62,7 +62,7 @@ def test_embedded_model_end_to_end(tmp_path):
 
     proc = run_cli(f"run.out_dir={tmp_path / 'default'}", *common)  # the default run: the comparison
     default = json.loads((tmp_path / "default" / "summary.json").read_text())
-    compared = ["pld", "eagle3", "pruned", "graft"]
+    compared = ["pld", "eagle3", "pruned", "graft", "graft_auto"]
     assert list(default["rows"]) == ["ar", *compared]
     assert all(default["rows"][m]["lossless"] for m in compared)
     assert default["rows"]["pld"]["tau"] == pld["tau"]  # the same tokens as pld's own run

@@ -1,5 +1,6 @@
 """The memory plan (graft/memory.py): parameter counts against published figures, byte plans against hand
-computations, the refusal's figures, and `python run.py model=qwen3_235b` refused in seconds on a CPU."""
+computations, each part placed on the GPU where it lives, the refusal's figures, and `python run.py
+model=qwen3_235b` refused in seconds on a CPU."""
 
 import json
 import os
@@ -16,14 +17,19 @@ from graft.config import ConfigError, HardwareConfig, validate
 from graft.cpu.layout import narrow_panels_expected
 from graft.shapes import check_declared_shape
 from graft.cpu.products import onednn_packs
+from graft.hardware import check_memory
 from graft.memory import (
     ModelShape,
+    attention_mask_bytes,
     available_ram,
     check,
-    check_memory,
     count_parameters,
     cpu_capacity,
     cuda_capacity,
+    gpus_needed,
+    gpus_needed_like,
+    layer_split,
+    place,
     plan_memory,
     random_model_config,
 )
@@ -107,12 +113,15 @@ def test_llama31_8b_plan_by_hand():
     # three norms, final norm, lm_head over 32,000 draft tokens; its one layer's KV cache
     head = 3 * 4096 * 4096 + 8192 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 14336 + 3 * 4096 + 4096 + 4096 * 32000
     assert plan.draft_head == head * 2 + 2 * 8 * 128 * 2 * tokens
-    logits = 60 * 128256 * 4  # [tree nodes, vocab] float32
-    activations = (8192 + 64) * (2 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2
-    assert plan.tree == logits + activations
+    assert plan.tree_logits == 60 * 128256 * 4  # [tree nodes, vocab] float32
+    assert plan.prefill_logits == 1 * 128256 * 4  # graft's cold start reads the last position only
+    # one layer's working set over a 4,096-token chunk (hardware.prefill_chunk) of the 8,192-token prompt
+    assert plan.activations == 4096 * (2 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2
+    assert plan.masks == 4096 * tokens * (1 + 2)  # a later chunk's mask: bool + additive bf16, [chunk, context]
     assert plan.weight_layouts == 0  # cpu_plain: transformers' own forward, no extra layouts
-    assert plan.total == plan.weights + plan.kv_cache + plan.draft_head + plan.tree
-    assert round(plan.total / 1e9, 1) == 19.1
+    parts = plan.weights + plan.kv_cache + plan.draft_head + plan.tree_logits + plan.prefill_logits
+    assert plan.total == parts + plan.activations + plan.masks
+    assert round(plan.total / 1e9, 1) == 18.7
 
 
 def test_qwen3_235b_plan_by_hand():
@@ -122,9 +131,9 @@ def test_qwen3_235b_plan_by_hand():
     assert plan.kv_cache == 2 * 94 * 4 * 128 * 2 * tokens
     head = 3 * 4096 * 4096 + 8192 * (64 + 8) * 64 + 4096 * 4096 + 3 * 4096 * 12288 + 3 * 4096 + 4096 + 4096 * 32000
     assert plan.draft_head == head * 2 + 2 * 4 * 64 * 2 * tokens
-    activations = (8192 + 64) * (2 * 4096 + 2 * 8192 + 2 * 512 + 3 * 8 * 1536) * 2
-    assert plan.tree == 60 * 151936 * 4 + activations
-    assert round(plan.total / 1e9, 1) == 473.6
+    activations = 4096 * (2 * 4096 + 2 * 8192 + 2 * 512 + 3 * 8 * 1536) * 2  # 8 of 128 experts per token
+    assert plan.activations == activations and plan.tree_logits == 60 * 151936 * 4
+    assert round(plan.total / 1e9, 1) == 473.2
 
 
 def test_the_cpu_fast_path_counts_its_weight_layouts():
@@ -199,20 +208,85 @@ def test_a_refusal_names_what_is_needed_and_offered():
     with pytest.raises(ConfigError) as refused:
         check(plan, cpu_capacity(24 * 10**9))
     message = str(refused.value)
-    assert "model=qwen3_235b needs about 473.6 GB" in message and "GB = 1e9 bytes" in message
+    assert "model=qwen3_235b needs about 473.2 GB" in message and "GB = 1e9 bytes" in message
     assert "weights 470.2 GB" in message and "KV cache 1.6 GB for 8,324 tokens" in message
     assert "this machine offers 24.0 GB (CPU RAM available)" in message
-    assert "4 H200 (150.1 GB) or 7 H100/A100 80GB (85.0 GB)" in message and "model.num_gpus=4" in message
+    assert "4 H200 (150.1 GB) or 7 H100/A100 80GB (85.0 GB)" in message and "model.num_gpus=auto" in message
     assert "run.skip_memory_check=true" in message and "\n" not in message  # run.py prints one line
 
 
 def test_too_few_gpus_and_too_little_gpu_memory_are_refused():
-    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu"), "cuda")
+    pinned = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "model.num_gpus=4"), "cuda")
     with pytest.raises(ConfigError, match=r"asks for 4 GPUs .* this machine shows 1 "):
-        check(plan, cuda_capacity([141 * 10**9], gpus_visible=1))
-    with pytest.raises(ConfigError, match=r"10% as headroom.*It needs about 4 GPUs with 141.0 GB free"):
+        check(pinned, cuda_capacity([141 * 10**9], gpus_visible=1))
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    with pytest.raises(ConfigError) as refused:  # 94 layers over 3 GPUs: 32, 31, 31 of 4.98 GB each
         check(plan, cuda_capacity([141 * 10**9] * 3, gpus_visible=4))
-    check(plan, cuda_capacity([141 * 10**9] * 4, gpus_visible=4))  # 4 x 126.9 GB usable hold it
+    message = str(refused.value)
+    assert message.startswith("model=qwen3_235b overflows GPU 0 (of 3 used) by 34.6 GB: it needs 161.5 GB there")
+    assert "32 layers 159.2 GB" in message and "GPU 0 offers 126.9 GB (141.0 GB free less 10% headroom)" in message
+    assert "also over: GPU 1 by 28.4 GB, GPU 2 by 30.4 GB" in message
+    assert "It needs about 4 GPUs with 141.0 GB free like this machine's" in message and "\n" not in message
+    check(plan, cuda_capacity([141 * 10**9] * 4, gpus_visible=4))  # 24, 24, 23, 23 layers: 121.7 GB at most
+
+
+def test_the_layers_split_as_accelerate_balances_them():
+    assert layer_split(94, 4) == [24, 24, 23, 23] and layer_split(32, 1) == [32] and layer_split(80, 2) == [40, 40]
+    assert layer_split(32, 3) == [11, 11, 10]
+
+
+def test_each_part_lives_on_its_gpu():
+    """Layers and their cache split over the GPUs, the embeddings on the first, the LM head, draft models and
+    logits on the last, a prefill chunk's activations and the attention mask on each; nothing lost."""
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    first, middle, _, last = place(plan, 4)
+    layer = 2 * (2 * 4096 * 8192 + 2 * 4096 * 512 + 2 * 128 + 128 * 3 * 4096 * 1536 + 4096 * 128 + 2 * 4096)
+    assert first.parts["24 layers"] == 24 * layer and last.parts["23 layers"] == 23 * layer
+    assert first.parts["KV cache"] == 24 * 2 * 4 * 128 * 2 * 8324  # its layers' keys and values, bf16
+    assert first.parts["embeddings"] == 151936 * 4096 * 2 and "embeddings" not in last.parts
+    assert last.parts["LM head"] == (4096 + 151936 * 4096) * 2 and "LM head" not in middle.parts
+    assert last.parts["draft model"] == plan.draft_head and last.parts["verification logits"] == 60 * 151936 * 4
+    for share in (first, middle, last):
+        assert share.parts["prefill activations"] == plan.activations and share.parts["attention mask"] == plan.masks
+    assert sum(share.total for share in place(plan, 4)) == plan.total + 3 * (plan.activations + plan.masks)
+    (one,) = place(plan, 1)
+    assert one.total == plan.total  # one GPU holds the whole plan
+
+
+def test_the_mask_and_the_prefill_logits():
+    assert attention_mask_bytes(rows=60, context=1000, dtype_bytes=2) == 60 * 1000 * 3  # bool and bf16 additive
+    plan = plan_memory(config("model=llama31_8b", "method=graft", "dataset=mt_bench", "hardware=gpu"), "cuda")
+    paper = plan_memory(
+        config("model=llama31_8b", "method=graft", "method.cold_start=prefill", "dataset=mt_bench", "hardware=gpu"),
+        "cuda",
+    )
+    assert plan.prefill_logit_rows == 1 and plan.prefill_logits == 128256 * 4
+    assert paper.prefill_logit_rows == 4096 and paper.prefill_logits == 4096 * 128256 * 4  # top-k at every position
+    short = plan_memory(config("model=llama31_8b", "method=graft", "hardware=gpu"), "cuda")  # 1,014-token prompts
+    assert short.prefill_rows == 1014 and short.mask_rows == 60  # one chunk, causal without a mask: the tree's
+
+
+def test_the_gpu_count_is_the_smallest_whose_every_gpu_fits():
+    qwen = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    assert gpus_needed_like(qwen, 141 * 10**9) == 4 and gpus_needed_like(qwen, 80 * 10**9) == 7
+    assert gpus_needed(qwen, [141 * 10**9] * 3) is None  # three are not enough
+    llama = plan_memory(config("model=llama31_8b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    assert gpus_needed(llama, [80 * 10**9]) == 1
+    check(llama, cuda_capacity([80 * 10**9], gpus_visible=1))
+
+
+def test_the_total_fits_but_the_last_gpu_overflows():
+    """Llama-3.1-8B with three EAGLE-3 heads on two GPUs of 12 GB free (10.8 GB usable each): 20.3 GB in all
+    fits 21.6 GB, but the second GPU holds 16 layers, the LM head and the three heads: 11.8 GB (masks: the [60, 60] tree block only)."""
+    cfg = config("model=llama31_8b", "methods=[eagle3,pruned,graft]", "hardware=gpu_multi", "dataset=mt_bench")
+    plan = plan_memory(cfg, "cuda")
+    capacity = cuda_capacity([12 * 10**9] * 2, gpus_visible=2)
+    assert plan.total <= capacity.usable
+    first, last = place(plan, 2)
+    assert first.total <= capacity.usable_on(0) == capacity.usable_on(1) < last.total
+    with pytest.raises(ConfigError, match=r"overflows GPU 1 \(of 2 used\) by 1\.0 GB: it needs 11\.8 GB there"):
+        check(plan, capacity)
+    assert gpus_needed(plan, [12 * 10**9] * 3) == 3  # a third GPU takes layers off the last
 
 
 def test_cuda_capacity_counts_the_gpus_the_model_will_use(monkeypatch):
@@ -228,8 +302,10 @@ def test_cuda_capacity_counts_the_gpus_the_model_will_use(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     one, sharded, parallel = (machine_capacity("cuda", p) for p in ("one", "sharded", "tensor_parallel"))
     assert (one.offered, sharded.offered, parallel.offered) == (100 * 10**9, 200 * 10**9, 400 * 10**9)
-    assert sharded.usable == 180 * 10**9 and sharded.gpus_visible == 2
+    assert sharded.usable == 180 * 10**9 and sharded.gpus_visible == 2 and sharded.usable_on(1) == 90 * 10**9
     assert asked == [0, 0, 1, 1]  # tensor parallel: only this process's GPU
+    first = machine_capacity("cuda", "sharded", num_gpus=1)  # model.num_gpus=1: the first GPU only
+    assert first.free_per_gpu == (100 * 10**9,) and first.gpus_visible == 2
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "smollm2_135m"])

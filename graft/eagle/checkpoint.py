@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from graft.eagle.head import DraftHead, HeadConfig
-from graft.hub import looks_local
+from graft.hub import Unavailable, checkpoint_dir, looks_local
 
 DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers recomputed from the config
 # A head as wide as its target reads the target's own token embeddings: EAGLE and SpecForge freeze the copy a
@@ -32,26 +32,15 @@ class HeadLoadError(ValueError):
     pass
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def _local_dir(source: str) -> Path:
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if not path.is_absolute() and (REPO / path).is_dir():  # heads shipped in the repository
-        return REPO / path
-    if looks_local(source):
-        raise HeadLoadError(f"draft head {source}: no such directory")
+    """A head's or drafter's directory: local, cached, or fetched (graft.resolve fetched it before the target)."""
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
-    except Exception as err:  # the Hub client raises many types; one sentence is what helps
-        raise HeadLoadError(
-            f"could not fetch the draft head '{source}' from the Hugging Face Hub ({type(err).__name__}); "
-            "without Hub access, download it elsewhere and pass method.head=/local/dir"
-        ) from None
+        return checkpoint_dir(source)
+    except Unavailable as err:
+        hint = (
+            "" if looks_local(source) else "; without Hub access, download it elsewhere and pass method.head=/local/dir"
+        )
+        raise HeadLoadError(f"draft head {source}: {err}{hint}") from None
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
