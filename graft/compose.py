@@ -32,6 +32,7 @@ from torch import Tensor
 from graft.backends import TargetBackend
 from graft.drafter import Deferred, Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
 from graft.grafting import Grafted
+from graft.ops import upload
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource
@@ -59,7 +60,7 @@ class Retrieved:
     @staticmethod
     def chain_of(anchor_token: int, continuation: list[int], device) -> "Retrieved":
         """anchor -> continuation[0] -> continuation[1] -> ... (tokens the text itself supplied)."""
-        tokens = torch.tensor([anchor_token, *continuation], dtype=torch.long, device=device)
+        tokens = upload([anchor_token, *continuation], device)
         return Retrieved(tokens, torch.arange(-1, len(continuation), device=device), chain=True)
 
 
@@ -106,6 +107,9 @@ class Split:
 
     def level_cap(self) -> Tensor | None:
         return None
+
+    def prepare(self, target: TargetBackend, total_tokens: int) -> None:
+        """Once the drafter is built on `target`: a split that reads the target's costs gets them here."""
 
     def start(self) -> None:
         pass
@@ -188,6 +192,9 @@ class Trim(ABC):
     """Cuts the united tree before it is verified: start() when the step's drafting begins, cut(tree, state)
     -> an ancestor-closed subset of its nodes (root first, the order kept), observe(step) after the
     verification of what it kept. A trim reads the tree on the host (no fixed-size trees)."""
+
+    def prepare(self, target: TargetBackend, total_tokens: int) -> None:
+        """Once the drafter is built on `target`: a trim that reads the target's costs gets them here."""
 
     def start(self) -> None:
         pass
@@ -314,6 +321,9 @@ class ComposedDrafter(Drafter):
         )
         if self.split is not None:
             self.split.static = self.static
+        # budget=auto measures (or loads) the target's costs: last, so a refused config costs no measuring
+        for costed in filter(None, (self.split, self.trim)):
+            costed.prepare(target, p.total_tokens)
 
     def max_nodes(self) -> int:
         return self.params.total_tokens

@@ -26,11 +26,17 @@ def _profile(**changes) -> CostProfile:
     return CostProfile(**{**fields, **changes})
 
 
-def test_interpolation_is_linear_inside_and_clamped_outside():
+def test_interpolation_is_linear_inside_held_below_and_extrapolated_beyond():
     assert interpolate(4, [1, 8], [30.0, 44.0]) == pytest.approx(36.0)
     assert interpolate(0, [1, 8], [30.0, 44.0]) == 30.0
-    assert interpolate(200, [1, 8], [30.0, 44.0]) == 44.0
     assert interpolate(16, [1, 8, 16, 32], [1.0, 2.0, 4.0, 8.0]) == 4.0
+    # beyond the last point the measured slope goes on (2 ms a node here): a larger tree is never free
+    assert interpolate(200, [1, 8], [30.0, 44.0]) == pytest.approx(428.0)
+    assert interpolate(48, [1, 8, 16, 32], [1.0, 2.0, 4.0, 8.0]) == pytest.approx(12.0)
+    # a noisy last segment (43 after 44) cannot flatten it: the whole range's slope, 13 / 15 ms a node, is steeper
+    assert interpolate(31, [1, 8, 16], [30.0, 44.0, 43.0]) == pytest.approx(56.0)
+    assert interpolate(9, [1, 8], [30.0, 29.0]) == 29.0  # a falling measurement is held, never extrapolated down
+    assert interpolate(9, [8], [29.0]) == 29.0  # one point: no slope to go on
 
 
 def test_verify_ms_interpolates_in_nodes_then_in_context():
@@ -41,15 +47,40 @@ def test_verify_ms_interpolates_in_nodes_then_in_context():
     assert profile.verify_ms(8, 640) == pytest.approx(55.0)  # halfway from 256 to 1024
     assert profile.verify_ms(4.5, 640) == pytest.approx(45.0)  # (37.5 at 256 + 52.5 at 1024) / 2
     assert profile.verify_ms(8, 64) == 45.0  # below the table: its first context
-    assert profile.verify_ms(128, 8192) == 65.0  # beyond both edges
+    # beyond the table, each measured slope goes on: 15 / 7 ms a node at 256, 25 / 7 at 1024: 60 and 90 ms at
+    # 15 nodes, then 30 ms per 768 positions
+    assert profile.verify_ms(15, 256) == pytest.approx(60.0)
+    assert profile.verify_ms(15, 1024) == pytest.approx(90.0)
+    assert profile.verify_ms(15, 1792) == pytest.approx(120.0)
+    assert profile.verify_ms(8, 1792) == pytest.approx(85.0)  # 20 ms per 768 positions at 8 nodes
 
 
 def test_a_profile_survives_its_json(tmp_path):
-    profile = _profile()
+    profile = _profile(model_hash="abc", dtype="torch.float32", engine="HFBackend, compile off")
     profile.save(tmp_path / "p.json")
     assert CostProfile.load(tmp_path / "p.json") == profile
     with pytest.raises(ValueError):
         _profile(verify_table_ms=[[30.0, 45.0]])
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ('{"device": "cpu", "model": "m", "nodes": [1, 8], "contexts": [25', "Expecting"),  # torn
+        ("not json at all", "Expecting value"),
+        ('{"device": "cpu", "model": "m", "nodes": [1, 8], "contexts": [256]}', "verify_table_ms"),  # incomplete
+        ('{"device": "cpu", "model": "m", "contexts": [256]}', "no field 'nodes'"),
+    ],
+)
+def test_a_file_that_is_not_a_profile_is_a_one_line_config_error_naming_it(tmp_path, text, reason):
+    from graft.schema import ConfigError
+
+    path = tmp_path / "torn.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        CostProfile.load(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path} is not a cost profile") and reason in message
 
 
 def test_project_matches_a_hand_computed_case():
@@ -95,7 +126,7 @@ def test_a_job_anchor_scales_the_profile_by_its_own_baseline():
 
 
 def test_the_baseline_pays_each_tokens_own_context():
-    # verify(1) is 30 ms at context 256 and 40 ms at 1024: 35 ms at 640, 40 ms at 1024 and beyond
+    # verify(1) is 30 ms at context 256 and 40 ms at 1024: 35 ms at 640, 40 ms at 1024
     assert project([Step(1, 8, 640, 0.0)], _profile())["baseline_ms_per_token"] == pytest.approx(35.0 + 1.0)
     # a step committing 2 tokens at context 1023 stands for AR steps at 1023 and 1024
     expected = (_profile().verify_ms(1, 1023) + 40.0) / 2 + 1.0

@@ -33,19 +33,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from graft.schema import ConfigError
+
 NODE_COUNTS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 AR = "ar"  # the baseline's name in records and in a profile's draft costs
 
 
 def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Piecewise-linear y(x) through the points (xs ascending), held constant beyond the first and last:
-    a profile says nothing outside what it measured, and extrapolating a noisy slope is worse."""
+    """Piecewise-linear y(x) through the points (xs ascending), held at the first below them and extrapolated
+    beyond the last with the measured slope: a larger tree or context than measured is never free. The slope
+    is the last segment's or the whole range's, whichever is steeper (one noisy last segment cannot flatten
+    it), and never negative."""
     if len(xs) != len(ys) or not xs:
         raise ValueError(f"need as many ys as xs, at least one; got {len(xs)} and {len(ys)}")
     if x <= xs[0]:
         return float(ys[0])
     if x >= xs[-1]:
-        return float(ys[-1])
+        if len(xs) == 1:
+            return float(ys[0])
+        last = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        whole = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+        return float(ys[-1] + max(last, whole, 0.0) * (x - xs[-1]))
     right = bisect.bisect_right(xs, x)
     x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
     return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
@@ -55,7 +63,7 @@ def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
 class CostProfile:
     """One device's costs for one target. Tables are row = context, column = node count."""
 
-    device: str  # e.g. "cpu: AMD EPYC (2 threads)" or "cuda: NVIDIA H200"
+    device: str  # the machine, e.g. "cpu: AMD EPYC 7B13 (2 threads, AVX2)" or "cuda: NVIDIA H200 x1"
     model: str
     nodes: list[int]  # ascending tree sizes, root included
     contexts: list[int]  # ascending committed-context lengths (cache positions before the tree)
@@ -66,6 +74,11 @@ class CostProfile:
     commit_move_ms: float = 0.0
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # {method or "ar": mean draft ms per step}
     meta: dict = field(default_factory=dict)  # how it was measured (repeats, fast path, date, versions)
+    # what else the costs depend on (graft/costmodel/measure.py `identity`): a profile is the target's only where
+    # these match; profiles written before they were recorded leave them empty
+    model_hash: str = ""  # a hash of the model's shape (layers, widths, vocabulary, experts)
+    dtype: str = ""
+    engine: str = ""  # the backend and its forward: products, native loop, attention, compile
 
     def __post_init__(self):
         if sorted(self.nodes) != list(self.nodes) or sorted(self.contexts) != list(self.contexts):
@@ -79,7 +92,7 @@ class CostProfile:
 
     def verify_ms(self, nodes: float, context: float) -> float:
         """Verify forward ms for a tree of `nodes` on `context` cached positions: linear in nodes within
-        each measured context, then linear across contexts, clamped at the table's edges."""
+        each measured context, then linear across contexts; beyond the table, extrapolated (`interpolate`)."""
         per_context = [interpolate(nodes, self.nodes, row) for row in self.verify_table_ms]
         return interpolate(context, self.contexts, per_context)
 
@@ -123,7 +136,14 @@ class CostProfile:
 
     @classmethod
     def load(cls, path: Path) -> "CostProfile":
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The profile in `path`; a file that is not one (torn, not JSON, a field missing) is a one-line error."""
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except (ValueError, KeyError, TypeError) as err:
+            reason = f"no field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
+            raise ConfigError(
+                f"{path} is not a cost profile ({reason}); measure one: python -m graft.costmodel profile"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ drafters' step cost.
   2+ tokens also moves its path down in the cache (every layer's keys and values gathered), timed directly.
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
+
+The measurements live in measure.py (shared with method.cost_profile=auto); the profile names the model, its
+shape hash, dtype, machine and engine it was measured on, which an auto-budget method checks against its target.
 """
 
 from __future__ import annotations
@@ -33,144 +36,10 @@ from pathlib import Path
 import torch
 
 from graft.costmodel import AR, NODE_COUNTS, CostProfile
-from graft.drafter import Drafter, Proposal, SequenceState
-from graft.tree import DraftTree, NodeSource, topology
+from graft.costmodel.measure import identity, measure_commit_move, measure_overhead, measure_verify
 
 CPU_CONTEXTS = (64, 256, 1024, 4096)
 GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
-
-
-def filler_tokens(count: int, vocab: int, seed: int) -> list[int]:
-    """Deterministic, unremarkable token ids (no model-specific meaning)."""
-    return [(seed + 7919 * i) % vocab for i in range(count)]
-
-
-def chain_tree(root: int, nodes: int, vocab: int, device) -> DraftTree:
-    """A k-node chain: the same forward cost as any k-node tree (every node is one query row; the mask
-    does not change the amount of work)."""
-    if nodes == 1:
-        return DraftTree.root_only(root, device)
-    return DraftTree.chain(root, filler_tokens(nodes - 1, vocab, seed=11), NodeSource.DRAFT, device=device)
-
-
-def elapsed_ms(fn, device: torch.device) -> float:
-    """Milliseconds `fn()` takes: CUDA events on a GPU (the device's time, synchronised), else perf_counter."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    start = time.perf_counter()
-    fn()
-    return 1e3 * (time.perf_counter() - start)
-
-
-class ContextCache:
-    """One prefilled cache of `length` filler tokens on `target`; verify(k) forwards a k-node tree on top of
-    it and rolls the cache back, so every call sees the same context."""
-
-    def __init__(self, target, length: int, max_nodes: int):
-        self.target, self.length = target, length
-        target.reset(length + max_nodes + 8)
-        target.prefill(filler_tokens(length, target.vocab_size, seed=101))
-        self.cache = target.cache
-        self.committed = target.cache_len
-
-    @torch.inference_mode()
-    def verify_ms(self, nodes: int) -> float:
-        target = self.target
-        target.cache = self.cache  # the caches of all contexts share one target
-        tree = chain_tree(17, nodes, target.vocab_size, target.device)
-        topo = topology(tree.parents, self.committed)  # the loop's overhead, not the forward's: outside
-        ms = elapsed_ms(lambda: target.verify(tree, topo), target.device)
-        self.cache.keep(self.committed, None, 0)
-        return ms
-
-
-def measure_verify(target, nodes: list[int], contexts: list[int], repeats: int, warmup: int) -> list[list[float]]:
-    """[len(contexts)][len(nodes)] median verify ms, measured round-robin."""
-    caches = [ContextCache(target, c, max(nodes)) for c in contexts]
-    samples = [[[] for _ in nodes] for _ in contexts]
-    for round_ in range(warmup + repeats):
-        flip = round_ % 2 == 1  # alternate the order, so no size always follows the same neighbour
-        for ci in reversed(range(len(contexts))) if flip else range(len(contexts)):
-            for ni in reversed(range(len(nodes))) if flip else range(len(nodes)):
-                ms = caches[ci].verify_ms(nodes[ni])
-                if round_ >= warmup:
-                    samples[ci][ni].append(ms)
-    return [[statistics.median(cell) for cell in row] for row in samples]
-
-
-class FixedChainDrafter(Drafter):
-    """Proposes the same k-node chain of filler tokens every step (mostly rejected: 1 token a step)."""
-
-    def __init__(self, target, nodes: int):
-        super().__init__(target)
-        self.nodes = nodes
-
-    def max_nodes(self) -> int:
-        return self.nodes
-
-    def propose(self, state: SequenceState) -> Proposal:
-        return Proposal(chain_tree(state.root, self.nodes, self.target.vocab_size, self.target.device))
-
-
-def loop_run(target, drafter, prompt: list[int], steps: int, baseline: bool):
-    """The decode loop for `steps` steps of `drafter` (no stop token): its per-step draft / verify / other.
-    The baseline runs as runs run it: recording the top-2 logit gaps of its tokens for the lossless check
-    (graft/runner.py), a cost in its `other` that the measured speedup_decode includes."""
-    from graft.decode import generate
-
-    return generate(target, drafter, prompt, max_new_tokens=steps + 1, stop_ids=set(), record_gaps=baseline)
-
-
-def measure_overhead(target, nodes: list[int], context: int, steps: int, verify_at) -> tuple[list[float], float]:
-    """(overhead ms per node count, the baseline's draft ms per step) from the decode loop at `context`."""
-    from baselines.autoregressive import Autoregressive
-
-    prompt = filler_tokens(context, target.vocab_size, seed=101)
-    drafters = {k: Autoregressive(target) if k == 1 else FixedChainDrafter(target, k) for k in nodes}
-    for k, drafter in drafters.items():  # warm-up, untimed
-        loop_run(target, drafter, prompt, 3, baseline=k == 1)
-    overhead, ar_draft = [], 0.0
-    for k, drafter in drafters.items():
-        gen = loop_run(target, drafter, prompt, steps, baseline=k == 1)
-        if target.device.type == "cuda" and not getattr(target, "sync_timing", False):
-            # with hardware.timing=async the host's split is not the device's: the step's non-draft time
-            # minus the event-timed forward at the same context
-            non_draft = [1e3 * (v + o) for v, o in zip(gen.verify_s, gen.other_s)]
-            overhead.append(max(0.0, statistics.median(non_draft) - verify_at(k, context + steps // 2)))
-        else:
-            overhead.append(1e3 * statistics.median(gen.other_s))
-        if k == 1:
-            ar_draft = 1e3 * statistics.fmean(gen.draft_s)
-    return overhead, ar_draft
-
-
-@torch.inference_mode()
-def measure_commit_move(target, repeats: int) -> float:
-    """Extra ms of a commit whose accepted path must be moved down in the cache (a tree's path off its first
-    nodes: every layer's keys and values gathered) over one that keeps only the root, median of repeats."""
-    cache = ContextCache(target, 256, 32)
-    tree = chain_tree(17, 32, target.vocab_size, target.device)
-    target.cache = cache.cache
-    target.verify(tree, topology(tree.parents, cache.committed))  # 32 rows to move from
-    path = [0, 3, 9, 20]  # root, then three nodes off their place
-    path_index = torch.tensor(path, device=target.device)
-
-    def commit_ms(keep: list[int], index) -> float:
-        for layer in cache.cache.layers:  # the tree's rows back in place, as after a verify
-            layer.length = cache.committed + 32
-        return elapsed_ms(lambda: target.commit(cache.committed, keep, index), target.device)
-
-    moved, in_place = [], []
-    for _ in range(repeats + 2):
-        moved.append(commit_ms(path, path_index))
-        in_place.append(commit_ms([0], None))
-    return max(0.0, statistics.median(moved[2:]) - statistics.median(in_place[2:]))
 
 
 def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float]:
@@ -190,15 +59,6 @@ def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float
         costs[method.name] = 1e3 * statistics.fmean(gen.draft_s)
         print(f"  draft {method.name}: {costs[method.name]:.2f} ms/step over {gen.steps} steps")
     return costs
-
-
-def device_label(target, fast_path: str) -> str:
-    from graft.records import hardware_info
-
-    info = hardware_info(str(target.device))
-    if target.device.type == "cuda":
-        return f"cuda: {info.get('gpu')}"
-    return f"cpu: {info['cpu']} ({torch.get_num_threads()} threads, fast path {fast_path})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,8 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         drafts.update(measure_drafts(model, cfg, args.methods.split(","), args.draft_tokens))
 
     profile = CostProfile(
-        device=device_label(target, cfg.hardware.fast_path),
-        model=cfg.model.name,
+        **identity(target),
         nodes=nodes,
         contexts=contexts,
         verify_table_ms=verify,

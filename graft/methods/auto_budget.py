@@ -4,10 +4,15 @@ draft's own confidence, instead of a fixed total_tokens.
 After the draft is expanded, keeping the best N - 1 candidates (root included: N nodes) is expected to
 commit E(N) = 1 + (sum of the N - 1 largest path probabilities exp(score)) tokens, the head's own estimate
 of each node's chance to lie on the accepted path, plus the bonus token. The step then costs
-draft + verify(N, context) + overhead(N) milliseconds, from the profile (python -m graft.costmodel profile) at
-`method.auto_context` cached positions (the draft's own time is measured as it runs), and the split keeps the N that maximises E(N) / cost(N), up to total_tokens. Where a node
-costs almost nothing (a GPU) that is the whole budget; where it costs compute (a 2-core CPU) it is a small
-tree on uncertain steps and a larger one when the head is confident.
+draft + verify(N, context) + overhead(N) milliseconds, from the cost profile at `method.auto_context` cached
+positions (the draft's own time is measured as it runs), and the split keeps the N that maximises E(N) / cost(N),
+up to total_tokens. Where a node costs almost nothing (a GPU) that is the whole budget; where it costs compute
+(a 2-core CPU) it is a small tree on uncertain steps and a larger one when the head is confident.
+
+The profile (`method.cost_profile`): `auto` (the default) measures the loaded target where it runs when the
+drafter is built, or loads that measurement from the cache (graft/costmodel/measure.py); a path reads a
+profile file (python -m graft.costmodel profile), refused when it was measured on another model, dtype,
+machine or engine (`method.cost_profile_mismatch=warn` uses it anyway).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -24,22 +30,45 @@ from graft.drafter import SequenceState, StepFeedback
 from graft.tree import DraftTree, NodeSource
 from graft.config import from_cwd_or_repo
 from graft.costmodel import CostProfile
+from graft.costmodel.measure import calibrated_profile, identity
 from graft.registry import register
 from graft.schema import ConfigError
 
 
-def load_profile(cost_profile: str | None, what: str) -> CostProfile:
-    if not cost_profile:
-        raise ConfigError(f"{what} needs method.cost_profile=<a cost profile JSON (python -m graft.costmodel profile)>")
-    path = from_cwd_or_repo(cost_profile)  # profiles committed under results/ resolve anywhere
+@dataclass
+class CostParams:
+    cost_profile: str = "auto"  # auto: measured here at start-up (cached); or a CostProfile JSON of this target
+    cost_profile_mismatch: Literal["error", "warn"] = "error"  # a profile file measured for another target
+
+
+def resolve_profile(params: CostParams, target, total_tokens: int) -> CostProfile:
+    """The cost profile `params` name for `target`: measured (or cached) with `auto`, else read from the file
+    and checked to be this target's (model, shape, dtype, machine, engine)."""
+    if params.cost_profile == "auto":
+        return calibrated_profile(target, total_tokens)
+    path = from_cwd_or_repo(params.cost_profile)  # profiles committed under results/ resolve anywhere
     if not path.is_file():
-        raise ConfigError(f"method.cost_profile={cost_profile}: no such file")
-    return CostProfile.load(path)
+        raise ConfigError(f"method.cost_profile={params.cost_profile}: no such file (auto measures this machine's)")
+    profile = CostProfile.load(path)
+    here = identity(target)
+    differ = [
+        f"{key} {getattr(profile, key) or '?'!r} (here {value!r})"
+        for key, value in here.items()
+        if getattr(profile, key) != value
+    ]
+    if differ:
+        message = (
+            f"method.cost_profile={params.cost_profile} was measured for another target: {'; '.join(differ)}; "
+            "method.cost_profile=auto measures this one (method.cost_profile_mismatch=warn uses it anyway)"
+        )
+        if params.cost_profile_mismatch == "error":
+            raise ConfigError(message)
+        print(f"warning: {message}")
+    return profile
 
 
 @dataclass
-class AutoParams:
-    cost_profile: str | None = None  # a CostProfile JSON of this device and target (python -m graft.costmodel profile)
+class AutoParams(CostParams):
     auto_context: int = 512  # the context length whose verify costs the choice reads (cache positions)
 
 
@@ -70,11 +99,15 @@ def step_costs_ms(profile: CostProfile, nodes: int, context: int) -> list[float]
 )
 class AutoSplit(Split):
     def __init__(self, params: AutoParams):
-        self.profile = load_profile(params.cost_profile, "split auto")
+        self.params = params
+        self.profile: CostProfile | None = None  # prepare() resolves it for the target
         self.context = params.auto_context
         self.draft_ms = 0.0  # running mean of this drafter's own draft time per step
         self.steps = 0
         self._costs: dict[int, list[float]] = {}
+
+    def prepare(self, target, total_tokens: int) -> None:
+        self.profile = resolve_profile(self.params, target, total_tokens)
 
     def start(self) -> None:
         self.started = time.perf_counter()
@@ -108,8 +141,7 @@ DRAFT_PRIOR = 4.0  # pseudo-trials at the head's own probability before a bin's 
 
 
 @dataclass
-class TrimParams:
-    cost_profile: str | None = None  # a CostProfile JSON of this device and target (python -m graft.costmodel profile)
+class TrimParams(CostParams):
     # Beta(hits, misses) prior of a retrieved node's acceptance given its parent's, before any is counted
     retrieval_prior: list[float] = field(default_factory=lambda: [1.0, 1.0])
 
@@ -128,7 +160,8 @@ class AutoTrim(Trim):
     context and the loop's overhead(N) from the cost profile. total_tokens stays the cap."""
 
     def __init__(self, params: TrimParams):
-        self.profile = load_profile(params.cost_profile, "trim auto")
+        self.params = params
+        self.profile: CostProfile | None = None  # prepare() resolves it for the target
         self.prior = tuple(params.retrieval_prior)
         self.counts: dict[tuple, list[int]] = {}  # a retrieved place or a draft bin -> [hits, trials], run-long
         self.propose_ms = self.update_ms = 0.0
@@ -137,6 +170,9 @@ class AutoTrim(Trim):
         self.places: list[tuple | None] = []  # of the last cut tree's nodes (None: the root or an unscored node)
         self.kept_parents: list[int] = []
         self.expected = 1.0
+
+    def prepare(self, target, total_tokens: int) -> None:
+        self.profile = resolve_profile(self.params, target, total_tokens)
 
     def start(self) -> None:
         self.started = time.perf_counter()

@@ -12,8 +12,7 @@ PYTHON_LOOP = "_python_loop"  # not a method key: the system runs with the targe
 ONEDNN = "_onednn"  # not a method key: the system runs on a second target whose products are oneDNN's
 BF16 = "_packed_bf16"  # not a method key: the system runs on a second target, fast_path=packed_bf16
 NO_AMX = "_no_amx"  # not a method key: the system runs with graft/cpu/native's AMX tiles off (the dot products)
-# trim auto on the packed_bf16 target reads that target's costs (python -m graft.costmodel profile hardware.fast_path=packed_bf16)
-BF16_PROFILE = {"cost_profile": "results/cost_model/cost_profile_amx_packed_bf16.json"}
+# trim auto on the packed_bf16 target measures that target's costs at start-up (method.cost_profile=auto)
 VARIANTS = {ONEDNN: ("product_kernel", "onednn", "ar/onednn"), BF16: ("fast_path", "packed_bf16", "ar/bf16")}
 SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "hf_generate": None,
@@ -37,9 +36,9 @@ SYSTEMS = {  # name -> method config and overrides (None: a transformers system)
     "eagle3@24/bf16": ("eagle3", {"total_tokens": 24, BF16: True}),
     "pld/bf16": ("pld", {BF16: True}),
     "graft@16/recycling+pld/bf16": ("graft", {"total_tokens": 16, "retrieval": ["recycling", "pld"], BF16: True}),
-    "graft_auto@16/bf16": ("graft_auto", {"total_tokens": 16, BF16: True, **BF16_PROFILE}),
-    "graft_auto@24/bf16": ("graft_auto", {"total_tokens": 24, BF16: True, **BF16_PROFILE}),
-    "graft_auto@32/bf16": ("graft_auto", {"total_tokens": 32, BF16: True, **BF16_PROFILE}),
+    "graft_auto@16/bf16": ("graft_auto", {"total_tokens": 16, BF16: True}),
+    "graft_auto@24/bf16": ("graft_auto", {"total_tokens": 24, BF16: True}),
+    "graft_auto@32/bf16": ("graft_auto", {"total_tokens": 32, BF16: True}),
     # before the AMX tiles: the bfloat16 head's products on vdpbf16ps (the float32 target is the same either way)
     "graft@6/refill/no_amx": ("graft", {"total_tokens": 6, "refill": True, NO_AMX: True}),
     "graft@16/no_amx": ("graft", {"total_tokens": 16, NO_AMX: True}),
