@@ -1,11 +1,16 @@
 """Sweeps that survive their failures. Hydra's local launcher stops a sweep at the first job that raises,
 so a job that fails records why in `failed.json` in its own folder and returns; when the sweep ends,
 `FailedJobs` names every failed job and exits non-zero. A rerun of the sweep skips the finished jobs and
-retries the failed ones (their failed.json is removed when they start again)."""
+retries the failed ones (their failed.json is removed when they start again). Under SLURM each job is its
+own process and exits non-zero instead (`submitted_to_slurm`), so SLURM records it as failed.
+
+`SlurmGpus` keeps a SLURM sweep from asking a job for fewer (or more) GPUs than its model needs."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -31,6 +36,12 @@ def failed_jobs(sweep_dir: str | Path) -> list[tuple[Path, str]]:
     return [(p.parent, json.loads(p.read_text())["error"]) for p in sorted(Path(sweep_dir).rglob(FAILED))]
 
 
+def submitted_to_slurm() -> bool:
+    """This process is a job the submitit launcher sent to SLURM (its sbatch script exports this). Not merely
+    SLURM_JOB_ID: a local sweep run inside an allocation must still go on past a failed job."""
+    return os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+
+
 class FailedJobs(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         failed = failed_jobs(config.hydra.sweep.dir)
@@ -43,3 +54,56 @@ class FailedJobs(Callback):
         for job_dir, error in failed:
             print(f"  {job_dir}: {error.splitlines()[0][:300]}", file=sys.stderr)
         sys.exit(1)
+
+
+def sweep_jobs(config, loader) -> list[list[str]]:
+    """Every job's overrides, made as Hydra's basic sweeper makes them: its params, then the command line's
+    overrides (a key given on both takes the command line's values)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def gpus_per_job(config, loader) -> list[tuple[list[str], str, int]]:
+    """(overrides, model name, GPUs) of every job of the sweep whose primary config is `config`: the
+    launcher's gpus_per_node resolved in the job's own config, composed as the job composes it."""
+    jobs = []
+    for overrides in sweep_jobs(config, loader):
+        job = loader.load_sweep_config(config, overrides)
+        jobs.append((overrides, job.model.name, job.hydra.launcher.gpus_per_node))
+    return jobs
+
+
+class SlurmGpus(Callback):
+    """Submitit resolves the launcher's parameters once, in the sweep's primary config, so every job asks for
+    the GPUs of the model named there, not of its own (a model the experiment sweeps is not in that config).
+    A sweep with a job that needs another count is refused before anything is submitted, with one command
+    per model; each of those has its model in the primary config."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from hydra.core.global_hydra import GlobalHydra
+
+        asked = config.hydra.launcher.gpus_per_node
+        jobs = gpus_per_job(config, GlobalHydra.instance().config_loader())
+        wrong = {model: gpus for _, model, gpus in jobs if gpus != asked}
+        if not wrong:
+            return
+        needs = ", ".join(f"model={model} needs {gpus}" for model, gpus in wrong.items())
+        print(
+            f"error: the SLURM launcher would ask every job of this sweep for {asked} GPU(s) (those of "
+            f"model={config.model.name}), but {needs}. Submit one sweep per model:",
+            file=sys.stderr,
+        )
+        for command in per_model_commands(config, [model for _, model, _ in jobs]):
+            print(f"  {command}", file=sys.stderr)
+        sys.exit(2)
+
+
+def per_model_commands(config, models: list[str]) -> list[str]:
+    """The command line of this sweep once per model, the model given on the command line."""
+    task = [o for o in config.hydra.overrides.task if not o.lstrip("+~").startswith("model=")]
+    hydra = [o for o in config.hydra.overrides.hydra if not o.startswith("hydra.mode=")]
+    return [shlex.join(["python", "run.py", "-m", *task, f"model={m}", *hydra]) for m in dict.fromkeys(models)]

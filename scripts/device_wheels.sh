@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# Run HERE (with network), before a device check: wheels of the harness's dependencies that the GPU node
-# lacks (hydra-core, omegaconf and antlr4-python3-runtime; the rest is in its image), at the versions this
-# checkout's .venv runs, into shared/wheels. A checkout's shared/ folder travels with the working tree to the
-# device machine, where scripts/device_check.sh installs them with pip --no-index.
+# Run HERE (pip reaches a package index), before a device check: wheels of what the GPU node's image lacks,
+# at the versions this checkout's .venv runs, into outputs/device_wheels (ignored by git, so the device run
+# must carry it). hydra-core, omegaconf and its parser antlr4-python3-runtime are what `python -m
+# graft.gpu_check` needs; gguf comes along for the harness's other entry points. All are pure Python, so they
+# install on the node's Python 3.12. wandb stays out: the check never imports it (tests/test_gpu_check.py runs
+# the check with wandb and gguf unimportable).
 #
-#   bash scripts/device_wheels.sh [DEST]        # DEST defaults to shared/wheels
-#
-# antlr4-python3-runtime 4.9.x is published as a source archive only: `pip wheel` builds it here. All three are
-# pure Python, so the wheels install on the node's Python 3.12 as well.
+#   bash scripts/device_wheels.sh [DEST]        # DEST defaults to outputs/device_wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
-DEST=${1:-shared/wheels}
-PACKAGES=(hydra-core omegaconf antlr4-python3-runtime)
+DEST=${1:-outputs/device_wheels}
+NODE_PYTHON=3.12
+PACKAGES=(hydra-core omegaconf antlr4-python3-runtime gguf)
+BUILT_HERE=(antlr4-python3-runtime) # 4.9.x, the one omegaconf 2.3 takes, is published as a source archive only
 
-pins=()
+downloaded=() built=()
 for name in "${PACKAGES[@]}"; do
-  version=$("$PYTHON" -c 'import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))' "$name")
-  pins+=("$name==$version")
+  pin="$name==$("$PYTHON" -c 'import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))' "$name")"
+  if [[ " ${BUILT_HERE[*]} " == *" $name "* ]]; then built+=("$pin"); else downloaded+=("$pin"); fi
 done
-mkdir -p "$DEST"
-rm -f "$DEST"/*.whl  # one version of each package: two would stop the install on the node
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$DEST" "${pins[@]}"
+rm -rf "$DEST" && mkdir -p "$DEST" # one version of each package: two would stop the install on the node
+"$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$NODE_PYTHON" --dest "$DEST" \
+  "${downloaded[@]}"
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$DEST" "${built[@]}"
 
-# Keep the wheels out of commits; shared/ travels to the device whether git ignores it or not.
-if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
-  mkdir -p "$(dirname "$exclude")"
-  grep -qxF "/$DEST/" "$exclude" 2>/dev/null || echo "/$DEST/" >>"$exclude"
+# what the node will do, offline: any Python takes a pure-Python wheel, and --no-index reads DEST alone
+if ls "$DEST"/*.whl | grep -v -- '-none-any\.whl$'; then
+  echo "the wheels above are not pure Python: the node's Python $NODE_PYTHON may refuse them" >&2
+  exit 1
 fi
-echo "wheels for ${pins[*]} in $DEST:"
+trial=$(mktemp -d)
+"$PYTHON" -m pip install --quiet --no-index --no-deps --find-links "$DEST" --target "$trial" "$DEST"/*.whl
+rm -rf "$trial"
+echo "wheels for ${downloaded[*]} ${built[*]} in $DEST (installs offline); carry $DEST to the device:"
 ls -l "$DEST"

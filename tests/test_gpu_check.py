@@ -1,8 +1,11 @@
 """python -m graft.gpu_check, the device check: its quick CPU mode end to end (every part ok or skipped, with
-plausible numbers), and the report's rules (a failing part is recorded and the next runs; the budget skips)."""
+plausible numbers), the report's rules (a failing part is recorded and the next runs; the budgets), the
+Markdown tables, and what the one device command (scripts/device_check.sh) needs: its 8 minutes and its wheels."""
 
+import importlib.metadata
 import json
 import math
+import re
 import subprocess
 import sys
 import warnings
@@ -10,21 +13,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from graft.decode import Generation
+from graft.gpu_check.__main__ import PARTS
+from graft.gpu_check.markdown import render
 from graft.gpu_check.measure import bushy_parents, decode_record, per_step_rate
-from graft.gpu_check.plan import QUICK
+from graft.gpu_check.plan import FULL, QUICK
 from graft.gpu_check.report import Context, Report, summarize
 from graft.gpu_check.syncs import count_syncs, part_host_syncs
 
 ROOT = Path(__file__).resolve().parent.parent
+# as on the GPU node, whose image lacks them (the wheels bring gguf, but the check must not need it)
+WITHOUT_GGUF_AND_WANDB = (
+    "import sys; sys.modules.update(gguf=None, wandb=None); from graft.gpu_check.__main__ import main; sys.exit(main())"
+)
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu_check") / "quick.json"
     done = subprocess.run(
-        [sys.executable, "-m", "graft.gpu_check", "--device", "cpu", "--quick", "--out", str(out)],
+        [sys.executable, "-c", WITHOUT_GGUF_AND_WANDB, "--device", "cpu", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -118,6 +128,152 @@ def test_parts_after_the_budget_are_skipped(tmp_path):
     report.run(4, lambda out: out.update(ran=True))
     part = json.loads((tmp_path / "r.json").read_text())["parts"]["4"]
     assert part["status"] == "skipped" and "budget" in part["reason"] and "result" not in part
+
+
+def test_a_part_may_use_what_the_earlier_ones_left_and_a_short_total_skips_the_last(tmp_path):
+    report = Report(tmp_path / "r.json", budget_s=100, header={})
+    left = []
+    report.run(1, lambda out: left.append(report.part_left()), budget_s=30, reserved_s=70)
+    report.run(2, lambda out: left.append(report.part_left()), budget_s=70)  # part 1 left its 30 s unused
+    assert 29 < left[0] <= 30 and 99 < left[1] <= 100
+    short = Report(tmp_path / "s.json", budget_s=30, header={})
+    short.run(1, lambda out: None, budget_s=30, reserved_s=70)  # its own budget first, though the later ones' is short
+    short.run(2, lambda out: None, budget_s=70)  # about 30 s left: less than half of 70
+    parts = json.loads((tmp_path / "s.json").read_text())["parts"]
+    assert parts["1"]["status"] == "ok" and parts["1"]["budget_s"] == 30
+    assert parts["2"]["status"] == "skipped" and "the part's budget is 70 s" in parts["2"]["reason"]
+
+
+def script_seconds(name: str) -> int:
+    return int(re.search(rf"^{name}=(?:\$\{{{name}:-)?(\d+)", DEVICE_CHECK, re.M).group(1))
+
+
+DEVICE_CHECK = (ROOT / "scripts" / "device_check.sh").read_text()
+INSTALL_S = 20  # offline pip install of four small wheels (3 s on this CPU)
+
+
+def test_the_one_device_command_fits_8_minutes():
+    assert sorted(FULL.part_budget_s) == sorted(PARTS) == sorted(QUICK.part_budget_s)
+    deadline = script_seconds("DEADLINE_S")
+    overheads = INSTALL_S + script_seconds("GRACE_S") + script_seconds("KILL_S") + script_seconds("TABLE_S")
+    assert FULL.total_budget_s + overheads <= deadline <= 8 * 60 - 10  # 10 s for the machine's own start of the run
+
+
+NODE_IMAGE = {"numpy", "packaging", "pyyaml", "tqdm"}  # torch 2.11 / transformers 5.17's own requirements
+LAZY = {"requests"}  # gguf imports it only to read remote files (gguf/utility.py), which the node cannot reach
+
+
+def test_the_wheels_cover_what_the_node_lacks():
+    wheels = (
+        re.search(r"^PACKAGES=\((.*)\)", (ROOT / "scripts" / "device_wheels.sh").read_text(), re.M).group(1).split()
+    )
+    assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf"} <= set(wheels)  # wandb: see the quick fixture
+    for name in wheels:
+        for line in importlib.metadata.requires(name) or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"python_version": "3.12", "extra": ""}):
+                assert req.name.lower() in {*wheels, *NODE_IMAGE, *LAZY}, (name, line)
+
+
+H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tables must show
+    "argv": ["--out", "results/gpu/gpu_check.json", "--budget-s", "405"],
+    "device": "cuda",
+    "started_utc": "2026-12-04T10:00:00+00:00",
+    "budget_s": 390.0,
+    "elapsed_s": 401.3,
+    "finished": True,
+    "interrupted": True,
+    "parts": {
+        "1": {
+            "name": "environment",
+            "status": "ok",
+            "seconds": 2.1,
+            "budget_s": 10,
+            "result": {
+                "device_name": "NVIDIA H200",
+                "memory_total_gib": 139.8,
+                "torch": "2.11.0",
+                "torch_cuda": "12.8",
+                "python": "3.12.3",
+                "packages": {"transformers": "5.17.0"},
+                "nvidia_smi": {"driver_version": "570.1"},
+            },
+        },
+        "2": {
+            "name": "lossless",
+            "status": "ok",
+            "seconds": 120.4,
+            "budget_s": 128.0,
+            "result": {
+                "truncated": "budget spent after 120 s; not checked: [('tiny_qwen3_moe', 'bfloat16')]",
+                "models": {
+                    "tiny_llama": {
+                        "bfloat16": {
+                            "graft": {
+                                "equal": 1,
+                                "checked": 2,
+                                "divergent": [{"prompt": 1, "float_tie": True}],
+                                "seconds": [1],
+                            },
+                            "samd": {
+                                "equal": 0,
+                                "checked": 0,
+                                "divergent": [],
+                                "seconds": [],
+                                "error": "RuntimeError: x",
+                            },
+                        }
+                    }
+                },
+            },
+        },
+        "3": {
+            "name": "host_syncs",
+            "status": "ok",
+            "seconds": 9.0,
+            "budget_s": 25,
+            "result": {
+                "timing_async_static_trees": {"ar": {"syncs_per_step": 1.0}, "graft": {"syncs_per_step": 1.25}},
+                "timing_sync_static_trees": {"ar": {"syncs_per_step": 4.0}},
+            },
+        },
+        "4": {
+            "name": "llama8b",
+            "status": "failed",
+            "seconds": 30.0,
+            "error": "OutOfMemoryError: CUDA",
+            "result": {"verify": {"1024": {"1": {"median_ms": 7.5}, "60": {"median_ms": 9.25}}}},
+        },
+        "5": {"name": "moe235b_layers", "status": "skipped", "reason": "budget: 10 s left of --budget-s 390"},
+        "7": {
+            "name": "compiled",
+            "status": "interrupted",
+            "seconds": 61.0,
+            "budget_s": 110,
+            "reason": "SIGTERM (the run's time limit) during this part",
+            "result": {
+                "mode": "reduce-overhead",
+                "backend": "inductor",
+                "methods": {"ar": {"equal": 2, "checked": 2, "divergent": [], "seconds": [48.2, 0.3]}},
+            },
+        },
+    },
+}
+
+
+def test_the_markdown_tables_render_from_the_json():
+    md = render(H200_FIXTURE)
+    assert md.startswith("# Device check: NVIDIA H200\n") and "budget, stopped by SIGTERM (the time limit)." in md
+    assert "| NVIDIA H200 | 139.8 | 570.1 | 2.11.0 | 12.8 | 5.17.0 | 3.12.3 |" in md
+    assert "| 5 | moe235b_layers | skipped | - | - | budget: 10 s left of --budget-s 390 |" in md
+    assert "| 4 | llama8b | failed | 30 | - | OutOfMemoryError: CUDA |" in md
+    assert "| tiny_llama | bfloat16 | 1 / 2 | 1 (1 float ties) | samd |" in md
+    assert "not checked: [('tiny_qwen3_moe', 'bfloat16')]" in md  # part 2's truncation, in the parts table
+    assert "| method | timing_async_static_trees | timing_sync_static_trees |" in md and "| graft | 1.25 | - |" in md
+    assert "| 1024 | 7.5 | 9.25 |" in md  # a failed part's measurements so far
+    assert "| ar | 2 / 2 | 48.2, 0.3 | - |" in md and "Qwen3-235B" not in md
+    tables = re.findall(r"(?:^\|.*\n)+", md, re.M)
+    assert len(tables) == 6 and all(len({row.count("|") for row in t.splitlines()}) == 1 for t in tables)
 
 
 def test_syncs_are_counted_by_where_they_were_made(monkeypatch):

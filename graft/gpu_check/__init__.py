@@ -19,10 +19,12 @@ Parts (`--parts 1,2,...`; each timed):
 All weights are random (the node has no network): acceptance and tau mean nothing; timings, memory and
 token equality are what count. The JSON is rewritten after every part and inside the long ones, so a run
 cut short (a timeout, an out-of-memory kill) still reports; a failing part records its error and the
-traceback's last lines, and the next part runs. `--budget-s` is a soft limit: parts that would start after
-it are skipped, and the long parts stop early, saying so.
+traceback's last lines, and the next part runs. Each part has its own time budget (plan.py), the long
+parts stopping early when it is spent, saying so; `--budget-s` caps their sum, and a part that would not fit
+is skipped with the reason. `python -m graft.gpu_check.markdown <json>` writes the report's tables (report.md).
 
-Modules: plan.py (the shapes and sizes of every part, FULL and QUICK), report.py (the JSON report, a part's
-context, the summary), measure.py (timing and model helpers the parts share), one module per part or two
-(environment, lossless, syncs, dense, moe, compiled), and __main__.py (the command).
+Modules: plan.py (the shapes, sizes and time budgets of every part, FULL and QUICK), report.py (the JSON
+report, a part's context, the summary), markdown.py (the tables), measure.py (timing and model helpers the parts
+share), one module per part or two (environment, lossless, syncs, dense, moe, compiled), and __main__.py (the
+command).
 """

@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="outputs/gpu_check.json")
     parser.add_argument("--parts", type=parse_parts, default=sorted(PARTS), help="e.g. 1,2,6 (default: all)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="soft total time limit; later parts are skipped")
+    parser.add_argument(
+        "--budget-s", type=float, help="soft total time limit, at most the parts' budgets (plan.py; their sum if unset)"
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="tiny shapes and few methods (for the CPU test)")
     args = parser.parse_args(argv)
@@ -70,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "quick": args.quick,
     }
-    report = Report(Path(args.out), args.budget_s, header)
-    ctx = Context(plan=QUICK if args.quick else FULL, device=device, quick=args.quick, report=report)
+    plan = QUICK if args.quick else FULL
+    budgets = {n: plan.part_budget_s[n] for n in args.parts}
+    header["part_budget_s"] = budgets
+    total = sum(budgets.values()) if args.budget_s is None else min(args.budget_s, sum(budgets.values()))
+    report = Report(Path(args.out), total, header)
+    ctx = Context(plan=plan, device=device, quick=args.quick, report=report)
 
     def on_term(signum, frame):
         raise Interrupted()
@@ -80,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for number, part in PARTS.items():
             if number in args.parts:
-                report.run(number, lambda result, part=part: part(ctx, result))
+                later = sum(b for n, b in budgets.items() if n > number)
+                report.run(number, lambda result, part=part: part(ctx, result), budgets[number], reserved_s=later)
             else:
                 report.skip(number, "not selected (--parts)")
     except Interrupted:

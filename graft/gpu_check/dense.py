@@ -33,7 +33,10 @@ def dense_layers(plan: Plan, device: torch.device, remaining_s: float) -> tuple[
     """How many layers part 4 builds: all of them, unless the time left or the free memory is short."""
     layers = plan.dense_arch["num_hidden_layers"]
     if remaining_s < plan.dense_full_needs_s:
-        return plan.dense_fallback_layers, f"{remaining_s:.0f} s of the budget left (< {plan.dense_full_needs_s:.0f} s)"
+        return (
+            plan.dense_fallback_layers,
+            f"{remaining_s:.0f} s of the part's budget left (< {plan.dense_full_needs_s:.0f} s)",
+        )
     if device.type == "cuda":
         a = plan.dense_arch
         per_layer = 2 * (
@@ -78,7 +81,7 @@ def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
         target.sync_timing = timing == "sync"
         rows = decode[f"timing_{timing}"] = {}
         for name, drafter in drafters.items():
-            if ctx.report.remaining() <= 0:
+            if ctx.time_left() <= 0:
                 decode["truncated"] = f"budget spent before {name} (timing {timing})"
                 break
             generate(target, drafter, prompt, min(8, plan.decode_tokens), set())  # warm-up, untimed
@@ -126,7 +129,7 @@ def extend_peak(ctx: Context, target, drafter) -> dict:
 
 def part_llama8b(ctx: Context, out: dict) -> None:
     plan, dtype = ctx.plan, getattr(torch, ctx.plan.dtype)
-    layers, why = dense_layers(plan, ctx.device, ctx.report.remaining())
+    layers, why = dense_layers(plan, ctx.device, ctx.time_left())
     arch = {**plan.dense_arch, "num_hidden_layers": layers}
     out.update(arch=arch, dtype=plan.dtype, note=RANDOM_NOTE)
     if why:
@@ -148,7 +151,7 @@ def part_llama8b(ctx: Context, out: dict) -> None:
         out["head"] = save_random_head(target, plan, Path(tmp) / "head")
         ctx.checkpoint()
         drafters = decode_loops(ctx, target, Path(tmp) / "head", out)
-    if ctx.report.remaining() > 0:
+    if ctx.time_left() > 0:
         out["extend"] = extend_peak(ctx, target, drafters["eagle3"])
     else:
         out["extend"] = {"skipped": "budget spent"}

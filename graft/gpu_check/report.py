@@ -37,6 +37,7 @@ class Report:
     def __init__(self, path: Path, budget_s: float, header: dict):
         self.path, self.budget_s = path, budget_s
         self.started = time.perf_counter()
+        self.part_deadline = self.started + budget_s
         self.data = {
             **header,
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -51,6 +52,10 @@ class Report:
 
     def remaining(self) -> float:
         return self.budget_s - self.elapsed()
+
+    def part_left(self) -> float:
+        """Seconds the part in flight may still use."""
+        return self.part_deadline - time.perf_counter()
 
     def save(self) -> None:
         """Write to a temporary file and rename it, so a kill mid-write leaves the previous complete file."""
@@ -68,14 +73,26 @@ class Report:
         }
         self.save()
 
-    def run(self, number: int, fn: Callable[[dict], None]) -> None:
-        """Run one part: `fn(result)` fills `result` as it goes; its status is ok, skipped or failed."""
-        if self.remaining() <= 0:
+    def run(self, number: int, fn: Callable[[dict], None], budget_s: float = 0.0, reserved_s: float = 0.0) -> None:
+        """Run one part: `fn(result)` fills `result` as it goes; its status is ok, skipped or failed. It may use
+        the time left but `reserved_s` (the later parts' budgets), and at least its own `budget_s` while the
+        total lasts; with less than half of that to use, it is skipped."""
+        left = self.remaining()
+        usable = min(left, max(budget_s, left - reserved_s))
+        if usable <= 0 or usable < budget_s / 2:
             self.skip(
-                number, f"budget: {self.elapsed():.0f} s of --budget-s {self.budget_s:.0f} spent before it started"
+                number,
+                f"budget: {max(left, 0):.0f} s left of --budget-s {self.budget_s:.0f}, the part's budget is "
+                f"{budget_s:.0f} s",
             )
             return
-        record: dict = {"name": PART_NAMES.get(number, str(number)), "status": "running", "result": {}}
+        self.part_deadline = time.perf_counter() + usable
+        record: dict = {
+            "name": PART_NAMES.get(number, str(number)),
+            "status": "running",
+            "budget_s": round(usable, 1),
+            "result": {},
+        }
         self.data["parts"][str(number)] = record
         self.save()
         start = time.perf_counter()
@@ -116,6 +133,10 @@ class Context:
     def checkpoint(self) -> None:
         """Save what the part in flight has so far."""
         self.report.save()
+
+    def time_left(self) -> float:
+        """Seconds the part in flight may still use (Report.run)."""
+        return self.report.part_left()
 
     @property
     def hardware(self) -> list[str]:
