@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import sys
-import warnings
 from pathlib import Path
 
 # Keys that do not change any prompt's result: they may differ between a run and its resumption.
@@ -152,16 +151,54 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def records_digest(records: list[dict]) -> str:
+    """What a summary was computed from: the sha1 of its records, in order, as samples.jsonl holds them."""
+    lines = "".join(json.dumps(r, default=float) + "\n" for r in records)
+    return hashlib.sha1(lines.encode()).hexdigest()
+
+
 def completed_summary(path: str | Path, cfg: dict, plan: dict) -> dict | None:
     """The summary of a run directory that already finished this config and prompt plan, else None: a
-    rerun of a sweep skips such jobs without loading the model."""
+    rerun of a sweep skips such jobs without loading the model. Complete means verified: the summary names
+    the records it was computed from (their ids and digest), and samples.jsonl still holds exactly those,
+    intact; anything less is resumed, with one line saying why."""
     path = Path(path)
     try:
         run = json.loads((path / "run.json").read_text())
         summary = json.loads((path / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return summary if run.get("config_hash") == config_hash(cfg) and summary.get("complete") == plan else None
+    complete = summary.get("complete")
+    if run.get("config_hash") != config_hash(cfg) or not isinstance(complete, dict) or complete.get("plan") != plan:
+        return None
+    problem = _records_problem(path / "samples.jsonl", complete.get("ids", []), complete.get("records_sha1"))
+    if problem:
+        print(f"{path}: summary.json says complete, but {problem}; resuming")
+        return None
+    return summary
+
+
+def _records_problem(samples: Path, ids: list[str], digest: str | None) -> str | None:
+    """Why samples.jsonl does not hold exactly one intact record per id of `ids` with this digest, or None."""
+    try:
+        lines = samples.read_text().splitlines()
+    except OSError:
+        return f"{samples.name} is missing"
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            return f"{samples.name}:{number} is torn"
+    by_id = {r.get("id"): r for r in records}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        return f"{len(missing)} of its {len(ids)} records are missing ({', '.join(map(str, missing[:3]))})"
+    if sum(r.get("id") in set(ids) for r in records) != len(ids):
+        return "a prompt has more than one record"
+    if records_digest([by_id[i] for i in ids]) != digest:
+        return "its records differ from those it was computed from"
+    return None
 
 
 class RunDir:
@@ -217,28 +254,41 @@ class RunDir:
         )
 
     def finished(self) -> list[dict]:
-        """Records already written; a torn last line (from a killed run) is dropped with a warning."""
+        """Records already written, one per prompt id. A torn last line (a killed run) is dropped and its
+        prompt reruns; a prompt recorded twice keeps its last record; either way the file is rewritten."""
         if not self.samples_path.exists():
             return []
-        records = []
-        lines = self.samples_path.read_text().splitlines()
+        records: dict[str, dict] = {}
+        text = self.samples_path.read_text()
+        lines = text.splitlines()
+        intact = len(lines)
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
-                if number == len(lines):
-                    warnings.warn(
-                        f"{self.samples_path}:{number} is incomplete (interrupted run); that prompt will rerun"
-                    )
-                    self._truncate_to(lines[: number - 1])
-                else:
+                if number != len(lines):
                     raise RunDirConflict(f"{self.samples_path}:{number} is not valid JSON; fix or move the file")
-        return records
+                print(f"{self.samples_path}:{number} is torn (an interrupted run); that prompt reruns")
+                intact = number - 1
+                break
+            records.pop(record.get("id"), None)  # a later record of the same prompt replaces the earlier
+            records[record.get("id")] = record
+        # rewritten when a line was dropped, or the last one lacks its newline (the next append would join it)
+        unterminated = bool(text) and not text.endswith("\n")
+        if unterminated or intact < len(lines) or len(records) < sum(1 for line in lines[:intact] if line.strip()):
+            self._rewrite(list(records.values()))
+        return list(records.values())
 
-    def _truncate_to(self, lines: list[str]) -> None:
-        self.samples_path.write_text("".join(line + "\n" for line in lines))
+    def _rewrite(self, records: list[dict]) -> None:
+        """samples.jsonl replaced whole (temporary file + rename): a crash leaves the old file or the new."""
+        tmp = self.samples_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r, default=float) + "\n" for r in records)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.samples_path)
 
     def append(self, record: dict) -> None:
         with open(self.samples_path, "a") as f:

@@ -23,7 +23,7 @@ from graft.hardware import check_memory, resolve_hardware
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
 from graft.plots import plot_comparison_pareto
-from graft.records import RunDir, completed_summary, hardware_info, peak_memory, token_hash
+from graft.records import RunDir, completed_summary, hardware_info, peak_memory, records_digest, token_hash
 from graft.registry import build_drafter
 from graft.resolve import resolve as resolve_artefacts
 
@@ -290,7 +290,10 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             compile_info["graphs_timed"] = compiled_graphs() - graphs
             summary["compile"] = compile_info
             rundir.update_run({"compile": compile_info})
-        summary["complete"] = plan  # every prompt of this plan is recorded: a rerun skips the job
+        # every prompt of this plan is recorded: a rerun skips the job while samples.jsonl still holds these
+        ids = [p.id for p in prompts]
+        by_id = {r["id"]: r for r in records}
+        summary["complete"] = {"plan": plan, "ids": ids, "records_sha1": records_digest([by_id[i] for i in ids])}
         rundir.write_summary(summary)
         if comparison:
             for name, method_summary in summary["methods"].items():
