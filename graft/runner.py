@@ -251,6 +251,10 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     finished_ids = {r["id"] for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if p.id not in finished_ids]
     configs = {m.name: m.flat() for m in cfg.compared}  # every key of each method, defaults resolved
+    for name, drafter in contenders.items():  # what a checkpoint decided: the block size actually used
+        used = getattr(getattr(drafter, "source", None), "block_size", None)
+        if "block_size" in configs[name] and used is not None:
+            configs[name]["block_size"] = used
 
     def summaries() -> dict:
         if not comparison:

@@ -302,10 +302,45 @@ def test_published_configs_are_read_field_by_field(qwen):
     assert block_config(top_level, config).target_layer_ids == [0, 2]
     with pytest.raises(BlockLoadError, match="trained for a 36-layer target"):
         block_config({**raw, "num_target_layers": 36}, config)
-    with pytest.raises(BlockLoadError, match="mask_token_id=None"):
+    with pytest.raises(BlockLoadError, match="no dflash_config.mask_token_id"):
         block_config({**raw, "dflash_config": {"target_layer_ids": [1]}}, config)
     with pytest.raises(BlockLoadError, match="only full-attention"):
         block_config({**raw, "layer_types": ["sliding_attention"] * 3}, config)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"block_size": 0}, r"block_size=0: expected an integer >= 2"),
+        ({"block_size": -4}, r"block_size=-4: expected an integer >= 2"),
+        ({"block_size": 1}, r"block_size=1: expected an integer >= 2"),
+        ({"block_size": 8.7}, r"block_size=8.7: expected an integer >= 2"),
+        ({"block_size": "8"}, r"block_size='8': expected an integer"),
+        ({"block_size": None}, r"block_size=None: expected an integer"),
+        ({"dflash_config": {"target_layer_ids": [1.0, 2], "mask_token_id": 7}}, r"target_layer_ids=1.0: expected"),
+        ({"dflash_config": {"target_layer_ids": [1, 9], "mask_token_id": 7}}, r"target_layer_ids=9: .* in 0\.\.\d"),
+        ({"dflash_config": {"target_layer_ids": [1, -1], "mask_token_id": 7}}, r"target_layer_ids=-1"),
+        ({"dflash_config": {"target_layer_ids": 2, "mask_token_id": 7}}, r"names no dflash_config.target_layer_ids"),
+        ({"dflash_config": {"target_layer_ids": [1], "mask_token_id": 7.5}}, r"mask_token_id=7.5: expected"),
+        ({"dflash_config": {"target_layer_ids": [1], "mask_token_id": True}}, r"mask_token_id=True: expected"),
+    ],
+)
+def test_every_field_of_a_block_drafter_config_is_checked(qwen, change, message):
+    config = qwen.target.config
+    raw = {
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": 4,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "block_size": 16,
+        "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 7},
+    }
+    with pytest.raises(BlockLoadError, match=message):
+        block_config({**raw, **change}, config)
+    missing = dict(raw)
+    del missing["block_size"]
+    with pytest.raises(BlockLoadError, match="names no block_size"):
+        block_config(missing, config)
 
 
 def test_dflash_methods_draft_blocks_of_the_configured_size(qwen):

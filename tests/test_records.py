@@ -78,3 +78,15 @@ def test_a_prompt_recorded_twice_keeps_one_record_and_the_rewrite_is_whole(tmp_p
         f.write('{"id": "c", "v"')  # torn by a kill
     assert rundir.finished() == [{"id": "b", "v": 2}, {"id": "a", "v": 3}]
     assert [json.loads(line)["id"] for line in rundir.samples_path.read_text().splitlines()] == ["b", "a"]
+
+
+def test_the_summary_records_the_block_size_a_checkpoint_chose(tmp_path):
+    """method.block_size=null means the checkpoint's: the record names the size the run used."""
+    from graft.runner import run
+
+    overrides = ["model=tiny_qwen3", "method=dflash", "run.num_prompts=1", "run.max_new_tokens=4", "logger=none"]
+    resolved = compose([*overrides, *QUIET])
+    resolved["run"]["out_dir"] = str(tmp_path)
+    assert resolved["method"].get("block_size") is None
+    summary = run(validate(resolved), resolved)
+    assert summary["method_config"]["block_size"] == 8  # a random drafter's default size

@@ -30,6 +30,18 @@ def _draft_value(raw: dict, name: str, default=None):
     return (raw.get("dflash_config") or {}).get(name, raw.get(name, default))
 
 
+def _integer(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A config field meant as an integer: 8.7, "8", true or a value out of range are refused by name, since
+    int() would quietly truncate or accept them."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f" >= {minimum}" if maximum is None else f" in {minimum}..{maximum}"
+        raise BlockLoadError(
+            f"config.json {name}={value!r}: expected an integer{bounds if minimum is not None else ''}"
+        )
+    return value
+
+
 def block_config(raw: dict, target_config) -> BlockConfig:
     """Interpret a DFlash config.json against the target it drafts for."""
     hidden = raw["hidden_size"]
@@ -44,22 +56,22 @@ def block_config(raw: dict, target_config) -> BlockConfig:
             f"the block drafter's vocabulary is {vocab} tokens, the target's {target_config.vocab_size}"
         )
     layer_ids = _draft_value(raw, "target_layer_ids")
-    if not layer_ids:
+    if not layer_ids or not isinstance(layer_ids, list):
         raise BlockLoadError("config.json names no dflash_config.target_layer_ids (the target layers it reads)")
-    mask_token_id = _draft_value(raw, "mask_token_id")
-    if mask_token_id is None or not 0 <= int(mask_token_id) < target_config.vocab_size:
-        raise BlockLoadError(
-            f"dflash_config.mask_token_id={mask_token_id}: expected a token id in 0..{target_config.vocab_size - 1}"
-        )
     target_layers = target_config.num_hidden_layers
+    layer_ids = [_integer(i, "dflash_config.target_layer_ids", 0, target_layers - 1) for i in layer_ids]
+    mask_token_id = _draft_value(raw, "mask_token_id")
+    if mask_token_id is None:
+        raise BlockLoadError("config.json names no dflash_config.mask_token_id (the token a block's slots hold)")
+    mask_token_id = _integer(mask_token_id, "dflash_config.mask_token_id", 0, target_config.vocab_size - 1)
+    if "block_size" not in raw:  # the size it was trained for: no default could stand in for it
+        raise BlockLoadError("config.json names no block_size (positions per block the drafter was trained on)")
+    block_size = _integer(raw["block_size"], "block_size", 2)  # the committed token and at least one slot
     declared = raw.get("num_target_layers", target_layers)
     if declared != target_layers:
         raise BlockLoadError(
             f"the block drafter was trained for a {declared}-layer target; this target has {target_layers} layers"
         )
-    too_deep = [i for i in layer_ids if not 0 <= i < target_layers]
-    if too_deep:
-        raise BlockLoadError(f"target_layer_ids {layer_ids}: layers {too_deep} are not in 0..{target_layers - 1}")
     if raw.get("hidden_act", "silu") != "silu":
         raise BlockLoadError(f"hidden_act={raw['hidden_act']!r}: only silu is implemented for block drafters")
     kinds = set(raw.get("layer_types") or ["full_attention"])
@@ -73,9 +85,9 @@ def block_config(raw: dict, target_config) -> BlockConfig:
         num_kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
         intermediate_size=raw["intermediate_size"],
         num_layers=raw["num_hidden_layers"],
-        target_layer_ids=[int(i) for i in layer_ids],
-        block_size=int(raw.get("block_size", 16)),
-        mask_token_id=int(mask_token_id),
+        target_layer_ids=layer_ids,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
         vocab_size=target_config.vocab_size,
         num_target_layers=target_layers,
         attention_head_dim=raw.get("head_dim"),
