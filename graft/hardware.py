@@ -78,6 +78,7 @@ def resolve_hardware(cfg: ExperimentConfig) -> tuple[ExperimentConfig, HardwareC
     """`cfg` with its device settled (and on CUDA model.num_gpus a number), and the choice. Refuses a CUDA
     config where torch sees no CUDA device."""
     hardware = cfg.hardware
+    check_threads(hardware.num_threads)
     device = resolve_device(hardware)
     if device.type != "cuda":
         why = "no CUDA device" if hardware.device == "auto" else "as configured"
@@ -90,6 +91,21 @@ def resolve_hardware(cfg: ExperimentConfig) -> tuple[ExperimentConfig, HardwareC
     model = dataclasses.replace(cfg.model, num_gpus=gpus)
     choice = HardwareChoice(hardware.name, "cuda", gpus, torch.cuda.get_device_name(0), why)
     return dataclasses.replace(cfg, hardware=settled, model=model), choice
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a SLURM job or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_threads(num_threads: int | None) -> None:
+    """More torch threads than cores only makes them wait for each other: refused before anything loads."""
+    cores = usable_cores()
+    if num_threads is not None and num_threads > cores:
+        raise ConfigError(
+            f"hardware.num_threads={num_threads}, but this process may use {cores} cores; "
+            f"allowed: null (the thread policy's choice) or 1..{cores}"
+        )
 
 
 def cuda_gpus(cfg: ExperimentConfig) -> tuple[int, str]:

@@ -181,3 +181,12 @@ def test_the_choice_is_printed_and_recorded_in_run_json(tmp_path, capsys):
     choice = json.loads((tmp_path / "run.json").read_text())["hardware"]["choice"]
     expected = "cpu" if not torch.cuda.is_available() else "cuda"
     assert choice["device"] == expected and choice["config"] == "auto" and choice["line"] in capsys.readouterr().out
+
+
+def test_more_threads_than_cores_are_refused_before_loading(monkeypatch):
+    import graft.hardware
+
+    monkeypatch.setattr(graft.hardware, "usable_cores", lambda: 2)
+    with pytest.raises(ConfigError, match=r"hardware.num_threads=1000, but this process may use 2 cores; .* 1\.\.2"):
+        resolve_hardware(config("model=tiny_llama", "method=ar", "hardware=cpu", "hardware.num_threads=1000"))
+    resolve_hardware(config("model=tiny_llama", "method=ar", "hardware=cpu", "hardware.num_threads=2"))
