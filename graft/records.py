@@ -14,6 +14,8 @@ import platform
 import sys
 from pathlib import Path
 
+from graft.machine import cpu_model
+
 # Keys that do not change any prompt's result: they may differ between a run and its resumption.
 RESUMABLE_KEYS = {
     ("run", "out_dir"),
@@ -78,7 +80,7 @@ def hardware_info(device: str, attention: str | None = None) -> dict:
     info = {
         "device": device,
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         # the vector instructions torch's CPU kernels (and graft/cpu/native's) use: one model name ("AMD EPYC")
         # can cover an AVX2 CPU and an AVX512 one, whose kernels run at very different speeds
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
@@ -139,16 +141,6 @@ def _nvidia_driver() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def records_digest(records: list[dict]) -> str:

@@ -173,8 +173,13 @@ def warm_up(model: LoadedModel, drafters: list[Drafter], prompts: list[Prompt], 
     bucket each drafter's sequences will reach, so that no graph is compiled inside a timed run; returns what
     run.json records of it."""
     target = model.target
-    first_turns = [model.chat.prompt_ids([{"role": "user", "content": p.turns[0]}]) for p in prompts]
-    ids = first_turns[0][-target.max_context // 2 :]
+
+    def first_turn(prompt: Prompt) -> list[int]:
+        return model.chat.prompt_ids([{"role": "user", "content": prompt.turns[0]}])
+
+    ids = first_turn(prompts[0])[-target.max_context // 2 :]
+    # only compiled runs need every prompt's length (its cache bucket); eager ones tokenize one
+    first_turns = [first_turn(p) for p in prompts] if target.compile_mode is not None else []
     graphs = compiled_graphs()
     buckets = {}
     for drafter in drafters:

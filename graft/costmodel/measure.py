@@ -11,7 +11,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from graft.costmodel import AR, CostProfile, interpolate
 from graft.drafter import Drafter, Proposal, SequenceState
+from graft.machine import cpu_model
 from graft.tree import DraftTree, NodeSource, topology
 
 # cached positions the calibration times: around the built-in prompts (40-170 tokens) and their later turns;
@@ -181,16 +181,6 @@ def measure_commit_move(target, repeats: int) -> float:
         moved.append(commit_ms(path, path_index))
         in_place.append(commit_ms([0], None))
     return max(0.0, statistics.median(moved[2:]) - statistics.median(in_place[2:]))
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def engine(target) -> str:
