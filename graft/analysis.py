@@ -29,21 +29,79 @@ METRICS = (
 )
 
 
+class RecordError(ValueError):
+    """A record a report tool cannot use (missing, torn, not a run); the message names the file."""
+
+
+def read_json(path) -> dict:
+    """A JSON object from `path`, or a RecordError naming the file and what is wrong with it."""
+    path = Path(path)
+    if path.is_dir():
+        raise RecordError(f"{path}: is a directory, expected a JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f" at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise RecordError(f"{path}: not valid JSON{where} (torn?); rerun or re-export that run") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
 def read_samples(run: Path) -> str:
-    """A run's samples.jsonl, or the gzipped copy that export_runs.py commits."""
-    plain = run / "samples.jsonl"
-    return plain.read_text() if plain.exists() else gzip.decompress((run / "samples.jsonl.gz").read_bytes()).decode()
+    """A run's samples.jsonl, or the gzipped copy that `python -m graft.report export` commits."""
+    plain, packed = run / "samples.jsonl", run / "samples.jsonl.gz"
+    if plain.is_file():
+        return plain.read_text()
+    if not packed.is_file():
+        raise RecordError(f"{run}: has neither samples.jsonl nor samples.jsonl.gz")
+    try:
+        return gzip.decompress(packed.read_bytes()).decode()
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise RecordError(f"{packed}: not a whole gzip file ({err}); re-export that run") from None
+
+
+def read_records(run: Path) -> list[dict]:
+    """The prompt records of a run, each line checked: a torn line is a RecordError naming file and line."""
+    records = []
+    for number, line in enumerate(read_samples(Path(run)).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise RecordError(f"{run}/samples.jsonl:{number}: torn record; rerun the run to repair it") from None
+    return records
 
 
 def run_dirs(paths) -> list[Path]:
-    """Every run directory (a folder with summary.json and run.json) at or below `paths`."""
+    """Every run directory (a folder with summary.json and run.json) at or below `paths`; a path that does
+    not exist or holds no run is a RecordError, so a mistyped path never yields an empty table."""
     found = []
     for path in map(Path, paths):
+        if not path.exists():
+            raise RecordError(f"{path}: no such file or directory")
         if (path / "summary.json").is_file():
             found.append(path)
-        elif path.is_dir():
-            found += sorted(p.parent for p in path.rglob("summary.json") if (p.parent / "run.json").is_file())
+            continue
+        if not path.is_dir():
+            raise RecordError(f"{path}: not a run directory (a folder with summary.json and run.json)")
+        runs = sorted(p.parent for p in path.rglob("summary.json") if (p.parent / "run.json").is_file())
+        if not runs:
+            raise RecordError(f"{path}: no finished runs under it (no folder with summary.json and run.json)")
+        found += runs
     return list(dict.fromkeys(found))
+
+
+def read_summary(run: Path) -> dict:
+    """A run's summary.json, checked for the keys every table reads."""
+    summary = read_json(Path(run) / "summary.json")
+    missing = [key for key in ("model", "dataset") if key not in summary]
+    if missing:
+        raise RecordError(f"{run}/summary.json: lacks {', '.join(missing)}; is it a run's summary?")
+    return summary
 
 
 def _row(summary: dict, run: Path, method: str) -> dict:
@@ -84,7 +142,7 @@ def _label(value) -> str | None:
 def method_rows(paths) -> pd.DataFrame:
     rows = []
     for run in run_dirs(paths):
-        summary = json.loads((run / "summary.json").read_text())
+        summary = read_summary(run)
         if summary.get("kind") == "comparison":
             first = next(iter(summary["methods"].values()), None)
             if first is None or not first.get("n_prompts"):
@@ -113,11 +171,8 @@ def _sides(record: dict) -> dict[str, dict]:
 def run_sides(run: Path):
     """(summary, record, method, side) for every prompt record of one run directory and every side in it
     (the baseline as `ar`)."""
-    summary = json.loads((Path(run) / "summary.json").read_text())
-    for line in read_samples(Path(run)).splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    summary = read_summary(Path(run))
+    for record in read_records(Path(run)):
         record["_method"] = summary.get("method")
         for method, side in _sides(record).items():
             yield summary, record, method, side

@@ -214,6 +214,14 @@ class RunDir:
             probe.unlink()
         except OSError as err:
             raise RunDirConflict(f"run.out_dir={self.path} cannot be written ({err.strerror or err})") from None
+        for existing in (self.samples_path, self.summary_path, self.run_path):  # appended to or replaced later
+            if existing.is_dir():
+                raise RunDirConflict(f"{existing} is a directory; a run writes a file there")
+            if existing.exists():
+                try:
+                    existing.open("a").close()
+                except OSError as err:
+                    raise RunDirConflict(f"{existing} cannot be written ({err.strerror or err})") from None
         if self.run_path.exists():
             try:
                 previous = json.loads(self.run_path.read_text())

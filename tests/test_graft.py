@@ -233,6 +233,25 @@ def test_stage_selection_for_given_confidences():
     assert [scaled_split(n, 60, 60) for n in (8, 24, 40)] == [8, 24, 40]
     assert [scaled_split(n, 8, 60) for n in (8, 24, 40)] == [2, 3, 5]
     assert [scaled_split(n, 16, 60) for n in (8, 24, 40)] == [2, 6, 11]
+    assert [scaled_split(n, 1, 60) for n in (8, 24, 40)] == [1, 1, 1]  # the budget caps root + 1
+
+
+BUDGETED = [
+    "recycling", "samd", "eagle3", "eagle3_chain", "eagle3_auto", "pruned", "graft", "graft_root",
+    "graft_noprune", "graft_tail", "graft_refill", "graft_auto", "dflash", "dflash_graft", "dflash_tree",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [1, 3])
+def test_every_method_verifies_at_most_its_budget(tiny, budget):
+    from conftest import make_drafter, method_yaml
+    from graft.decode import generate
+
+    target = tiny("tiny_llama").target
+    assert {m for m in BUDGETED if "total_tokens" not in dict(method_yaml(m))} == set()
+    for method in BUDGETED:
+        out = generate(target, make_drafter(method, target, total_tokens=budget), list(range(5, 40)), 12, set())
+        assert max(out.nodes) <= budget, (method, out.nodes)
 
 
 def _brute_match(text):

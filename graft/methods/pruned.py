@@ -31,8 +31,9 @@ DENSE = "dense"
 
 
 def scaled_split(draft_tokens: int, total_tokens: int, reference_budget: int) -> int:
-    """Draft tokens (root included) for `total_tokens` from a split given for `reference_budget`: at least root + 1."""
-    return max(2, min(total_tokens, round(draft_tokens * total_tokens / reference_budget)))
+    """Draft tokens (root included) for `total_tokens` from a split given for `reference_budget`: at least root + 1,
+    never more than the budget."""
+    return min(total_tokens, max(2, round(draft_tokens * total_tokens / reference_budget)))
 
 
 def stage_at(
@@ -65,6 +66,16 @@ class StageParams:
             raise ValueError(f"checkpoints must be distinct, ascending and >= 0; got {self.checkpoints}")
         if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
             raise ValueError(f"thresholds are probabilities in [0, 1]; got {self.thresholds}")
+        # confidence only falls with depth, so the stages relax the threshold and keep more nodes the later they
+        # fire (the paper's 0.35/0.25/0.15, 8/24/40); the reverse order is a swapped list, not a setting
+        if any(a < b for a, b in zip(self.thresholds, self.thresholds[1:])):
+            raise ValueError(
+                f"thresholds must not increase from one checkpoint to the next (confidence only falls with depth); got {self.thresholds}"
+            )
+        if any(a > b for a, b in zip(self.draft_tokens, self.draft_tokens[1:])):
+            raise ValueError(
+                f"draft_tokens must not decrease from one checkpoint to the next (a later stage is more confident); got {self.draft_tokens}"
+            )
         if any(not 1 <= d <= self.reference_budget for d in self.draft_tokens):
             raise ValueError(
                 f"draft_tokens must lie in [1, reference_budget={self.reference_budget}]; got {self.draft_tokens}"

@@ -12,6 +12,7 @@ python -m graft.report summarize outputs/**/summary.json [--out table.md]       
 from __future__ import annotations
 
 import importlib
+import sys
 
 from graft.commands import pick
 
@@ -31,7 +32,14 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(COMMANDS[command][0])
     if hasattr(module, "before_torch"):
         module.before_torch()
-    module.main(rest)
+    from graft.analysis import RecordError
+
+    try:
+        module.main(rest)
+    except (RecordError, OSError) as err:  # bad input is one line and exit 2, as in run.py
+        message = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,15 @@ verdict against each run's own baseline. Exit status 1 when any method's tokens 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 
 def load(run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
+    from graft.analysis import read_json, read_records
+
+    summary = read_json(run_dir / "summary.json")
+    records = read_records(run_dir)
     turns = [t for r in records if r.get("status") == "ok" for t in r["method"]["turns"]]
     return {
         "tau": summary["tau"],
@@ -37,11 +38,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("after", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    from graft.analysis import RecordError
+
+    for root in (args.before, args.after):
+        if not root.is_dir():
+            raise RecordError(f"{root}: no such directory (a root with one run directory per method)")
     methods = sorted(
         p.name
         for p in args.before.iterdir()
         if (p / "summary.json").exists() and (args.after / p.name / "summary.json").exists()
     )
+    if not methods:
+        raise RecordError(f"no method has a run directory with summary.json under both {args.before} and {args.after}")
     lines = [
         "| method | tau before | tau after | tokens equal (turns) | same steps | lossless before / after |",
         "|---|---|---|---|---|---|",

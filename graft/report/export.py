@@ -23,20 +23,47 @@ def strip_texts(record: dict) -> dict:
 
 
 def export(source: Path, target: Path) -> list[Path]:
-    from graft.analysis import run_dirs
+    """Export every finished run under `source` into `target`, replacing it whole: everything is read and
+    checked first, written to a temporary folder beside `target` and renamed only when complete, so a bad
+    input or a crash leaves the previous export as it was."""
+    from graft.analysis import RecordError, read_records, read_summary, run_dirs
 
+    source, target = Path(source), Path(target)
+    if not source.exists():
+        raise RecordError(f"{source}: no such file or directory")
+    a, b = source.resolve(), target.resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise RecordError(f"source {source} and target {target} overlap; export into a folder outside the runs")
+    runs = run_dirs([source])
+    checked = []
+    for run in runs:
+        summary, records = read_summary(run), read_records(run)
+        if not (run / "run.json").is_file():
+            raise RecordError(f"{run}: lacks run.json")
+        ids = [r.get("id") for r in records]
+        complete = summary.get("complete")
+        if isinstance(complete, dict) and sorted(map(str, ids)) != sorted(map(str, complete.get("ids", []))):
+            raise RecordError(f"{run}: samples hold other records than its summary.json was computed from; rerun it")
+        checked.append((run, [strip_texts(r) for r in records]))
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
     written = []
-    for run in run_dirs([source]):
-        out = target / run.relative_to(source) if run != source else target
+    for run, records in checked:
+        out = partial / run.relative_to(source) if run != source else partial
         out.mkdir(parents=True, exist_ok=True)
         for name in ("run.json", "summary.json"):
             shutil.copy(run / name, out / name)
         if (run / "summaries").is_dir():
             shutil.copytree(run / "summaries", out / "summaries", dirs_exist_ok=True)
-        lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
-        text = "".join(json.dumps(strip_texts(r)) + "\n" for r in lines)
+        text = "".join(json.dumps(r) + "\n" for r in records)
         (out / "samples.jsonl.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
-        written.append(out)
+        written.append(target / out.relative_to(partial))
+    stale = target.with_name(f".{target.name}.old")
+    shutil.rmtree(stale, ignore_errors=True)
+    if target.exists():
+        target.rename(stale)
+    partial.rename(target)
+    shutil.rmtree(stale, ignore_errors=True)
     return written
 
 

@@ -18,11 +18,11 @@ def make_figures(paths: list[str], out: Path) -> list[Path]:
     import pandas as pd
 
     from graft import plots
-    from graft.analysis import method_rows, step_rows
+    from graft.analysis import RecordError, method_rows, step_rows
 
     rows, steps = method_rows(paths), step_rows(paths)
     if rows.empty:
-        raise SystemExit(f"no finished runs under {', '.join(paths)}")
+        raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
     written = plots.pareto_figures(rows, out) + plots.speedup_bars(rows, out)
     written += plots.accept_histograms(steps, out) + plots.retrieval_by_stage(steps, out) + plots.time_split(steps, out)
     published = pd.read_csv(PUBLISHED)

@@ -224,12 +224,36 @@ RENDERERS = {
 }
 
 
-def render(text: str) -> str:
+OPEN, CLOSE = "<!-- generated:", "<!-- /generated -->"
+
+
+def render(text: str, name: str = "README") -> str:
+    """`text` with every generated block rewritten; a block that is never closed, of an unknown kind, or
+    whose records cannot be read is a RecordError naming its line."""
+    from graft.analysis import RecordError
+
+    inside = None  # where the block being read opened
+    for marker in re.finditer(f"(?m)^(?:{re.escape(OPEN)}|{re.escape(CLOSE)})", text):
+        line = text.count("\n", 0, marker.start()) + 1
+        if marker.group() == OPEN and inside is not None:
+            raise RecordError(f"{name}:{inside}: generated block is never closed with {CLOSE}")
+        if marker.group() == CLOSE and inside is None:
+            raise RecordError(f"{name}:{line}: {CLOSE} without a generated block before it")
+        inside = line if marker.group() == OPEN else None
+    if inside is not None:
+        raise RecordError(f"{name}:{inside}: generated block is never closed with {CLOSE}")
+
     def one(match: re.Match) -> str:
-        kind, *args = match.group("spec").split()
+        kind, *args = match.group("spec").split() or [""]
+        where = f"{name}:{text.count(chr(10), 0, match.start()) + 1}"
         if kind not in RENDERERS:
-            raise SystemExit(f"unknown generated block kind {kind!r}; known: {', '.join(RENDERERS)}")
-        return f"{match.group(1)}{RENDERERS[kind](*args)}\n{match.group(4)}"
+            raise RecordError(f"{where}: unknown generated block kind {kind!r}; known: {', '.join(RENDERERS)}")
+        try:
+            body = RENDERERS[kind](*args)
+        except (OSError, KeyError, ValueError, TypeError) as err:
+            detail = err if isinstance(err, RecordError) else f"{type(err).__name__}: {err}"
+            raise RecordError(f"{where}: block '{match.group('spec')}': {detail}") from None
+        return f"{match.group(1)}{body}\n{match.group(4)}"
 
     return BLOCK.sub(one, text)
 
@@ -242,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from its records")
     args = parser.parse_args(argv)
     text = args.readme.read_text()
-    fresh = render(text)
+    fresh = render(text, str(args.readme))
     blocks = len(BLOCK.findall(text))
     if args.check:
         if fresh != text:

@@ -6,7 +6,6 @@ python -m graft.report summarize outputs/**/summary.json [--out results/table.md
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 COLUMNS = [
@@ -33,12 +32,12 @@ def table(summaries: list[dict]) -> str:
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
     rows = []
     for s in summaries:
-        cells = ["-" if s.get(k) is None else fmt.format(s[k]) for k, fmt in COLUMNS]
+        cells = ["-" if not isinstance(s.get(k), (int, float, str)) else fmt.format(s[k]) for k, fmt in COLUMNS]
         rows.append("| " + " | ".join(cells) + " |")
     hardware = sorted(
         {
-            f"{s['hardware'].get('gpu') or s['hardware'].get('cpu')} ({s['hardware'].get('torch_threads')} threads)"
-            for s in summaries
+            f"{h.get('gpu') or h.get('cpu')} ({h.get('torch_threads')} threads)"
+            for h in (s.get("hardware") or {} for s in summaries)
         }
     )
     return "\n".join([head, rule, *rows, "", "Hardware: " + "; ".join(hardware)])
@@ -46,10 +45,13 @@ def table(summaries: list[dict]) -> str:
 
 def _load(path: Path) -> dict:
     """summary.json, plus the verification budget from the run.json beside it (when the method has one)."""
-    summary = json.loads(path.read_text())
-    run = path.parent / "run.json"
+    from graft.analysis import read_json
+
+    summary = read_json(path / "summary.json" if path.is_dir() else path)
+    run = (path if path.is_dir() else path.parent) / "run.json"
     if run.exists():
-        summary.setdefault("budget", json.loads(run.read_text())["config"]["method"].get("total_tokens"))
+        method = (read_json(run).get("config") or {}).get("method") or {}
+        summary.setdefault("budget", method.get("total_tokens"))
     return summary
 
 

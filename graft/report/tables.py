@@ -30,6 +30,7 @@ ORDER = [
 
 def build(paths: list[str], metric: str) -> tuple[str, str, object]:
     from graft.analysis import (
+        RecordError,
         best_settings,
         improvement,
         is_sweep,
@@ -41,7 +42,7 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
 
     rows = method_rows(paths)
     if rows.empty:
-        raise SystemExit(f"no finished runs under {', '.join(paths)}")
+        raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
     markdown, latex = [], []
     for (model, temperature), group in rows.groupby(["model", "temperature"]):
         if is_sweep(group):
