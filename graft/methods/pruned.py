@@ -36,6 +36,15 @@ def scaled_split(draft_tokens: int, total_tokens: int, reference_budget: int) ->
     return min(total_tokens, max(2, round(draft_tokens * total_tokens / reference_budget)))
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"warning: {message}")
+
+
 def stage_at(
     level: int, frontier_scores: Tensor | list[float], checkpoints: list[int], thresholds: list[float]
 ) -> int | None:
@@ -66,15 +75,19 @@ class StageParams:
             raise ValueError(f"checkpoints must be distinct, ascending and >= 0; got {self.checkpoints}")
         if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
             raise ValueError(f"thresholds are probabilities in [0, 1]; got {self.thresholds}")
-        # confidence only falls with depth, so the stages relax the threshold and keep more nodes the later they
-        # fire (the paper's 0.35/0.25/0.15, 8/24/40); the reverse order is a swapped list, not a setting
+        # confidence only falls with depth, so the paper's stages relax the threshold and keep more nodes the later
+        # they fire (0.35/0.25/0.15, 8/24/40); the other order is legal (0 and 1 force a stage, as tests do) but is
+        # more often a reversed list, so it is said once
         if any(a < b for a, b in zip(self.thresholds, self.thresholds[1:])):
-            raise ValueError(
-                f"thresholds must not increase from one checkpoint to the next (confidence only falls with depth); got {self.thresholds}"
+            _warn_once(
+                f"method.thresholds={self.thresholds} increase from one checkpoint to the next: confidence only falls "
+                "with depth, so a later checkpoint fires more often than an earlier one (the paper: 0.35/0.25/0.15); "
+                "is the list reversed?"
             )
         if any(a > b for a, b in zip(self.draft_tokens, self.draft_tokens[1:])):
-            raise ValueError(
-                f"draft_tokens must not decrease from one checkpoint to the next (a later stage is more confident); got {self.draft_tokens}"
+            _warn_once(
+                f"method.draft_tokens={self.draft_tokens} decrease from one checkpoint to the next: a later stage, "
+                "reached by a more confident draft, keeps fewer nodes (the paper: 8/24/40); is the list reversed?"
             )
         if any(not 1 <= d <= self.reference_budget for d in self.draft_tokens):
             raise ValueError(
