@@ -3,7 +3,10 @@ graft/report/figures.py, notebooks/reproduce_figures.ipynb).
 
 - `method_rows(paths)`: one row per (run, method) from the summaries: model, dataset, method, temperature,
   budget, the headline metrics, the time split and the pruning stages. A comparison gives a row per method
-  and one for its baseline (`ar`); a single-method run gives its method's row.
+  and one for its baseline (`ar`); a single-method run gives its method's row. `intervals=True` adds each
+  ratio's 95% bootstrap interval over prompts (`run_intervals`: summary.json's, else from the records).
+- `category_rows(paths)`: one row per (run, method, category or "all", metric) of those intervals.
+- `prompt_rows(paths)`: one row per (run, method, prompt): tau, tokens/s, speedup and lossless of that prompt.
 - `step_rows(paths)`: one row per verification step from samples.jsonl (accepted length, nodes, stage,
   accepted draft and retrieved nodes, milliseconds), for histograms and the retrieval-by-stage figure.
 - `paper_table(rows, ...)`: rows = methods, columns = datasets and their mean, cells "speedup / tau".
@@ -139,7 +142,10 @@ def _label(value) -> str | None:
     return None if value is None else "/".join(f"{v:g}" for v in value)
 
 
-def method_rows(paths) -> pd.DataFrame:
+def method_rows(paths, intervals: bool = False) -> pd.DataFrame:
+    """One row per (run, method); with `intervals`, columns `<metric>_low` / `<metric>_high` too: the 95%
+    bootstrap interval over prompts of speedup_wall, speedup_decode and tau (None where the run's records
+    give none: one prompt, or records without per-side totals)."""
     rows = []
     for run in run_dirs(paths):
         summary = read_summary(run)
@@ -149,10 +155,85 @@ def method_rows(paths) -> pd.DataFrame:
                 continue
             base = summary["rows"]["ar"]
             baseline = {**first, **base, "time_split": None, "stages": None, "method_config": {"total_tokens": 1}}
-            rows.append(_row(baseline, run, "ar"))
-            rows += [_row(s, run, name) for name, s in summary["methods"].items()]
+            found = [_row(baseline, run, "ar")] + [_row(s, run, name) for name, s in summary["methods"].items()]
         elif summary.get("n_prompts"):
-            rows.append(_row(summary, run, summary["method"]))
+            found = [_row(summary, run, summary["method"])]
+        else:
+            continue
+        if intervals:
+            spread = run_intervals(run, summary, categories=False)
+            for row in found:
+                overall = (spread.get(row["method"]) or {}).get("all", {})
+                for metric in INTERVAL_METRICS:
+                    entry = overall.get(metric) or {}
+                    row[f"{metric}_low"], row[f"{metric}_high"] = entry.get("low"), entry.get("high")
+        rows += found
+    return pd.DataFrame(rows)
+
+
+INTERVAL_METRICS = ("speedup_wall", "speedup_decode", "tau")  # graft/stats.py's METRICS
+
+
+def summary_records(run: Path, summary: dict) -> list[dict]:
+    """The records a run's summary was computed from: those of `complete.ids` where the summary names them
+    (samples.jsonl may hold an earlier, larger selection), each marked with the method of a single-method run."""
+    records = read_records(Path(run))
+    ids = (summary.get("complete") or {}).get("ids")
+    if ids is not None:
+        wanted = set(ids)
+        records = [r for r in records if r.get("id") in wanted]
+    if summary.get("kind") != "comparison":
+        records = [{**r, "_method": summary.get("method")} for r in records]
+    return records
+
+
+def _has_totals(record: dict) -> bool:
+    return all("totals" in side for side in _sides(record).values())
+
+
+def run_intervals(run: Path, summary: dict | None = None, categories: bool = True) -> dict:
+    """{method: {"all": {metric: interval}, "categories": {...}}} of a run (graft/stats.py): summary.json's
+    `intervals` where the run recorded them, else computed from its records (only "all" unless
+    `categories`); {} where the records lack per-side totals to resample."""
+    from graft import stats
+
+    summary = summary if summary is not None else read_summary(Path(run))
+    if isinstance(summary.get("intervals"), dict):
+        return summary["intervals"]
+    records = summary_records(run, summary)
+    if not all(_has_totals(r) for r in records):
+        return {}
+    if categories:
+        return stats.intervals(records)
+    return {
+        method: {"all": {metric: stats.interval(rows, metric) for metric in stats.METRICS}}
+        for method, rows in stats.paired_rows(records).items()
+    }
+
+
+def category_rows(paths) -> pd.DataFrame:
+    """One row per (run, method, category, metric) of the 95% bootstrap intervals, category "all" for the
+    whole run: model, dataset, temperature, hardware, value, low, high, n (the prompts resampled)."""
+    rows = []
+    for run in run_dirs(paths):
+        summary = read_summary(run)
+        for method, spread in run_intervals(run, summary).items():
+            groups = {"all": spread.get("all", {}), **spread.get("categories", {})}
+            for category, entries in groups.items():
+                for metric, entry in entries.items():
+                    rows.append(
+                        {
+                            "run": str(run),
+                            "model": summary["model"],
+                            "dataset": summary["dataset"],
+                            "temperature": summary.get("temperature", 0.0),
+                            "hardware": hardware_name(summary.get("hardware") or {}),
+                            "method": method,
+                            "category": category,
+                            "metric": metric,
+                            **{key: entry.get(key) for key in ("value", "low", "high", "n")},
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -209,19 +290,72 @@ def step_rows(paths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _verdict(record: dict, method: str) -> dict:
+    """The per-prompt speedup and lossless verdict the record keeps for `method` (1.0 and none for the baseline)."""
+    if "methods" in record:
+        return record["methods"].get(method) or {"speedup_wall": 1.0}  # the baseline, `ar`
+    is_baseline = method == "ar" and record.get("baseline")  # (method=ar alone runs no separate baseline)
+    return {"speedup_wall": 1.0} if is_baseline else record
+
+
+def prompt_rows(paths) -> pd.DataFrame:
+    """One row per (run, method, finished prompt), the baseline as `ar`: category, tau (step tokens / steps),
+    tokens_per_s, speedup_wall and lossless (the prompt's record; None for the baseline)."""
+    rows = []
+    for run in run_dirs(paths):
+        for summary, record, method, side in run_sides(run):
+            totals = side.get("totals") or {}
+            steps = totals.get("steps", sum(t["steps"] for t in side["turns"]))
+            tokens = totals.get("step_tokens", sum(sum(t["accept_lengths"]) for t in side["turns"]))
+            verdict = _verdict(record, method)
+            rows.append(
+                {
+                    "run": str(run),
+                    "model": summary["model"],
+                    "dataset": summary["dataset"],
+                    "method": method,
+                    "prompt": record["id"],
+                    "category": record.get("category"),
+                    "tau": tokens / steps if steps else None,
+                    "tokens_per_s": totals.get("tokens_per_s"),
+                    "speedup_wall": verdict.get("speedup_wall"),
+                    "lossless": (verdict.get("lossless") or {}).get("equal"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def paper_table(rows: pd.DataFrame, metric: str = "speedup_wall", order: list[str] | None = None) -> pd.DataFrame:
-    """Rows = methods, columns = datasets and `mean`, cells "<speedup>x / <tau>" (one model, one temperature)."""
+    """Rows = methods, columns = datasets and `mean`, cells "<speedup>x / <tau>" (one model, one temperature);
+    "<speedup>x [<low>, <high>] / <tau>" where `rows` has the speedup's 95% interval (method_rows(...,
+    intervals=True)); the baseline's ratio (1 by definition) and the mean over datasets go without."""
     speed = rows.pivot_table(index="method", columns="dataset", values=metric, aggfunc="mean")
     tau = rows.pivot_table(index="method", columns="dataset", values="tau", aggfunc="mean")
+    bounds = {}
+    for side in ("low", "high"):
+        column = f"{metric}_{side}"
+        if column in rows and rows[column].notna().any():
+            values = rows.astype({column: float})
+            bounds[side] = values.pivot_table(index="method", columns="dataset", values=column, aggfunc="mean")
     speed["mean"], tau["mean"] = speed.mean(axis=1), tau.mean(axis=1)
     methods = [m for m in (order or []) if m in speed.index] + [m for m in speed.index if m not in (order or [])]
     cells = speed.loc[methods].copy().astype(object)
     for method in methods:
         for column in speed.columns:
             s, t = speed.loc[method, column], tau.loc[method, column]
-            cells.loc[method, column] = "-" if pd.isna(s) else f"{s:.2f}x / {t:.2f}"
+            low, high = (_cell(bounds.get(side), method, column) for side in ("low", "high"))
+            spread = "" if low is None or high is None or method == "ar" else f" [{low:.2f}, {high:.2f}]"
+            cells.loc[method, column] = "-" if pd.isna(s) else f"{s:.2f}x{spread} / {t:.2f}"
     cells.columns.name = None
     return cells
+
+
+def _cell(table: pd.DataFrame | None, index: str, column: str) -> float | None:
+    """table[index, column], or None where the table, the cell or its value is missing."""
+    if table is None or index not in table.index or column not in table.columns:
+        return None
+    value = table.loc[index, column]
+    return None if pd.isna(value) else float(value)
 
 
 def improvement(

@@ -1,8 +1,9 @@
 """Typed schema of the Hydra config, and validation that names the bad key or value and what is allowed.
 
-The YAML files under `configs/` mirror these dataclasses one group per section. A method section holds
-`name`, its drafter and the keys of the parts it composes (graft/registry.py routes and checks them);
-a method YAML states only what differs from the dataclass defaults or from the method it derives from.
+The YAML files under `graft/configs/` (`configs/` in the repository links there) mirror these dataclasses one
+group per section. A method section holds `name`, its drafter and the keys of the parts it composes
+(graft/registry.py routes and checks them); a method YAML states only what differs from the dataclass defaults
+or from the method it derives from.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from graft.schema import ConfigError, coerce_dataclass, require, schema_defaults
 
 __all__ = ["ConfigError", "ExperimentConfig", "compose", "validate", "check_overrides", "group_options"]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# the Hydra configs ship inside the package (graft/configs; the repository's configs/ links to it), so an
+# installed copy finds them wherever it runs from
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+REPO = Path(__file__).resolve().parent.parent  # the checkout (in an installed copy: the folder graft/ lies in)
 
 
 def from_cwd_or_repo(path: str) -> Path:
     """A user-given path: as given when it exists (or is absolute), else relative to the repository, where
     the shipped data, heads and cost profiles live."""
     found = Path(path).expanduser()
-    return found if found.is_absolute() or found.exists() else CONFIG_DIR.parent / found
+    return found if found.is_absolute() or found.exists() else REPO / found
 
 
 GROUPS = ("model", "method", "dataset", "logger", "hardware", "experiment")
@@ -136,7 +140,8 @@ class PathsConfig:
 class LoggerConfig:
     name: Literal["none", "wandb"] = "none"
     project: str = "graft"
-    mode: Literal["offline", "online", "disabled"] = "offline"
+    # auto: online when logged in to W&B (WANDB_API_KEY, ~/.netrc), else offline; WANDB_MODE wins (graft/loggers.py)
+    mode: Literal["auto", "offline", "online", "disabled"] = "auto"
     dir: str | None = None
     tags: list[str] = field(default_factory=list)
     group: str | None = None  # W&B group; None: the experiment's name (or the run's label outside one)

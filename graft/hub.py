@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# the shipped heads and drafters live in the package (graft/heads; the checkout's heads/ links there), so
+# `heads/<name>` is found beside the repository or, in an installed copy, inside the package
+PACKAGE = Path(__file__).resolve().parent
 CHECKPOINT_FILES = ["config.json", "*.safetensors", "*.bin"]  # what a head or drafter needs from its repository
 # any one of these lets AutoTokenizer build the tokenizer (fast, SentencePiece, BPE, WordPiece, Mistral's tekken)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "tekken.json")
@@ -45,12 +48,13 @@ def hub_cache() -> str:
 
 
 def local_path(source: str) -> Path | None:
-    """`source` as a directory on disk (as given, or shipped in this repository); None for a Hub id."""
+    """`source` as a directory on disk (as given, or shipped in this repository or package); None for a Hub id."""
     path = Path(source).expanduser()
     if path.exists():
         return path
-    if not path.is_absolute() and (REPO / path).is_dir():
-        return REPO / path
+    for base in () if path.is_absolute() else (REPO, PACKAGE):
+        if (base / path).is_dir():
+            return base / path
     if looks_local(source):
         raise Unavailable("no such directory")
     return None

@@ -1,20 +1,59 @@
-"""Experiment loggers: `none`, or Weights & Biases (offline by default; no network is needed).
+"""Experiment loggers: `none`, or Weights & Biases.
 
 One W&B run per job: grouped by experiment, job_type = the method (or "compare"), the resolved config as
 the run's config, per-prompt figures as it goes, and at the end the summaries as the run summary, a
-per-sample table and the run's figures. Offline runs print the `wandb sync` command. The run is always
-finished, also when the job fails. A logger failure never loses results: they are already on disk.
+per-sample table, a per-category table of the 95% intervals, the run's figures, and the run's records
+(samples.jsonl, summary.json, run.json, per-method summaries, tables) as one artifact of type "run-records".
+The run is always finished, also when the job fails. A logger failure never loses results: they are already
+on disk.
+
+Mode (`choose_mode`, one printed line says which and why): disabled by `logger.mode=disabled`, WANDB_MODE=disabled
+or WANDB_DISABLED; else WANDB_MODE=online|offline; else logger.mode=online|offline; else the `mode` that
+`wandb offline` / `wandb online` leave in W&B's settings files; else (logger.mode=auto, the default) online when
+the user is logged in (WANDB_API_KEY, an entry for the W&B host in ~/.netrc / $NETRC as `wandb login`
+writes it, or an api_key in W&B's settings file), offline otherwise (upload later with the printed
+`wandb sync` command).
+
+The run's id is derived from the absolute run directory and the config hash (graft/records.py), with
+resume="allow": a job resumed in the same run.out_dir continues its W&B run. Its name is
+model/job_type/dataset plus every key overridden on the command line or by a sweep (Hydra's task
+overrides), so two points of a sweep never share a name.
 """
 
 from __future__ import annotations
 
+import configparser
+import hashlib
+import netrc
 import os
+import re
 import warnings
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from graft.config import LoggerConfig
 
 SAMPLE_COLUMNS = ["id", "category", "method", "turns", "tau", "tokens_per_s", "speedup_wall", "lossless"]
+INTERVAL_COLUMNS = ["method", "category", "metric", "value", "low", "high", "n"]
+ARTIFACT_TYPE = "run-records"
+RECORD_FILES = ("samples.jsonl", "summary.json", "run.json")
+TABLE_SUFFIXES = (".csv", ".tsv", ".md", ".tex")
+DEFAULT_HOST = "https://api.wandb.ai"
+# overrides that the name already shows (model/method/dataset), that group runs (experiment, logger), or that a
+# resumed job may change (graft/records.py RESUMABLE_KEYS): the run name and its artifact stay the same
+NAME_SKIPPED = {
+    "model",
+    "method",
+    "dataset",
+    "experiment",
+    "logger",
+    "run.out_dir",
+    "run.num_prompts",
+    "run.progress",
+    "dataset.num_prompts",
+    "paths.data_root",
+    "run.skip_memory_check",
+}
 
 
 class NullLogger:
@@ -23,6 +62,174 @@ class NullLogger:
 
     def finish(self, summary: dict, samples: list[dict] = (), figures: list[Path] = (), failed: bool = False) -> None:
         pass
+
+
+# --- which mode, and why ---------------------------------------------------------------------------------
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def settings_files(env=None, cwd: str | Path | None = None) -> list[Path]:
+    """W&B's settings files, the global one first: $WANDB_CONFIG_DIR/settings (else ~/.config/wandb/settings),
+    then the workspace's ./wandb/settings (which `wandb offline` / `wandb online` may also write)."""
+    env = os.environ if env is None else env
+    config_dir = env.get("WANDB_CONFIG_DIR")
+    global_file = Path(config_dir) / "settings" if config_dir else Path("~/.config/wandb/settings").expanduser()
+    return [global_file, Path(cwd or os.getcwd()) / "wandb" / "settings"]
+
+
+def wandb_settings(env=None, cwd: str | Path | None = None) -> dict[str, tuple[str, Path]]:
+    """{key: (value, file)} of the [default] sections of W&B's settings files (the workspace's win)."""
+    found: dict[str, tuple[str, Path]] = {}
+    for path in settings_files(env, cwd):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.has_section("default"):
+            found.update({key: (value, path) for key, value in parser.items("default")})
+    return found
+
+
+def netrc_path(env=None) -> Path:
+    """The netrc file W&B reads: $NETRC, else ~/.netrc (or ~/_netrc where only that exists)."""
+    env = os.environ if env is None else env
+    if env.get("NETRC"):
+        return Path(env["NETRC"]).expanduser()
+    home = Path(env.get("HOME") or Path.home())
+    unix, windows = home / ".netrc", home / "_netrc"
+    return windows if windows.exists() and not unix.exists() else unix
+
+
+def wandb_host(env=None, cwd: str | Path | None = None) -> str:
+    """The W&B server: $WANDB_BASE_URL, else the settings files' base_url, else api.wandb.ai."""
+    env = os.environ if env is None else env
+    settings = wandb_settings(env, cwd)
+    url = env.get("WANDB_BASE_URL") or settings.get("base_url", (DEFAULT_HOST,))[0]
+    return urlsplit(url).netloc or url
+
+
+def login_source(env=None, cwd: str | Path | None = None) -> str | None:
+    """Where W&B would find this user's credentials (a phrase for the mode's line), or None when not logged in.
+    Read offline, as `wandb login` leaves them: nothing is verified against the server."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY is set"
+    if env.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return "WANDB_IDENTITY_TOKEN_FILE is set"
+    host = wandb_host(env, cwd)
+    path = netrc_path(env)
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        entry = None
+    if entry and entry[2]:
+        return f"an API key for {host} in {path}"
+    settings = wandb_settings(env, cwd)
+    if settings.get("api_key", ("",))[0]:
+        return f"an API key in {settings['api_key'][1]}"
+    return None
+
+
+def choose_mode(cfg_mode: str = "auto", env=None, cwd: str | Path | None = None) -> tuple[str, str]:
+    """(online | offline | disabled, why). Turning logging off always wins; then the environment's WANDB_MODE,
+    then logger.mode, then the settings files' mode (`wandb offline`), then whether the user is logged in."""
+    env = os.environ if env is None else env
+    variable = (env.get("WANDB_MODE") or "").strip().lower()
+    variable = {"dryrun": "offline", "run": "online"}.get(variable, variable)
+    if cfg_mode == "disabled":
+        return "disabled", "logger.mode=disabled"
+    if variable == "disabled":
+        return "disabled", "WANDB_MODE=disabled"
+    if _truthy(env.get("WANDB_DISABLED")):
+        return "disabled", "WANDB_DISABLED is set"
+    if variable in ("online", "offline"):
+        return variable, f"WANDB_MODE={variable}"
+    if cfg_mode in ("online", "offline"):
+        return cfg_mode, f"logger.mode={cfg_mode}"
+    settings = wandb_settings(env, cwd)
+    if "mode" in settings:
+        value, path = settings["mode"]
+        value = {"dryrun": "offline", "run": "online"}.get(value.strip().lower(), value.strip().lower())
+        if value in ("online", "offline", "disabled"):
+            return value, f"mode = {value} in {path} (`wandb online` clears it)"
+    source = login_source(env, cwd)
+    if source:
+        return "online", f"logged in: {source}"
+    host = wandb_host(env, cwd)
+    return (
+        "offline",
+        f"not logged in (no WANDB_API_KEY, no {host} entry in {netrc_path(env)}); `wandb login` to log online",
+    )
+
+
+# --- names and ids -----------------------------------------------------------------------------------------
+
+
+def task_overrides() -> list[str] | None:
+    """This job's command-line and sweep overrides (Hydra's `overrides.task`), or None outside a Hydra job."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # no Hydra, or a config without the hydra node
+        return None
+
+
+def override_items(overrides: list[str] | None) -> list[str]:
+    """`key=value` of each override the name should carry, sorted; a key is shortened to its last
+    part (run.temperature -> temperature) unless two kept keys share that part."""
+    kept = {}
+    for override in overrides or ():
+        if "=" not in override:
+            continue
+        key, value = override.split("=", 1)
+        key = key.lstrip("+~").strip()
+        if key in NAME_SKIPPED or key.startswith(("hydra.", "logger.")) or key == "hydra":
+            continue
+        if key == "methods" and value.strip() in ("null", "None", ""):
+            continue  # run.py's marker of a single-method run: the name already shows the method
+        kept[key] = value.strip()
+    short = [key.rsplit(".", 1)[-1] for key in kept]
+    return sorted(
+        f"{key.rsplit('.', 1)[-1] if short.count(key.rsplit('.', 1)[-1]) == 1 else key}={value}"
+        for key, value in kept.items()
+    )
+
+
+def run_name(resolved: dict, job_type: str, overrides: list[str] | None = None) -> str:
+    """model/job_type/dataset, then the overridden keys: `tiny_llama/compare/builtin/temperature=0.7,total_tokens=30`."""
+    model = (resolved.get("model") or {}).get("name", "model")
+    dataset = (resolved.get("dataset") or {}).get("name", "dataset")
+    name = f"{model}/{job_type}/{dataset}"
+    items = override_items(overrides)
+    return f"{name}/{','.join(items)}" if items else name
+
+
+def artifact_name(name: str) -> str:
+    """A W&B artifact name (letters, digits, `-`, `_`, `.`; at most 128) for a run name; a shortened one keeps a
+    hash of the whole so two long names stay apart."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
+    if len(clean) > 128:
+        clean = f"{clean[:119].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return clean
+
+
+def run_id(resolved: dict, out_dir: str | Path) -> str:
+    """W&B run id of a run directory: the same folder with the same config (graft/records.py config_hash, which
+    leaves out the logger and the keys a resumed job may change) gives the same id."""
+    from graft.records import config_hash
+
+    where = str(Path(out_dir).expanduser().resolve())
+    return hashlib.sha256(f"{where}\n{config_hash(resolved)}".encode()).hexdigest()[:24]
+
+
+# --- what is logged ----------------------------------------------------------------------------------------
 
 
 def sample_rows(records: list[dict]) -> list[list]:
@@ -51,36 +258,103 @@ def sample_rows(records: list[dict]) -> list[list]:
     return rows
 
 
-def flat_summary(summary: dict) -> dict:
-    """Scalars of a summary; a comparison's rows as `<method>/<metric>`."""
+def run_intervals(summary: dict, records: list[dict]) -> dict:
+    """summary.json's `intervals` ({method: {"all": ..., "categories": ...}}, graft/stats.py) where the run
+    recorded them, else computed from the records."""
+    if isinstance(summary.get("intervals"), dict):
+        return summary["intervals"]
+    from graft import stats
+
+    records = [r for r in records if r.get("status") == "ok"]
+    if not records:
+        return {}
+    if summary.get("kind") != "comparison":  # a single run's records do not name their method
+        records = [{**r, "_method": r.get("_method") or summary.get("method") or "method"} for r in records]
+    return stats.intervals(records)
+
+
+def interval_rows(intervals: dict) -> list[list]:
+    """One row per (method, category, metric) in INTERVAL_COLUMNS order; category "all" is the whole run."""
+    rows = []
+    for method, spread in intervals.items():
+        groups = {"all": spread.get("all") or {}, **(spread.get("categories") or {})}
+        for category, metrics in groups.items():
+            for metric, entry in metrics.items():
+                rows.append([method, category, metric, *(entry.get(k) for k in ("value", "low", "high", "n"))])
+    return rows
+
+
+def flat_summary(summary: dict, intervals: dict | None = None) -> dict:
+    """Scalars of a summary; a comparison's rows as `<method>/<metric>`; each method's whole-run intervals as
+    `<method>/<metric>_low` and `_high`."""
     flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, bool, str)) or v is None}
     for name, row in (summary.get("rows") or {}).items():
         flat.update({f"{name}/{k}": v for k, v in row.items() if isinstance(v, (int, float, bool)) or v is None})
+    for name, spread in (intervals or {}).items():
+        for metric, entry in (spread.get("all") or {}).items():
+            flat.update({f"{name}/{metric}_{k}": entry.get(k) for k in ("low", "high")})
     return flat
 
 
+def record_files(out_dir: str | Path, figures: list[Path] = ()) -> dict[str, Path]:
+    """{name in the artifact: file} of a run's records: samples.jsonl, summary.json, run.json, the per-method
+    summaries, tables (.csv/.tsv/.md/.tex) in the folder or its tables/, and the figures."""
+    root = Path(out_dir)
+    files = {name: root / name for name in RECORD_FILES if (root / name).is_file()}
+    for path in sorted((root / "summaries").glob("*.json")):
+        files[f"summaries/{path.name}"] = path
+    for path in sorted([*root.glob("*"), *(root / "tables").rglob("*")]):
+        if path.is_file() and path.suffix in TABLE_SUFFIXES:
+            files[path.relative_to(root).as_posix()] = path
+    for figure in figures:
+        path = Path(figure)
+        if path.is_file():
+            inside = path.resolve().is_relative_to(root.resolve())
+            files[path.resolve().relative_to(root.resolve()).as_posix() if inside else f"figures/{path.name}"] = path
+    return files
+
+
 class WandbLogger(NullLogger):
-    def __init__(self, cfg: LoggerConfig, resolved: dict, out_dir: str, job_type: str, group: str):
+    def __init__(
+        self,
+        cfg: LoggerConfig,
+        resolved: dict,
+        out_dir: str,
+        job_type: str,
+        group: str,
+        mode: str = "offline",
+        overrides: list[str] | None = None,
+    ):
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         self._wandb = wandb
-        self.offline = (
-            cfg.mode == "offline" or os.environ.get("WANDB_MODE") == "offline" or not os.environ.get("WANDB_API_KEY")
-        )
-        mode = "offline" if self.offline else cfg.mode  # make_logger never builds a disabled one
-        self.run = wandb.init(
+        self.out_dir = Path(out_dir)
+        self.name = run_name(resolved, job_type, overrides)
+        self.id = run_id(resolved, out_dir)
+        options = dict(
             project=cfg.project,
-            mode=mode,
             dir=cfg.dir or out_dir,
             config=resolved,
-            name=f"{resolved['model']['name']}/{job_type}/{resolved['dataset']['name']}",
+            name=self.name,
+            id=self.id,
+            resume="allow",
             group=cfg.group or group,
             job_type=job_type,
             tags=cfg.tags,
             reinit="finish_previous",
         )
+        Path(options["dir"]).mkdir(parents=True, exist_ok=True)
+        try:
+            self.run = wandb.init(mode=mode, **options)
+        except Exception as err:
+            if mode != "online":
+                raise
+            warnings.warn(f"W&B could not start online ({err}); logging offline instead")
+            mode = "offline"
+            self.run = wandb.init(mode=mode, **options)
+        self.offline = mode == "offline"
 
     def log_sample(self, record: dict, summary: dict, prefix: str = "") -> None:
         """One prompt's figures; `prefix` names the method in a comparison (one step per prompt)."""
@@ -99,25 +373,81 @@ class WandbLogger(NullLogger):
             step=record["index"],
         )
 
-    def finish(self, summary: dict, samples: list[dict] = (), figures: list[Path] = (), failed: bool = False) -> None:
+    def _try(self, what: str, action) -> None:
+        """One part of the final logging; its failure is a warning, and the parts after it still run."""
         try:
-            self.run.summary.update(flat_summary(summary))
-            rows = sample_rows(list(samples))
-            if rows:
-                self.run.log({"samples": self._wandb.Table(columns=SAMPLE_COLUMNS, data=rows)})
-            for figure in figures:
-                self.run.log({f"figures/{Path(figure).stem}": self._wandb.Image(str(figure))})
+            action()
+        except Exception as err:
+            warnings.warn(f"W&B: could not log {what} ({type(err).__name__}: {err})")
+
+    def finish(self, summary: dict, samples: list[dict] = (), figures: list[Path] = (), failed: bool = False) -> None:
+        samples = list(samples)
+        try:
+            spread: dict = {}
+
+            def intervals() -> None:
+                spread.update(run_intervals(summary, samples))
+                rows = interval_rows(spread)
+                if rows:
+                    self.run.log({"intervals": self._wandb.Table(columns=INTERVAL_COLUMNS, data=rows)})
+
+            def table() -> None:
+                rows = sample_rows(samples)
+                if rows:
+                    self.run.log({"samples": self._wandb.Table(columns=SAMPLE_COLUMNS, data=rows)})
+
+            def images() -> None:
+                for figure in figures:
+                    self.run.log({f"figures/{Path(figure).stem}": self._wandb.Image(str(figure))})
+
+            def artifact() -> None:
+                files = record_files(self.out_dir, figures)
+                if not files:
+                    return
+                records = self._wandb.Artifact(
+                    artifact_name(self.name),
+                    type=ARTIFACT_TYPE,
+                    description=f"graft run records of {self.name} ({self.out_dir})",
+                    metadata={
+                        "run_name": self.name,
+                        "out_dir": str(self.out_dir.resolve()),
+                        "records": sum(1 for r in samples if r.get("status") == "ok"),
+                        "failed": failed,
+                    },
+                )
+                for name, path in files.items():
+                    records.add_file(str(path), name=name)
+                self.run.log_artifact(records, aliases=["latest", *(["failed"] if failed else [])])
+
+            self._try("the per-category intervals", intervals)
+            self._try("the summary", lambda: self.run.summary.update(flat_summary(summary, spread)))
+            self._try("the per-sample table", table)
+            self._try("the figures", images)
+            self._try("the run's records as an artifact", artifact)
         finally:
             self.run.finish(exit_code=1 if failed else 0)
             if self.offline:
                 print(f"W&B run logged offline; upload it with: wandb sync {self.run.dir.rsplit('/files', 1)[0]}")
 
 
-def make_logger(cfg: LoggerConfig, resolved: dict, out_dir: str, job_type: str = "run", group: str | None = None):
-    if cfg.name == "none" or cfg.mode == "disabled" or os.environ.get("WANDB_MODE") == "disabled":
+def make_logger(
+    cfg: LoggerConfig,
+    resolved: dict,
+    out_dir: str,
+    job_type: str = "run",
+    group: str | None = None,
+    overrides: list[str] | None = None,
+):
+    """The job's logger. `overrides`: the job's `key=value` overrides (runner.py passes Hydra's, see
+    `task_overrides`), carried by the W&B run's name."""
+    if cfg.name == "none":
+        return NullLogger()
+    mode, why = choose_mode(cfg.mode)
+    print(f"W&B: {mode} ({why})")
+    if mode == "disabled":
         return NullLogger()
     try:
-        return WandbLogger(cfg, resolved, out_dir, job_type, group or job_type)
+        return WandbLogger(cfg, resolved, out_dir, job_type, group or job_type, mode=mode, overrides=overrides)
     except Exception as err:  # a logging backend must not stop a benchmark
         warnings.warn(f"W&B logger could not start ({err}); continuing without it")
         return NullLogger()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import sys
 from pathlib import Path
 
 from graft.machine import cpu_model
+
+log = logging.getLogger(__name__)
 
 # Keys that do not change any prompt's result: they may differ between a run and its resumption.
 RESUMABLE_KEYS = {
@@ -165,7 +168,7 @@ def completed_summary(path: str | Path, cfg: dict, plan: dict) -> dict | None:
         return None
     problem = _records_problem(path / "samples.jsonl", complete.get("ids", []), complete.get("records_sha1"))
     if problem:
-        print(f"{path}: summary.json says complete, but {problem}; resuming")
+        log.warning("%s: summary.json says complete, but %s; resuming", path, problem)
         return None
     return summary
 
@@ -270,7 +273,7 @@ class RunDir:
             except json.JSONDecodeError:
                 if number != len(lines):
                     raise RunDirConflict(f"{self.samples_path}:{number} is not valid JSON; fix or move the file")
-                print(f"{self.samples_path}:{number} is torn (an interrupted run); that prompt reruns")
+                log.warning("%s:%d is torn (an interrupted run); that prompt reruns", self.samples_path, number)
                 intact = number - 1
                 break
             records.pop(record.get("id"), None)  # a later record of the same prompt replaces the earlier

@@ -5,11 +5,13 @@ prompt, after an untimed warm-up of each; check losslessness against the baselin
 
 from __future__ import annotations
 
+import logging
 import zlib
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from graft.backends import capacity_bucket, compiled_graphs
 from graft.config import ExperimentConfig
@@ -18,7 +20,7 @@ from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, float_tie, generate, tie_ulps
 from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
-from graft.loggers import make_logger
+from graft.loggers import make_logger, task_overrides
 from graft.hardware import check_memory, resolve_hardware
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
@@ -26,6 +28,9 @@ from graft.plots import plot_comparison_pareto
 from graft.records import RunDir, completed_summary, hardware_info, peak_memory, records_digest, token_hash
 from graft.registry import build_drafter
 from graft.resolve import resolve as resolve_artefacts
+from graft.stats import intervals
+
+log = logging.getLogger(__name__)
 
 
 class PromptTooLong(Exception):
@@ -207,12 +212,12 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     plan = {"num_prompts": run_cfg.num_prompts, "dataset_num_prompts": cfg.dataset.num_prompts}
     done = completed_summary(run_cfg.out_dir, resolved, plan)
     if done is not None:
-        tqdm.write(f"{run_cfg.out_dir}: already complete for this config; nothing to run")
+        log.info("%s: already complete for this config; nothing to run", run_cfg.out_dir)
         return done
     if cfg.dataset.source not in BUILT_WITH_TOKENIZER:
         load_prompts(cfg.dataset, cfg.paths.data_root)  # bad dataset input fails before the model loads
     cfg, choice = resolve_hardware(cfg)  # hardware=auto: CUDA (as many GPUs as the plan needs) or the CPU
-    print(choice.line)
+    log.info(choice.line)
     check_memory(cfg)  # a model this machine cannot hold is refused here, in seconds, with the figures
     artefacts = resolve_artefacts(cfg)  # every missing file named at once, heads fetched, before the target loads
     rundir = RunDir(run_cfg.out_dir, resolved)  # writable, and no other config's results: before loading
@@ -220,8 +225,12 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
     if run_cfg.num_prompts:
         if run_cfg.num_prompts > len(prompts):
-            print(
-                f"run.num_prompts={run_cfg.num_prompts}, but {cfg.dataset.name} has {len(prompts)}: running {len(prompts)}"
+            log.warning(
+                "run.num_prompts=%d, but %s has %d: running %d",
+                run_cfg.num_prompts,
+                cfg.dataset.name,
+                len(prompts),
+                len(prompts),
             )
         prompts = prompts[: run_cfg.num_prompts]
     hardware = hardware_info(str(model.target.device), model.target.attention)
@@ -252,7 +261,9 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     earlier = rundir.finished()
     records = [r for r in earlier if r["id"] in selected]
     if len(records) < len(earlier):
-        print(f"{len(earlier) - len(records)} records in {run_cfg.out_dir} are outside this selection; not summarised")
+        log.info(
+            "%d records in %s are outside this selection; not summarised", len(earlier) - len(records), run_cfg.out_dir
+        )
     finished_ids = {r["id"] for r in records}
     todo = [(i, p) for i, p in enumerate(prompts) if p.id not in finished_ids]
     configs = {m.name: m.flat() for m in cfg.compared}  # every key of each method, defaults resolved
@@ -273,7 +284,9 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         return comparison_summary(per_method, meta)
 
     summary, figures, failed = summaries(), [], True
-    logger = make_logger(cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label)
+    logger = make_logger(
+        cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label, overrides=task_overrides()
+    )
     try:
         compile_info = {}
         if todo and run_cfg.warmup:
@@ -281,18 +294,19 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             compile_info = warm_up(model, drafters, [p for _, p in todo], run_cfg, sampling)
         graphs = compiled_graphs()
         bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
-        for index, prompt in bar:
-            record = prompt_record(model, contenders, baseline, prompt, index, run_cfg, sampling, comparison)
-            rundir.append(record)
-            records.append(record)
-            summary = summaries()
-            rundir.write_summary(summary)
-            if comparison:
-                for name in contenders:
-                    logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
-            else:
-                logger.log_sample(record, summary)
-            bar.set_postfix(done=len(records))
+        with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
+            for index, prompt in bar:
+                record = prompt_record(model, contenders, baseline, prompt, index, run_cfg, sampling, comparison)
+                rundir.append(record)
+                records.append(record)
+                summary = summaries()
+                rundir.write_summary(summary)
+                if comparison:
+                    for name in contenders:
+                        logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
+                else:
+                    logger.log_sample(record, summary)
+                bar.set_postfix(done=len(records))
         bar.close()
         summary["peak_memory"] = peak_memory(model.target.devices)
         if model.target.compile_mode is not None:  # a graph compiled after the warm-up was timed: say so
@@ -303,6 +317,9 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         ids = [p.id for p in prompts]
         by_id = {r["id"]: r for r in records}
         summary["complete"] = {"plan": plan, "ids": ids, "records_sha1": records_digest([by_id[i] for i in ids])}
+        # 95% bootstrap intervals over these prompts, overall and per category, keyed by method name
+        named = records if comparison else [{**r, "_method": cfg.method.name} for r in records]
+        summary["intervals"] = intervals(named)
         rundir.write_summary(summary)
         if comparison:
             for name, method_summary in summary["methods"].items():
@@ -321,7 +338,7 @@ def prompt_record(model, contenders: dict, baseline, prompt, index: int, run_cfg
     try:
         results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling)
     except PromptTooLong as err:
-        tqdm.write(f"skipped prompt {prompt.id}: {err}")
+        log.warning("skipped prompt %s: %s", prompt.id, err)
         return {**record, "status": "skipped", "reason": str(err)}
     base = results.get("baseline")
     base_side = side_record(base) if base is not None else None

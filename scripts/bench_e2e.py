@@ -34,7 +34,7 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 
 import torch  # noqa: E402
 
-from graft.config import CONFIG_DIR  # noqa: E402
+from graft.config import CONFIG_DIR, REPO  # noqa: E402
 from graft.report.e2e import (  # noqa: E402
     NO_AMX,
     PHASES,
@@ -144,9 +144,7 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over the prompt set; medians reported")
-    parser.add_argument(
-        "--data-root", default=os.environ.get("GRAFT_DATA", str(CONFIG_DIR.parent.parent / "shared" / "data"))
-    )
+    parser.add_argument("--data-root", default=os.environ.get("GRAFT_DATA", str(REPO.parent / "shared" / "data")))
     parser.add_argument("--neighbour", action="store_true", help="run beside one busy process")
     parser.add_argument("--out", help="write the table and per-prompt records as JSON")
     parser.add_argument(

@@ -1,8 +1,8 @@
 """Run many command lines in one Python process: `python tests/bad_inputs.py CASES.json RESULTS.json`.
 
-Each case is {"id", "tool": "run" | "report", "args": [...]}; the parent imports run.py and the report tools
-once (the slow part of a start-up), then forks a child per case, which runs the command as `python run.py
-ARGS` or `python -m graft.report ARGS` would and exits with its status. The parent never computes with torch,
+Each case is {"id", "tool": "run" | "report", "args": [...]}; the parent starts as run.py does and imports the
+harness and the report tools once (the slow part of a start-up), then forks a child per case, which runs the
+command as `python run.py ARGS` or `python -m graft.report ARGS` would and exits with its status. The parent never computes with torch,
 so each child starts from a clean OpenMP state. RESULTS.json maps each id to {"code", "stdout", "stderr"}.
 """
 
@@ -31,7 +31,7 @@ def _child(case: dict, out: Path, err: Path) -> None:
             import runpy
 
             sys.argv = [str(ROOT / "run.py"), *case["args"], "run.progress=false"]
-            runpy.run_path(sys.argv[0], run_name="__main__")  # as a script: Hydra finds configs/ beside it
+            runpy.run_path(sys.argv[0], run_name="__main__")  # as a script, as a user runs it
         else:
             from graft.report.__main__ import main
 
@@ -51,8 +51,10 @@ def _child(case: dict, out: Path, err: Path) -> None:
 
 def main(cases_path: str, results_path: str) -> None:
     os.chdir(ROOT)
-    sys.path.insert(0, str(ROOT))
-    import run  # noqa: F401  (Hydra, the configs' schemas and resolvers, before the forks)
+    from graft.cli import prepare
+
+    prepare()  # as run.py starts: the OpenMP policy, then the configs' schemas and resolvers, before the forks
+    import graft.runner  # noqa: F401  (torch, transformers, Hydra: the slow part of a start-up)
     import graft.report.__main__  # noqa: F401
 
     cases = json.loads(Path(cases_path).read_text())

@@ -127,7 +127,7 @@ def _saved_profile(tmp_path, target, **changes):
     return str(path)
 
 
-def test_a_profile_file_of_another_target_is_refused_in_one_line(tiny, tmp_path, capsys):
+def test_a_profile_file_of_another_target_is_refused_in_one_line(tiny, tmp_path, caplog):
     from conftest import make_drafter
     from graft.schema import ConfigError
 
@@ -146,7 +146,7 @@ def test_a_profile_file_of_another_target_is_refused_in_one_line(tiny, tmp_path,
     # asked for, it is used anyway, with the same line as a warning
     drafter = make_drafter("graft_auto", target, cost_profile=other, cost_profile_mismatch="warn")
     assert drafter.trim.profile.model == "smollm2_135m"
-    assert "warning: method.cost_profile=" in capsys.readouterr().out
+    assert [r.levelname for r in caplog.records if r.getMessage().startswith("method.cost_profile=")] == ["WARNING"]
 
 
 def test_a_torn_profile_file_is_a_one_line_error_naming_it(tiny, tmp_path):

@@ -143,13 +143,13 @@ def test_empty_selection_is_an_error(tmp_path):
         load_prompts(dataset_cfg("spec_bench", f"dataset.path={path}", "dataset.min_prompt_tokens=100000"), chat=chat)
 
 
-def test_repeated_ids_are_made_unique_and_an_empty_file_says_so(tmp_path, capsys):
+def test_repeated_ids_are_made_unique_and_an_empty_file_says_so(tmp_path, caplog):
     twice = [QUESTIONS[0], QUESTIONS[1], QUESTIONS[0]]
     path = write_jsonl(tmp_path / "question.jsonl", twice)
     prompts = load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}"))
     assert [p.id for p in prompts] == ["mt_bench-81", "mt_bench-82", "mt_bench-81#2"]
     assert len(load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}", "dataset.num_prompts=9"))) == 3
-    assert "dataset.num_prompts=9, but 'mt_bench' has 3: using 3" in capsys.readouterr().out
+    assert "dataset.num_prompts=9, but 'mt_bench' has 3: using 3" in caplog.messages  # a warning
     empty = tmp_path / "empty" / "question.jsonl"
     empty.parent.mkdir()
     empty.write_text("")

@@ -3,6 +3,7 @@ the per-GPU memory plan needs where it does (faked here: this machine has none),
 in run.json; a CUDA config refused in one line where there is none; `${gpus_needed:}` for a scheduler."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -171,8 +172,10 @@ def test_a_launcher_asking_gpus_needed_gets_the_plans_count():
             assert cfg.hydra.launcher.gpus_per_node == gpus
 
 
-def test_the_choice_is_printed_and_recorded_in_run_json(tmp_path, capsys):
+def test_the_choice_is_logged_and_recorded_in_run_json(tmp_path, caplog):
     from graft.runner import run
+
+    caplog.set_level(logging.INFO, logger="graft")
 
     overrides = ["model=tiny_llama", "method=ar", "hardware=auto", "run.num_prompts=1", "run.max_new_tokens=2"]
     resolved = compose([*overrides, "logger=none", "run.warmup=false", "run.progress=false"])
@@ -180,7 +183,7 @@ def test_the_choice_is_printed_and_recorded_in_run_json(tmp_path, capsys):
     run(validate(resolved), resolved)
     choice = json.loads((tmp_path / "run.json").read_text())["hardware"]["choice"]
     expected = "cpu" if not torch.cuda.is_available() else "cuda"
-    assert choice["device"] == expected and choice["config"] == "auto" and choice["line"] in capsys.readouterr().out
+    assert choice["device"] == expected and choice["config"] == "auto" and choice["line"] in caplog.messages
 
 
 def test_more_threads_than_cores_are_refused_before_loading(monkeypatch):

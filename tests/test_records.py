@@ -42,9 +42,15 @@ def test_a_whole_run_is_complete_and_its_summary_names_its_records(uninterrupted
     plan = {"num_prompts": 3, "dataset_num_prompts": resolved["dataset"].get("num_prompts")}
     summary = completed_summary(path, resolved, plan)
     assert summary is not None and len(summary["complete"]["ids"]) == 3 and summary["complete"]["records_sha1"]
+    # the 95% intervals over the same three prompts, under the method's name, around the summary's own figures
+    overall = summary["intervals"]["pld"]["all"]
+    for metric in ("speedup_wall", "speedup_decode", "tau"):
+        entry = overall[metric]
+        assert entry["n"] == 3 and abs(entry["value"] - summary[metric]) < 1e-9, metric
+        assert entry["low"] <= entry["value"] <= entry["high"], metric
 
 
-def test_every_tear_and_a_deletion_resume_to_the_same_records(uninterrupted, tmp_path, capsys):
+def test_every_tear_and_a_deletion_resume_to_the_same_records(uninterrupted, tmp_path, caplog):
     path, resolved = uninterrupted
     whole = (path / "samples.jsonl").read_bytes()
     ends = [i + 1 for i, b in enumerate(whole) if b == ord("\n")]
@@ -62,8 +68,9 @@ def test_every_tear_and_a_deletion_resume_to_the_same_records(uninterrupted, tmp
         else:
             (copy / "samples.jsonl").write_bytes(whole[:offset])
         plan = {"num_prompts": 3, "dataset_num_prompts": resolved["dataset"].get("num_prompts")}
+        caplog.clear()
         assert completed_summary(copy, resolved_copy, plan) is None, offset  # never "already complete"
-        assert "resuming" in capsys.readouterr().out
+        assert "resuming" in caplog.text, offset  # a warning (graft/records.py's logger)
         run_in(copy)
         assert outcome(copy) == expected, offset
         assert completed_summary(copy, resolved_copy, plan) is not None, offset

@@ -128,6 +128,77 @@ def test_plot_writes_every_figure(tmp_path):
     for name in FIGURES:
         for suffix in (".png", ".pdf"):
             assert (out / f"{name}{suffix}").stat().st_size > 1000, name
+    import csv
+
+    import pytest
+
+    claims = list(csv.DictReader((out / "beside_paper.csv").open()))
+    ratios = {row["dataset"]: float(row["ratio"]) for row in claims if row["comparison"] == "Graft over EAGLE-3"}
+    # records without per-side totals: the summaries' ratio, 1.8 / 1.5 and 3.0 / 2.5
+    assert ratios["mt"] == pytest.approx(1.2) and ratios["he"] == pytest.approx(1.2)
+
+
+def test_the_palette_gives_a_method_one_colour_whatever_else_is_plotted():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from graft.plots import PALETTE, _bar_groups, method_style
+
+    colours = [method_style(name)["color"] for name in PALETTE]
+    assert len(set(colours)) == len(colours)  # no two listed methods share a colour
+    assert method_style("not_a_method") == method_style("not_a_method")  # hashed, not positional
+
+    def graft_colour(methods):  # the colour of Graft's bar in a bar chart of `methods`
+        fig, ax = plt.subplots()
+        _bar_groups(ax, [("d", {m: (1.2, None, None) for m in methods})], methods, "speedup_wall")
+        colour = next(c for c in ax.containers if c.get_label() == "Graft").patches[0].get_facecolor()
+        plt.close(fig)
+        return colour
+
+    assert graft_colour(["eagle3", "graft"]) == graft_colour(["pld", "samd", "pruned", "graft"])
+    assert graft_colour(["graft"]) == to_rgba(method_style("graft")["color"])
+
+
+def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_prompts(tmp_path):
+    import pandas as pd
+    import pytest
+
+    from graft.analysis import method_rows
+    from graft.plots import relative_claims
+    from graft.report.figures import CLAIMS
+
+    numbers = {"eagle3": (2.0, 3.0), "pruned": (4.0, 2.0), "graft": (4.0, 3.5), "dflash": (2.0, 3.0)}
+    numbers["dflash_graft"] = (2.4, 3.2)
+    run = tmp_path / "run"
+    _comparison(run, "mt", numbers)
+    tps = {"ar": [10, 10], "eagle3": [20, 20], "pruned": [40, 40], "graft": [30, 50], "dflash": [10, 30]}
+    tps["dflash_graft"] = [22, 26]
+
+    def side(name, k):
+        totals = {"tokens_per_s": tps[name][k], "decode_s": 1.0, "step_tokens": 10, "steps": 5}
+        return {"turns": [_turn([1, 1], None)], "totals": totals}
+
+    records = [
+        {
+            "id": f"p{k}",
+            "status": "ok",
+            "baseline": side("ar", k),
+            "methods": {m: {"side": side(m, k)} for m in numbers},
+        }
+        for k in range(2)
+    ]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = relative_claims(method_rows([run]), pd.read_csv(CLAIMS, dtype={"dataset": str, "model": str}))
+    got = {(r.method, r.over): r for r in table.itertuples()}
+    assert got[("graft", "eagle3")].ratio == pytest.approx(40 / 20)  # mean tokens/s over the same two prompts
+    assert got[("graft", "pruned")].ratio == pytest.approx(40 / 40)
+    assert got[("dflash_graft", "dflash")].ratio == pytest.approx(24 / 20)
+    assert got[("graft", "eagle3")].prompts == 2
+    graft = got[("graft", "eagle3")]
+    assert graft.low <= graft.ratio <= graft.high
+    assert (graft.published_low, graft.published_high) == (1.074, 1.218)  # +7.4% to +21.8% over EAGLE-3
+    assert got[("dflash_graft", "dflash")].published == pytest.approx(3.71 / 3.40, abs=1e-3)
+    assert ("graft_root", "eagle3") not in got  # no run here has Graft(ROOT)
 
 
 def test_the_pareto_front_keeps_only_undominated_points():
@@ -166,9 +237,7 @@ def test_results_readme_tables_match_their_committed_records():
 
 def test_render_results_notices_a_hand_edited_table(tmp_path):
     readme = tmp_path / "README.md"
-    block = (
-        "<!-- generated: lossless results/lossless_check_mt_bench.json -->\n| typed by hand |\n<!-- /generated -->\n"
-    )
+    block = "<!-- generated: lossless results/lossless/mt_bench.json -->\n| typed by hand |\n<!-- /generated -->\n"
     readme.write_text(block)
     proc = subprocess.run(
         [sys.executable, "-m", "graft.report", "render", "--check", str(readme)],

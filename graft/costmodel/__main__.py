@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     module, _, timed = COMMANDS[command]
     if timed:
         before_torch()
+        from graft.logs import to_console
+
+        to_console()  # what loading a model says (graft/logs.py), as a run shows it
     importlib.import_module(module).main(rest)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
 import statistics
 import time
@@ -21,6 +22,8 @@ from graft.costmodel import AR, CostProfile, interpolate
 from graft.drafter import Drafter, Proposal, SequenceState
 from graft.machine import cpu_model
 from graft.tree import DraftTree, NodeSource, topology
+
+log = logging.getLogger(__name__)
 
 # cached positions the calibration times: around the built-in prompts (40-170 tokens) and their later turns;
 # shorter contexts read the first, longer ones are extrapolated
@@ -275,7 +278,7 @@ def calibrated_profile(target, max_nodes: int, seconds: float = CALIBRATION_SECO
         except ValueError:  # a torn cache file is measured again
             cached = None
         if cached is not None and max(cached.nodes) >= max_nodes:
-            print(f"cost profile of {target.name} on this machine: {path}")
+            log.info("cost profile of %s on this machine: %s", target.name, path)
             return cached
     longest = target.max_context - max_nodes - 8  # a tree must fit after its context
     contexts = sorted({min(c, longest) for c in CALIBRATION_CONTEXTS})
@@ -285,8 +288,13 @@ def calibrated_profile(target, max_nodes: int, seconds: float = CALIBRATION_SECO
     partial = path.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: a concurrent run reads no half
     profile.save(partial)
     os.replace(partial, path)
-    print(
-        f"cost profile of {target.name} measured on {profile.device} in {profile.meta['seconds']} s "
-        f"(up to {max_nodes} nodes, contexts {contexts}): {path}"
+    log.info(
+        "cost profile of %s measured on %s in %s s (up to %d nodes, contexts %s): %s",
+        target.name,
+        profile.device,
+        profile.meta["seconds"],
+        max_nodes,
+        contexts,
+        path,
     )
     return profile

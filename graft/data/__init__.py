@@ -7,12 +7,15 @@ first N of each category, in the set's order), then `dataset.num_prompts`.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from graft.config import DatasetConfig, from_cwd_or_repo
 from graft.data import long_context, sources
 from graft.data.builtin import BUILTIN
 from graft.data.prompt import DatasetError, Prompt
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BUILT_WITH_TOKENIZER", "BUILTIN", "DatasetError", "Prompt", "load_prompts", "resolve_data_root"]
 
@@ -86,7 +89,13 @@ def load_prompts(cfg: DatasetConfig, data_root: str | None = None, chat=None) ->
         prompts = kept
     if cfg.num_prompts:
         if cfg.num_prompts > len(prompts):
-            print(f"dataset.num_prompts={cfg.num_prompts}, but '{cfg.name}' has {len(prompts)}: using {len(prompts)}")
+            log.warning(
+                "dataset.num_prompts=%d, but '%s' has %d: using %d",
+                cfg.num_prompts,
+                cfg.name,
+                len(prompts),
+                len(prompts),
+            )
         prompts = prompts[: cfg.num_prompts]
     if not prompts:
         raise DatasetError(

@@ -17,6 +17,7 @@ machine or engine (`method.cost_profile_mismatch=warn` uses it anyway).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from graft.costmodel import CostProfile
 from graft.costmodel.measure import calibrated_profile, identity
 from graft.registry import register
 from graft.schema import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,7 +66,7 @@ def resolve_profile(params: CostParams, target, total_tokens: int) -> CostProfil
         )
         if params.cost_profile_mismatch == "error":
             raise ConfigError(message)
-        print(f"warning: {message}")
+        log.warning(message)
     return profile
 
 

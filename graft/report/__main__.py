@@ -3,6 +3,7 @@
 python -m graft.report tables multirun/cpu_embedded --out results/cpu_embedded    # Markdown + LaTeX + rows.csv
 python -m graft.report plot multirun/pareto --out results/figures                 # PNG + PDF
 python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs     # records to commit
+python -m graft.report export --format spec-bench multirun/spec_bench answers   # Spec-Bench answer files
 python -m graft.report render [--check] [results/README.md]                       # generated tables
 python -m graft.report compare BEFORE_ROOT AFTER_ROOT [--out FILE.md]             # outputs kept?
 python -m graft.report check-lossless --methods pld,graft --datasets builtin      # one baseline, many methods

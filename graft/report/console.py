@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+
+from graft.stats import format_interval
+
+INTERVAL_KEYS = ("tau", "speedup_wall", "speedup_decode")  # the metrics graft/stats.py gives an interval of
+INTERVAL_NOTE = "\\[low, high]: 95% bootstrap interval over prompts (paired resampling, percentile method)"
 
 ROWS = [
     ("n_prompts", "{}"),
@@ -37,9 +43,12 @@ def print_summary(summary: dict, out_dir: str) -> None:
     table.add_column("value", justify="right")
     table.add_column("definition")
     definitions = summary.get("definitions", {})
+    spread = (summary.get("intervals") or {}).get(summary["method"]) or {}
     for key, fmt in ROWS:
         value = summary.get(key)
         text = "-" if value is None else fmt.format(value)
+        if key in INTERVAL_KEYS:
+            text = with_interval(text, spread.get("all", {}).get(key))
         table.add_row(key, text, definitions.get(key, ""))
     if summary.get("score"):
         sc = summary["score"]
@@ -50,7 +59,55 @@ def print_summary(summary: dict, out_dir: str) -> None:
         table.add_row("n_skipped", str(summary["n_skipped"]), "prompts longer than the context allows")
     console = Console()
     console.print(table)
+    by_category = category_table(summary.get("intervals") or {}, [summary["method"]])
+    if by_category is not None:
+        wide_console(by_category).print(by_category)
+    if spread:
+        console.print(f"  {INTERVAL_NOTE}")
     console.print(f"records: {out_dir}/samples.jsonl  summary: {out_dir}/summary.json")
+
+
+def wide_console(*tables: Table | None, least: int = 0) -> Console:
+    """A console wide enough for every table's cells on one line (an interval wrapped over two lines is hard to
+    read), at least the terminal's width and `least`."""
+    probe = Console(width=1000)
+    needed = [Measurement.get(probe, probe.options, t).maximum for t in tables if t is not None]
+    return Console(width=max(least, Console().width, *needed))
+
+
+def with_interval(text: str, entry: dict | None) -> str:
+    """`text` (a formatted value) followed by the 95% interval where there is one: "1.523x [1.41, 1.63]"."""
+    if entry and entry.get("low") is not None:
+        return f"{text} [{entry['low']:.2f}, {entry['high']:.2f}]"
+    return text
+
+
+def category_cell(entry: dict | None) -> str:
+    """One method's speedup_wall with its interval, and tau, on one category: "1.52x [1.41, 1.63] / 2.31"."""
+    if not entry:
+        return "-"
+    tau = entry["tau"]["value"]
+    return f"{format_interval(entry['speedup_wall'])} / " + ("-" if tau is None else f"{tau:.2f}")
+
+
+def category_table(intervals: dict, methods: list[str]) -> Table | None:
+    """Rows = the run's categories, columns = `methods`, cells "speedup_wall [95% interval] / tau"; None when
+    the run has fewer than two categories (the main table says it all)."""
+    categories = sorted({c for m in methods for c in (intervals.get(m) or {}).get("categories", {})})
+    if len(categories) < 2:
+        return None
+    title = "per category: speedup_wall [95% interval] / tau"
+    table = Table(title=title, min_width=len(title))
+    table.add_column("category")
+    table.add_column("n", justify="right")
+    for method in methods:
+        table.add_column(method, justify="right")
+    for category in categories:
+        entries = [(intervals.get(m) or {}).get("categories", {}).get(category) for m in methods]
+        n = next((e["speedup_wall"]["n"] for e in entries if e), None)
+        cells = [category_cell(entry) for entry in entries]
+        table.add_row(category, "-" if n is None else str(n), *cells)
+    return table
 
 
 COMPARISON_COLUMNS = [
@@ -71,14 +128,27 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
     table.add_column("method")
     for key, _ in COMPARISON_COLUMNS:
         table.add_column(key, justify="right")
+    intervals = summary.get("intervals") or {}
     for name, row in summary["rows"].items():
         cells = ["-" if row.get(key) is None else fmt.format(row[key]) for key, fmt in COMPARISON_COLUMNS]
+        if name != summary["baseline"]:  # the baseline's ratios are 1 by definition
+            spread = (intervals.get(name) or {}).get("all", {})
+            cells = [
+                with_interval(cell, spread.get(key)) if key in INTERVAL_KEYS else cell
+                for cell, (key, _) in zip(cells, COMPARISON_COLUMNS)
+            ]
         table.add_row(f"{name} (baseline)" if name == summary["baseline"] else name, *cells)
-    console = Console(width=max(120, Console().width))
+    methods = [name for name in summary["rows"] if name != summary["baseline"]]
+    by_category = category_table(intervals, methods)
+    console = wide_console(table, by_category, least=120)
     console.print(table)
+    if by_category is not None:
+        console.print(by_category)
     definitions = summary.get("definitions", {})
     for key, _ in COMPARISON_COLUMNS:
         console.print(f"  {key}: {definitions.get(key, '')}")
+    if intervals:
+        console.print(f"  {INTERVAL_NOTE}")
     if summary.get("n_skipped"):
         console.print(f"  n_skipped: {summary['n_skipped']} prompts longer than the context allows")
     if wall_s is not None:

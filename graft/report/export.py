@@ -3,6 +3,7 @@ samples.jsonl.gz (the records without the generated texts; the token hashes stay
 figures can be regenerated from what is committed.
 
     python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs
+    python -m graft.report export --format spec-bench multirun/spec_bench answers  # Spec-Bench answer files
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import gzip
 import json
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -73,7 +75,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
+    parser.add_argument(
+        "--format",
+        choices=("records", "spec-bench"),
+        default="records",
+        help="records (default): the run directories without their texts; spec-bench: one Spec-Bench answer file"
+        " per method, <target>/<model>-<method>.jsonl and the baseline as <model>-vanilla.jsonl"
+        " (graft/report/specbench.py)",
+    )
     args = parser.parse_args(argv)
+    if args.format == "spec-bench":
+        from graft.report.specbench import export_specbench
+
+        written, notes = export_specbench(args.source, args.target)
+        for out in written:
+            print(out)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        return
     for out in export(args.source, args.target):
         print(out)
 

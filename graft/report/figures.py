@@ -1,7 +1,10 @@
-"""Figures from run or sweep directories: Pareto frontiers (speedup and tau against verified nodes per
-step), per-dataset speedup bars, accepted-length histograms, retrieval's share of accepted tokens by
-pruning stage, where a step's time goes, and the published speedups beside this harness's where the
-setting matches (results/paper/published.csv). PNG and PDF.
+"""Figures from run or sweep directories: Pareto curves (speedup, wall clock and decode only, and tau against
+verified nodes per step, one line per method through its settings, the overall frontier dashed), speedup
+bars per dataset and setting and per prompt category with 95% bootstrap intervals over prompts,
+accepted-length histograms, retrieval's share of accepted tokens by pruning stage, where a step's time goes,
+and the paper's relative claims (results/paper/relative_claims.csv) beside the same ratios measured here,
+with the published absolute speedups where a run matches the setting (results/paper/published.csv).
+PNG and PDF; the table behind the last figure as beside_paper.csv.
 
     python -m graft.report plot multirun/pareto [more dirs ...] --out results/figures
 """
@@ -11,7 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "paper" / "published.csv"
+PAPER = Path(__file__).resolve().parents[2] / "results" / "paper"
+PUBLISHED = PAPER / "published.csv"
+CLAIMS = PAPER / "relative_claims.csv"
 
 
 def make_figures(paths: list[str], out: Path) -> list[Path]:
@@ -23,11 +28,14 @@ def make_figures(paths: list[str], out: Path) -> list[Path]:
     rows, steps = method_rows(paths), step_rows(paths)
     if rows.empty:
         raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
-    written = plots.pareto_figures(rows, out) + plots.speedup_bars(rows, out)
+    if not steps.empty:
+        steps["hardware"] = steps["run"].map(dict(zip(rows["run"], rows["hardware"])))
+    written = plots.pareto_figures(rows, out) + plots.speedup_bars(rows, out) + plots.category_bars(rows, out)
     written += plots.accept_histograms(steps, out) + plots.retrieval_by_stage(steps, out) + plots.time_split(steps, out)
     published = pd.read_csv(PUBLISHED)
     published["model"] = published["model"].fillna("")
-    written += plots.beside_paper(rows, published, out)
+    claims = pd.read_csv(CLAIMS, dtype={"dataset": str, "model": str}) if CLAIMS.is_file() else None
+    written += plots.beside_paper(rows, published, out, claims)
     return written
 
 

@@ -49,12 +49,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from graft.config import compose, validate
+    from graft.logs import to_console
     from graft.data import load_prompts
     from baselines.autoregressive import Autoregressive
     from graft.decode import SamplingConfig
     from graft.models import load_model
     from graft.registry import build_drafter
     from graft.runner import PromptTooLong, compare, run_conversation
+
+    to_console()  # what loading the model and the prompts says (graft/logs.py), as a run shows it
 
     methods = args.methods.split(",")
     # method=ar: the model and hardware alone, so a model without a draft head does not fail the default comparison

@@ -7,6 +7,7 @@ typed by hand. A generated block is
 
 and its kind says what renders it:
 - `tables <run or sweep dirs>`: the paper-shaped (or sweep) tables of `python -m graft.report tables`;
+- `categories <run or sweep dirs>`: their per-category tables with 95% bootstrap intervals (`tables --by category`);
 - `forward_profile <json>`: the verify-time table of `python -m graft.costmodel forward`'s JSON;
 - `lossless <json ...>`: the per-method counts of `python -m graft.report check-lossless`'s JSONs;
 - `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side;
@@ -214,7 +215,20 @@ def tables(*args: str) -> str:
     return markdown.strip()
 
 
+def categories(*args: str) -> str:
+    """graft/report/tables.py's per-category tables (95% bootstrap intervals) of the run folders; a leading
+    `metric=<name>` picks the ratio."""
+    from graft.report.tables import category_tables
+
+    metric = "speedup_wall"
+    if args and args[0].startswith("metric="):
+        metric, args = args[0].removeprefix("metric="), args[1:]
+    markdown, _, _ = category_tables([str(ROOT / p) for p in args], metric)
+    return markdown.strip()
+
+
 RENDERERS = {
+    "categories": categories,
     "ab_native": ab_native,
     "tables": tables,
     "forward_profile": forward_profile,

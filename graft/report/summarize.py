@@ -1,4 +1,5 @@
-"""Collect the summary.json of several runs into one Markdown table.
+"""Collect the summary.json of several runs into one Markdown table: a row per single-method run, and a row
+per compared method of a comparison run (its baseline in the baseline_tokens_per_s column).
 
 python -m graft.report summarize outputs/**/summary.json [--out results/table.md]
 """
@@ -43,16 +44,27 @@ def table(summaries: list[dict]) -> str:
     return "\n".join([head, rule, *rows, "", "Hardware: " + "; ".join(hardware)])
 
 
-def _load(path: Path) -> dict:
-    """summary.json, plus the verification budget from the run.json beside it (when the method has one)."""
+def _load(path: Path) -> list[dict]:
+    """The table's rows of one summary.json (a run directory or the file): the summary of a single-method run,
+    or each method's summary of a comparison; each with its verification budget (when the method has one)."""
     from graft.analysis import read_json
 
     summary = read_json(path / "summary.json" if path.is_dir() else path)
+    if summary.get("kind") == "comparison":
+        shared = {key: summary.get(key) for key in ("model", "dataset", "hardware")}  # where a method's lacks them
+        rows = [
+            {**shared, **row, "method": row.get("method", name)} for name, row in (summary.get("methods") or {}).items()
+        ]
+    else:
+        rows = [summary]
     run = (path if path.is_dir() else path.parent) / "run.json"
-    if run.exists():
-        method = (read_json(run).get("config") or {}).get("method") or {}
-        summary.setdefault("budget", method.get("total_tokens"))
-    return summary
+    recorded = (read_json(run).get("config") or {}).get("method") or {} if run.exists() else {}
+    for row in rows:
+        budget = (row.get("method_config") or {}).get("total_tokens")
+        if budget is None and summary.get("kind") != "comparison":
+            budget = recorded.get("total_tokens")  # older summaries without method_config
+        row.setdefault("budget", budget)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("summaries", nargs="+", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    text = table([_load(p) for p in args.summaries])
+    text = table([row for p in args.summaries for row in _load(p)])
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -1,8 +1,14 @@
 """Tables shaped like the paper's, from run or sweep directories: one table per model and temperature,
 rows = methods, columns = datasets and their mean, cells = speedup / tau; Graft's relative improvement
-over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX.
+over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX. A speedup carries its
+95% bootstrap interval over prompts ("1.52x [1.41, 1.63] / 2.31") where the run's records give one: summary.json's
+`intervals`, else computed from samples.jsonl (graft/stats.py).
 
-    python -m graft.report tables multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--out results/cpu_embedded]
+`--by category`: also, per model, temperature and dataset, rows = the dataset's categories and "all", columns =
+methods, cells "speedup [low, high] / tau [low, high]"; with --out, categories.csv holds every interval (one row
+per run, method, category and metric: value, low, high, n).
+
+    python -m graft.report tables multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--by category] [--out results/cpu_embedded]
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
         sweep_table,
     )
 
-    rows = method_rows(paths)
+    rows = method_rows(paths, intervals=True)
     if rows.empty:
         raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
     markdown, latex = [], []
@@ -78,22 +84,85 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
     return "\n".join(markdown), "\n".join(latex), rows
 
 
+def category_tables(paths: list[str], metric: str) -> tuple[str, str, object]:
+    """Per (model, temperature, dataset): rows = categories and "all", columns = methods (the baseline left
+    out beside others: 1 by definition), cells "speedup [low, high] / tau [low, high]"; and the long table of
+    every interval, for categories.csv."""
+    import pandas as pd
+
+    from graft.analysis import RecordError, category_rows
+    from graft.stats import format_interval
+
+    rows = category_rows(paths)
+    if rows.empty:
+        raise RecordError(f"no run under {', '.join(map(str, paths))} has per-prompt records to resample")
+    markdown, latex = [], []
+    for (model, temperature, dataset), group in rows.groupby(["model", "temperature", "dataset"]):
+        runs = group[["run", "method"]].drop_duplicates()
+        if set(runs["method"]) != {"ar"}:
+            runs = runs[runs["method"] != "ar"]
+        twice = runs["method"].duplicated(keep=False)  # a sweep: one column per run
+        labels = {
+            (r.run, r.method): f"{r.method} @ {Path(r.run).name}" if repeated else r.method
+            for r, repeated in zip(runs.itertuples(), twice)
+        }
+        rank = {m: i for i, m in enumerate(ORDER)}
+        columns = sorted(labels, key=lambda key: (rank.get(key[1], len(ORDER)), key[1], key[0]))
+        categories = sorted(set(group["category"]) - {"all"}) + ["all"]
+        entries = {
+            (r.run, r.method, r.category, r.metric): {k: None if pd.isna(v) else v for k, v in r._asdict().items()}
+            for r in group.itertuples()
+        }
+        cells = {
+            category: {
+                labels[key]: " / ".join(
+                    format_interval(entries.get((*key, category, name)), unit)
+                    for name, unit in ((metric, "x"), ("tau", ""))
+                )
+                for key in columns
+            }
+            for category in categories
+        }
+        table = pd.DataFrame.from_dict(cells, orient="index")[[labels[key] for key in columns]]
+        table.index.name = "category"
+        title = (
+            f"{model} / {dataset}, temperature {temperature:g}, by category: {metric} [95% interval] / tau [95% interval] "
+            f"({group['hardware'].iloc[0]})"
+        )
+        n = group[(group["metric"] == "tau") & (group["category"] != "all")].groupby("category")["n"].max()
+        note = "Prompts per category: " + ", ".join(f"{c} {int(k)}" for c, k in n.items()) + "."
+        markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
+        latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
+    return "\n".join(markdown), "\n".join(latex), rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m graft.report tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--metric", default="speedup_wall", choices=["speedup_wall", "speedup_decode"])
+    parser.add_argument(
+        "--by", choices=["category"], help="also a table per dataset with a row per category (and categories.csv)"
+    )
     parser.add_argument("--out", type=Path, help="folder for tables.md, tables.tex and rows.csv")
     args = parser.parse_args(argv)
     markdown, latex, rows = build(args.paths, args.metric)
+    categories = None
+    if args.by == "category":
+        by_markdown, by_latex, categories = category_tables(args.paths, args.metric)
+        markdown, latex = f"{markdown}\n{by_markdown}", f"{latex}\n{by_latex}"
     print(markdown)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tables.md").write_text(markdown + "\n")
         (args.out / "tables.tex").write_text(latex + "\n")
         rows.drop(columns=["run"]).to_csv(args.out / "rows.csv", index=False)
-        print(f"wrote {args.out}/tables.md, tables.tex, rows.csv")
+        written = "tables.md, tables.tex, rows.csv"
+        if categories is not None:
+            categories.to_csv(args.out / "categories.csv", index=False)
+            written += ", categories.csv"
+        print(f"wrote {args.out}/{written}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from graft.config import CONFIG_DIR, HardwareConfig, ModelConfig
+from graft.config import REPO, HardwareConfig, ModelConfig
 from graft.schema import coerce_dataclass
-
-REPO = CONFIG_DIR.parent  # export.dir is relative to the repository, where the shipped heads live
 
 
 def setup(cfg) -> tuple[ModelConfig, HardwareConfig, HardwareConfig, Path]:
@@ -174,6 +172,6 @@ def wandb_logger(cfg, out: Path):
 def export(cfg, fitted: dict, key: str, save) -> Path:
     """fitted[key] in train.export.dtype, written by `save(module, directory)` to train.export.dir."""
     module = fitted[key].to(getattr(torch, cfg.train.export.dtype))
-    directory = save(module, REPO / cfg.train.export.dir)
+    directory = save(module, REPO / cfg.train.export.dir)  # relative to the repository, where shipped heads live
     print(f"exported {directory} ({fitted['steps']} of {fitted['total_steps']} steps, {fitted['sequences']} sequences)")
     return directory

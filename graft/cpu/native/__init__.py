@@ -18,6 +18,7 @@ the build fails, `load()` says why (`failure()`) and the Python loop and oneDNN'
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import subprocess
@@ -25,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 ENV_VARIANT = "GRAFT_NATIVE_VARIANT"  # a variant's name: load() builds and returns that one instead of the best
 
@@ -170,7 +172,7 @@ def _torch_build(variant: str, verbose: bool = False, is_python_module: bool = T
     directory = build_directory(variant)
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob("*.so")):
-        print(f"building graft/cpu/native ({variant}) into {directory} (once per machine)", file=sys.stderr)
+        log.info("building graft/cpu/native (%s) into %s (once per machine)", variant, directory)
     return build(
         name=f"graft_native_{variant}_{directory.name.rpartition('-')[2]}",
         sources=[str(path) for path in sources()],
@@ -205,7 +207,7 @@ def load(variant: str | None = None, verbose: bool = False):
             candidates = [name for name in reversed(VARIANTS) if runnable(name)]
             _best = next((name for name in candidates if load(name, verbose) is not None), candidates[0])
             if _best != candidates[0]:
-                print(f"graft/cpu/native: the {_best} build runs, the {candidates[0]} one failed", file=sys.stderr)
+                log.warning("graft/cpu/native: the %s build runs, the %s one failed", _best, candidates[0])
         return _modules.get(_best)
     if variant in _modules or variant in _failures:
         return _modules.get(variant)
