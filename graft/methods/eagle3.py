@@ -365,7 +365,10 @@ class HeadOnCache:
         else:
             self.head = load_head(params.head, target)
         dtype = head_dtype_for(params.head_dtype, target)
-        if params.head_dtype == "auto":
+        if (
+            params.head_dtype == "auto" and (dtype, id(target)) not in _SAID_HEAD_DTYPE
+        ):  # once per target, not per method
+            _SAID_HEAD_DTYPE.add((dtype, id(target)))
             logging.getLogger(__name__).info("method.head_dtype=auto: %s", dtype or "the target's dtype")
         if dtype is not None:
             self.head = self.head.to(getattr(torch, dtype))
@@ -427,6 +430,9 @@ class _HeadSource(DraftSource):
     @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:
         self.runner.update(step)
+
+
+_SAID_HEAD_DTYPE: set = set()
 
 
 @register("source", "eagle", params=EagleParams, description="EAGLE-3 / EAGLE-1/2 head, EAGLE-2/3 dynamic tree")
