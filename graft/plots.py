@@ -428,6 +428,8 @@ def category_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
     (graft.stats.intervals on the run's records). Runs of one category are named in a note (their bars are
     bars_<metric>); when no run has several, every run's overall figure is drawn instead."""
     data = rows[rows["method"] != "ar"]
+    if data.empty:  # the baseline alone: nothing to compare per category
+        return []
     methods = method_order(data["method"])
     settings = run_settings(rows)
     runs = list(dict.fromkeys(data.sort_values(["model", "dataset"], kind="stable")["run"]))

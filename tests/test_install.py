@@ -110,3 +110,7 @@ def test_a_non_editable_install_runs_graft_run_from_anywhere(fresh, tmp_path):
     main = next(s["path"] for s in sources if s["provider"] == "main")
     assert Path(main.removeprefix("file://")).is_relative_to(fresh), main
     assert not (tmp_path / "outputs").exists()  # everything went to run.out_dir
+
+    # the report tools too: plot draws the paper's figures (package data) beside the run
+    run([fresh / "bin" / "graft-report", "plot", str(out), "--out", str(tmp_path / "figures")], tmp_path)
+    assert (tmp_path / "figures" / "beside_paper.png").stat().st_size > 1000

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-PAPER = Path(__file__).resolve().parents[2] / "results" / "paper"
+PAPER = Path(__file__).resolve().parent / "paper"  # package data (results/paper/ links here), so plot runs anywhere
 PUBLISHED = PAPER / "published.csv"
 CLAIMS = PAPER / "relative_claims.csv"
 
