@@ -68,16 +68,9 @@ def paired_rows(records: list[dict]) -> dict[str, list[dict]]:
     return rows
 
 
-def interval(rows: list[dict], metric: str, seed: int = 0) -> dict:
-    """{"value", "low", "high", "n"} of `metric` over `rows`; low and high are None below two prompts or when
-    every resample gives the same value."""
-    data = tuple(np.asarray([r[c] for r in rows], dtype=float) for c in COLUMNS)
-    statistic = STATISTICS[metric]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = float(statistic(*data))
-    out = {"value": value if np.isfinite(value) else None, "low": None, "high": None, "n": len(rows)}
-    if len(rows) < 2 or out["value"] is None:
-        return out
+def _with_interval(out: dict, data: tuple, statistic, seed: int) -> dict:
+    """`out` with the 95% percentile interval of `statistic` over paired resamples of `data`'s prompts (left
+    None where a resample gives no finite value)."""
     from scipy.stats import bootstrap
 
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -95,6 +88,19 @@ def interval(rows: list[dict], metric: str, seed: int = 0) -> dict:
     if np.isfinite(low) and np.isfinite(high):
         out["low"], out["high"] = low, high
     return out
+
+
+def interval(rows: list[dict], metric: str, seed: int = 0) -> dict:
+    """{"value", "low", "high", "n"} of `metric` over `rows`; low and high are None below two prompts or when
+    every resample gives the same value."""
+    data = tuple(np.asarray([r[c] for r in rows], dtype=float) for c in COLUMNS)
+    statistic = STATISTICS[metric]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = float(statistic(*data))
+    out = {"value": value if np.isfinite(value) else None, "low": None, "high": None, "n": len(rows)}
+    if len(rows) < 2 or out["value"] is None:
+        return out
+    return _with_interval(out, data, statistic, seed)
 
 
 def intervals(records: list[dict]) -> dict[str, dict]:
@@ -148,20 +154,4 @@ def ratio_interval(records: list[dict], method: str, over: str, seed: int = 0) -
     out = {"value": value if np.isfinite(value) else None, "low": None, "high": None, "n": len(pairs)}
     if len(pairs) < 2 or out["value"] is None:
         return out
-    from scipy.stats import bootstrap
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        result = bootstrap(
-            data,
-            _ratio,
-            paired=True,
-            vectorized=True,
-            n_resamples=RESAMPLES,
-            confidence_level=CONFIDENCE,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        )
-    low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
-    if np.isfinite(low) and np.isfinite(high):
-        out["low"], out["high"] = low, high
-    return out
+    return _with_interval(out, data, _ratio, seed)

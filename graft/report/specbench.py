@@ -130,12 +130,9 @@ def export_specbench(source: Path, target: Path) -> tuple[list[Path], list[str]]
     alone, each answer file replaced whole); returns the files written and one-line notes."""
     from graft.analysis import RecordError, run_dirs
 
-    source, target = Path(source), Path(target)
-    if not source.exists():
-        raise RecordError(f"{source}: no such file or directory")
-    a, b = source.resolve(), target.resolve()
-    if a == b or a in b.parents or b in a.parents:
-        raise RecordError(f"source {source} and target {target} overlap; export into a folder outside the runs")
+    from graft.report.export import check_paths
+
+    source, target = check_paths(source, target)
     if target.exists() and not target.is_dir():
         raise RecordError(f"{target}: is a file, expected a folder for the answer files")
     checked = []  # everything read and checked before anything is written
