@@ -98,6 +98,17 @@ def run_dirs(paths) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def check_export_paths(source, target) -> tuple[Path, Path]:
+    """(source, target) as paths, once the source exists and neither lies inside the other."""
+    source, target = Path(source), Path(target)
+    if not source.exists():
+        raise RecordError(f"{source}: no such file or directory")
+    a, b = source.resolve(), target.resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise RecordError(f"source {source} and target {target} overlap; export into a folder outside the runs")
+    return source, target
+
+
 def read_summary(run: Path) -> dict:
     """A run's summary.json, checked for the keys every table reads."""
     summary = read_json(Path(run) / "summary.json")

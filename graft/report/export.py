@@ -24,26 +24,13 @@ def strip_texts(record: dict) -> dict:
     return record
 
 
-def check_paths(source, target) -> tuple[Path, Path]:
-    """(source, target) as paths, once the source exists and neither lies inside the other."""
-    from graft.analysis import RecordError
-
-    source, target = Path(source), Path(target)
-    if not source.exists():
-        raise RecordError(f"{source}: no such file or directory")
-    a, b = source.resolve(), target.resolve()
-    if a == b or a in b.parents or b in a.parents:
-        raise RecordError(f"source {source} and target {target} overlap; export into a folder outside the runs")
-    return source, target
-
-
 def export(source: Path, target: Path) -> list[Path]:
     """Export every finished run under `source` into `target`, replacing it whole: everything is read and
     checked first, written to a temporary folder beside `target` and renamed only when complete, so a bad
     input or a crash leaves the previous export as it was."""
-    from graft.analysis import RecordError, read_records, read_summary, run_dirs
+    from graft.analysis import RecordError, check_export_paths, read_records, read_summary, run_dirs
 
-    source, target = check_paths(source, target)
+    source, target = check_export_paths(source, target)
     runs = run_dirs([source])
     checked = []
     for run in runs:

@@ -130,9 +130,9 @@ def export_specbench(source: Path, target: Path) -> tuple[list[Path], list[str]]
     alone, each answer file replaced whole); returns the files written and one-line notes."""
     from graft.analysis import RecordError, run_dirs
 
-    from graft.report.export import check_paths
+    from graft.analysis import check_export_paths
 
-    source, target = check_paths(source, target)
+    source, target = check_export_paths(source, target)
     if target.exists() and not target.is_dir():
         raise RecordError(f"{target}: is a file, expected a folder for the answer files")
     checked = []  # everything read and checked before anything is written
