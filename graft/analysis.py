@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from graft import stats
+from graft.metrics import record_sides
+
 METRICS = (
     "tau",
     "speedup_wall",
@@ -175,51 +178,35 @@ def method_rows(paths, intervals: bool = False) -> pd.DataFrame:
             spread = run_intervals(run, summary, categories=False)
             for row in found:
                 overall = (spread.get(row["method"]) or {}).get("all", {})
-                for metric in INTERVAL_METRICS:
+                for metric in stats.METRICS:
                     entry = overall.get(metric) or {}
                     row[f"{metric}_low"], row[f"{metric}_high"] = entry.get("low"), entry.get("high")
         rows += found
     return pd.DataFrame(rows)
 
 
-INTERVAL_METRICS = ("speedup_wall", "speedup_decode", "tau")  # graft/stats.py's METRICS
-
-
 def summary_records(run: Path, summary: dict) -> list[dict]:
     """The records a run's summary was computed from: those of `complete.ids` where the summary names them
-    (samples.jsonl may hold an earlier, larger selection), each marked with the method of a single-method run."""
+    (samples.jsonl may hold an earlier, larger selection)."""
     records = read_records(Path(run))
     ids = (summary.get("complete") or {}).get("ids")
     if ids is not None:
         wanted = set(ids)
         records = [r for r in records if r.get("id") in wanted]
-    if summary.get("kind") != "comparison":
-        records = [{**r, "_method": summary.get("method")} for r in records]
     return records
-
-
-def _has_totals(record: dict) -> bool:
-    return all("totals" in side for side in _sides(record).values())
 
 
 def run_intervals(run: Path, summary: dict | None = None, categories: bool = True) -> dict:
     """{method: {"all": {metric: interval}, "categories": {...}}} of a run (graft/stats.py): summary.json's
     `intervals` where the run recorded them, else computed from its records (only "all" unless
     `categories`); {} where the records lack per-side totals to resample."""
-    from graft import stats
-
     summary = summary if summary is not None else read_summary(Path(run))
     if isinstance(summary.get("intervals"), dict):
         return summary["intervals"]
     records = summary_records(run, summary)
-    if not all(_has_totals(r) for r in records):
+    if not all("totals" in side for r in records for side in record_sides(r).values()):
         return {}
-    if categories:
-        return stats.intervals(records)
-    return {
-        method: {"all": {metric: stats.interval(rows, metric) for metric in stats.METRICS}}
-        for method, rows in stats.paired_rows(records).items()
-    }
+    return stats.summary_intervals(summary, records, categories)
 
 
 def category_rows(paths) -> pd.DataFrame:
@@ -228,36 +215,21 @@ def category_rows(paths) -> pd.DataFrame:
     rows = []
     for run in run_dirs(paths):
         summary = read_summary(run)
-        for method, spread in run_intervals(run, summary).items():
-            groups = {"all": spread.get("all", {}), **spread.get("categories", {})}
-            for category, entries in groups.items():
-                for metric, entry in entries.items():
-                    rows.append(
-                        {
-                            "run": str(run),
-                            "model": summary["model"],
-                            "dataset": summary["dataset"],
-                            "temperature": summary.get("temperature", 0.0),
-                            "hardware": hardware_name(summary.get("hardware") or {}),
-                            "method": method,
-                            "category": category,
-                            "metric": metric,
-                            **{key: entry.get(key) for key in ("value", "low", "high", "n")},
-                        }
-                    )
+        for method, category, metric, entry in stats.interval_entries(run_intervals(run, summary)):
+            rows.append(
+                {
+                    "run": str(run),
+                    "model": summary["model"],
+                    "dataset": summary["dataset"],
+                    "temperature": summary.get("temperature", 0.0),
+                    "hardware": hardware_name(summary.get("hardware") or {}),
+                    "method": method,
+                    "category": category,
+                    "metric": metric,
+                    **{key: entry.get(key) for key in ("value", "low", "high", "n")},
+                }
+            )
     return pd.DataFrame(rows)
-
-
-def _sides(record: dict) -> dict[str, dict]:
-    """{method name: side} of one prompt's record, the baseline as `ar`."""
-    if record.get("status") != "ok":
-        return {}
-    sides = {"ar": record["baseline"]} if record.get("baseline") else {}
-    if "methods" in record:
-        sides.update({name: entry["side"] for name, entry in record["methods"].items()})
-    else:
-        sides[record.get("_method", "method")] = record["method"]
-    return sides
 
 
 def run_sides(run: Path):
@@ -266,8 +238,19 @@ def run_sides(run: Path):
     summary = read_summary(Path(run))
     for record in read_records(Path(run)):
         record["_method"] = summary.get("method")
-        for method, side in _sides(record).items():
+        for method, side in record_sides(record).items():
             yield summary, record, method, side
+
+
+def _prompt_keys(run: Path, summary: dict, method: str, record: dict) -> dict:
+    """The columns that say whose row it is: run, model, dataset, method, prompt."""
+    return {
+        "run": str(run),
+        "model": summary["model"],
+        "dataset": summary["dataset"],
+        "method": method,
+        "prompt": record["id"],
+    }
 
 
 def step_rows(paths) -> pd.DataFrame:
@@ -281,11 +264,7 @@ def step_rows(paths) -> pd.DataFrame:
                     info = infos[k] if k < len(infos) else {}
                     rows.append(
                         {
-                            "run": str(run),
-                            "model": summary["model"],
-                            "dataset": summary["dataset"],
-                            "method": method,
-                            "prompt": record["id"],
+                            **_prompt_keys(run, summary, method, record),
                             "accepted": turn["accept_lengths"][k],
                             "nodes": turn["nodes"][k],
                             "stage": info.get("stage"),
@@ -321,11 +300,7 @@ def prompt_rows(paths) -> pd.DataFrame:
             verdict = _verdict(record, method)
             rows.append(
                 {
-                    "run": str(run),
-                    "model": summary["model"],
-                    "dataset": summary["dataset"],
-                    "method": method,
-                    "prompt": record["id"],
+                    **_prompt_keys(run, summary, method, record),
                     "category": record.get("category"),
                     "tau": tokens / steps if steps else None,
                     "tokens_per_s": totals.get("tokens_per_s"),

@@ -258,30 +258,14 @@ def sample_rows(records: list[dict]) -> list[list]:
     return rows
 
 
-def run_intervals(summary: dict, records: list[dict]) -> dict:
-    """summary.json's `intervals` ({method: {"all": ..., "categories": ...}}, graft/stats.py) where the run
-    recorded them, else computed from the records."""
-    if isinstance(summary.get("intervals"), dict):
-        return summary["intervals"]
-    from graft import stats
-
-    records = [r for r in records if r.get("status") == "ok"]
-    if not records:
-        return {}
-    if summary.get("kind") != "comparison":  # a single run's records do not name their method
-        records = [{**r, "_method": r.get("_method") or summary.get("method") or "method"} for r in records]
-    return stats.intervals(records)
-
-
 def interval_rows(intervals: dict) -> list[list]:
     """One row per (method, category, metric) in INTERVAL_COLUMNS order; category "all" is the whole run."""
-    rows = []
-    for method, spread in intervals.items():
-        groups = {"all": spread.get("all") or {}, **(spread.get("categories") or {})}
-        for category, metrics in groups.items():
-            for metric, entry in metrics.items():
-                rows.append([method, category, metric, *(entry.get(k) for k in ("value", "low", "high", "n"))])
-    return rows
+    from graft.stats import interval_entries
+
+    return [
+        [method, category, metric, *(entry.get(k) for k in ("value", "low", "high", "n"))]
+        for method, category, metric, entry in interval_entries(intervals)
+    ]
 
 
 def flat_summary(summary: dict, intervals: dict | None = None) -> dict:
@@ -386,7 +370,9 @@ class WandbLogger(NullLogger):
             spread: dict = {}
 
             def intervals() -> None:
-                spread.update(run_intervals(summary, samples))
+                from graft.stats import summary_intervals
+
+                spread.update(summary_intervals(summary, samples))
                 rows = interval_rows(spread)
                 if rows:
                     self.run.log({"intervals": self._wandb.Table(columns=INTERVAL_COLUMNS, data=rows)})

@@ -43,6 +43,20 @@ DEFINITIONS = {
 SOURCE_KEYS = ("draft_nodes", "retrieved_nodes", "accepted_draft", "accepted_retrieved")
 
 
+def record_sides(record: dict, method: str | None = None, baseline: str | None = "ar") -> dict[str, dict]:
+    """{method name: side} of one finished prompt record: a comparison's `methods`, or a single run's `method`
+    under the name `method` (default: the record's `_method`), after the shared baseline under the name
+    `baseline` (None: left out); {} for a record that did not finish."""
+    if record.get("status") != "ok":
+        return {}
+    sides = {baseline: record["baseline"]} if baseline and record.get("baseline") else {}
+    if "methods" in record:
+        sides.update({name: entry["side"] for name, entry in record["methods"].items()})
+    else:
+        sides[method if method is not None else record.get("_method", "method")] = record["method"]
+    return sides
+
+
 def side_totals(turns: list[dict]) -> dict:
     new_tokens = sum(t["new_tokens"] for t in turns)
     wall = sum(t["wall_s"] for t in turns)

@@ -241,16 +241,17 @@ def run_records(run) -> list[dict]:
 
 @lru_cache(maxsize=256)
 def _intervals(run: str, stamp: int) -> dict:
-    from graft.stats import intervals
+    from graft.analysis import RecordError, run_intervals as intervals_of
 
     try:
-        return intervals(list(_records(run, stamp)))
-    except (KeyError, TypeError, ValueError):  # records without per-side totals (hand-written, old)
+        return intervals_of(Path(run))
+    except RecordError:
         return {}
 
 
 def run_intervals(run) -> dict:
-    """graft.stats.intervals of a run's records, {} when they lack what it reads."""
+    """The run's intervals as the tables give them (graft.analysis.run_intervals), {} when its records lack
+    what they read."""
     summary = Path(run) / "summary.json"
     return _intervals(str(run), summary.stat().st_mtime_ns if summary.exists() else 0)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from graft.metrics import record_sides
+
 METRICS = ("speedup_wall", "speedup_decode", "tau")
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -40,16 +42,12 @@ def paired_rows(records: list[dict]) -> dict[str, list[dict]]:
     side (m_*) beside the baseline's (b_*). A comparison's baseline appears as method `ar`."""
     rows: dict[str, list[dict]] = {}
     for record in records:
-        if record.get("status") != "ok":
+        # a single run's intervals are its method's alone; its own side is the baseline where it ran none (ar)
+        comparison = "methods" in record
+        sides = record_sides(record, record.get("_method") or "method", baseline="ar" if comparison else None)
+        if not sides:
             continue
-        base = record.get("baseline")
-        if "methods" in record:
-            sides = {name: entry["side"] for name, entry in record["methods"].items()}
-            if base:
-                sides = {"ar": base, **sides}
-        else:
-            sides = {record.get("_method") or "method": record["method"]}
-        base = base or next(iter(sides.values()))
+        base = record.get("baseline") or next(iter(sides.values()))
         b = base["totals"]
         for name, side in sides.items():
             m = side["totals"]
@@ -103,21 +101,40 @@ def interval(rows: list[dict], metric: str, seed: int = 0) -> dict:
     return _with_interval(out, data, statistic, seed)
 
 
-def intervals(records: list[dict]) -> dict[str, dict]:
-    """{method: {"all": {metric: interval}, "categories": {category: {metric: interval}}}} of a run's records."""
+def intervals(records: list[dict], categories: bool = True) -> dict[str, dict]:
+    """{method: {"all": {metric: interval}, "categories": {category: {metric: interval}}}} of a run's records
+    (without "categories" unless `categories`)."""
     result = {}
     for method, rows in paired_rows(records).items():
+        result[method] = {"all": {metric: interval(rows, metric) for metric in METRICS}}
+        if not categories:
+            continue
         by_category: dict[str, list[dict]] = {}
         for row in rows:
             by_category.setdefault(row["category"], []).append(row)
-        result[method] = {
-            "all": {metric: interval(rows, metric) for metric in METRICS},
-            "categories": {
-                category: {metric: interval(group, metric) for metric in METRICS}
-                for category, group in sorted(by_category.items())
-            },
+        result[method]["categories"] = {
+            category: {metric: interval(group, metric) for metric in METRICS}
+            for category, group in sorted(by_category.items())
         }
     return result
+
+
+def summary_intervals(summary: dict, records: list[dict], categories: bool = True) -> dict[str, dict]:
+    """A run's intervals: summary.json's `intervals` where the run recorded them, else computed from `records`
+    (those of a single run named by its method)."""
+    if isinstance(summary.get("intervals"), dict):
+        return summary["intervals"]
+    if summary.get("kind") != "comparison":
+        records = [{**r, "_method": r.get("_method") or summary.get("method") or "method"} for r in records]
+    return intervals(records, categories)
+
+
+def interval_entries(spread: dict[str, dict]):
+    """(method, category, metric, interval) of every interval in `spread`, category "all" for the whole run."""
+    for method, found in spread.items():
+        for category, metrics in {"all": found.get("all") or {}, **(found.get("categories") or {})}.items():
+            for metric, entry in metrics.items():
+                yield method, category, metric, entry
 
 
 def format_interval(entry: dict | None, unit: str = "x") -> str:
@@ -141,11 +158,7 @@ def ratio_interval(records: list[dict], method: str, over: str, seed: int = 0) -
     gives its interval (None below two prompts)."""
     pairs = []
     for record in records:
-        if record.get("status") != "ok":
-            continue
-        sides = {name: entry["side"] for name, entry in (record.get("methods") or {}).items()}
-        if record.get("baseline"):
-            sides.setdefault("ar", record["baseline"])
+        sides = record_sides(record) if "methods" in record else {}  # the methods of a comparison, and `ar`
         if method in sides and over in sides:
             pairs.append((sides[method]["totals"]["tokens_per_s"], sides[over]["totals"]["tokens_per_s"]))
     data = tuple(np.asarray(column, dtype=float) for column in zip(*pairs)) if pairs else (np.array([]),) * 2
