@@ -44,25 +44,35 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
     on a CPU the few nodes are walked in Python, where a dozen tiny tensor ops cost more than the walk.
     """
     target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
-    n = tree.num_nodes
-    if n == 1:
-        return Acceptance(path=[0], tokens=read_back(target), token_ids=target)
+    if tree.num_nodes == 1:
+        root = torch.zeros(1, dtype=torch.long, device=target.device)  # made on the device: no copy up
+        return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
     if ops.on_host(logits):
         return _accept_walk(tree, target)
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
-    on_correct_path = ~(attn.ancestors & ~correct.unsqueeze(0)).any(1)  # [num_nodes]
-    deepest = torch.argmax(torch.where(on_correct_path, attn.depth, -1))  # []
-    slot = torch.where(attn.ancestors[deepest], attn.depth, n)  # [num_nodes]; off-path nodes -> spare slot n
-    path = torch.zeros(n + 1, dtype=torch.long, device=logits.device).scatter_(
-        0, slot, torch.arange(n, device=logits.device)
-    )
-    packed = torch.cat([attn.depth[deepest].view(1), path[:n], tree.tokens[path[:n]], target[deepest].view(1)])
+    return _read_accepted(tree, attn, correct, lambda deepest: target.index_select(0, deepest))
+
+
+def _read_accepted(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) -> Acceptance:
+    """The deepest node whose path agrees all the way (`agrees` [num_nodes]: node i's own token is kept, given
+    its parent's), its path and the bonus token `bonus_at(deepest [1])` -> [1], read in one packed copy.
+
+    Every index here is a [1] tensor used through index_select: a 0-d tensor used as an index makes ATen call
+    item() (a sync on CUDA) before the op runs."""
+    n, device = tree.num_nodes, tree.tokens.device
+    on_agreeing_path = ~(attn.ancestors & ~agrees.unsqueeze(0)).any(1)  # [num_nodes]
+    deepest = torch.argmax(torch.where(on_agreeing_path, attn.depth, -1)).view(1)  # [1]
+    on_path = attn.ancestors.index_select(0, deepest)[0]  # [num_nodes]
+    slot = torch.where(on_path, attn.depth, n)  # [num_nodes]; off-path nodes -> spare slot n
+    path = torch.zeros(n + 1, dtype=torch.long, device=device).scatter_(0, slot, torch.arange(n, device=device))
+    bonus = bonus_at(deepest)  # [1]
+    packed = torch.cat([attn.depth.index_select(0, deepest), path[:n], tree.tokens[path[:n]], bonus])
     host = read_back(packed)
     length = host[0] + 1
     path_list = host[1 : 1 + length]
     tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
-    token_ids = torch.cat([tree.tokens[path[1:length]], target[deepest].view(1)])
+    token_ids = torch.cat([tree.tokens[path[1:length]], bonus])
     return Acceptance(path=path_list, tokens=tokens, path_index=path[:length], token_ids=token_ids)
 
 
@@ -153,9 +163,71 @@ def accept_sampling(
     return Acceptance(path=path, tokens=committed)
 
 
+def accept_sampling_on_device(
+    tree: DraftTree,
+    attn: Topology,
+    logits: Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    renormalize: bool = True,
+) -> Acceptance:
+    """accept_sampling's rule with every draw made at once on the device, read back in one packed copy.
+
+    Child c of node i, tried once its earlier siblings were rejected, is accepted with probability
+    p_i(x_c) / (1 - the mass of its earlier siblings' distinct tokens): the host walk's renormalised residual
+    in closed form (a token repeating an earlier sibling's has none left). Every node draws its uniform; a
+    node's kept child is its first accepted one, so the walk from the root meets exactly the draws the host
+    walk would make, and draws it never reaches change nothing. The bonus token at the deepest kept node is
+    drawn from its residual (its children's tokens removed) as argmax(residual / Exp(1)), with no host read.
+    """
+    probs = target_distribution(logits, temperature, top_p)  # [num_nodes, vocab]
+    n, device = tree.num_nodes, logits.device
+    tokens, parents = tree.tokens, tree.parents
+    index = torch.arange(n, device=device)
+    child = (tokens >= 0) & (index > 0)  # [num_nodes] a filled slot below the root
+    token = tokens.clamp_min(0)
+    p_self = probs[parents.clamp_min(0), token]  # [num_nodes] the parent's probability of the node's token
+    earlier_sibling = (parents[:, None] == parents[None, :]) & (index[None, :] < index[:, None])  # [n, n]
+    earlier_sibling &= child[None, :] & child[:, None]
+    first = child & ~(earlier_sibling & (tokens[:, None] == tokens[None, :])).any(1)
+    if renormalize:
+        removed = (earlier_sibling & first[None, :]).to(probs.dtype) @ p_self  # [num_nodes]
+        chance = p_self / (1.0 - removed).clamp_min(torch.finfo(probs.dtype).tiny)
+    else:  # the broken rule tests use to show the distribution check can fail
+        chance = p_self
+    accepted = first & (torch.rand(n, generator=generator, device=device) < chance)  # [num_nodes]
+    offered = (parents[None, :] == index[:, None]) & accepted[None, :]  # [n, n]: node i's accepted children
+    kept_child = torch.where(offered, index[None, :], n).min(1).values  # [num_nodes]; n: none accepted
+    agrees = kept_child[parents.clamp_min(0)] == index
+    agrees[0] = True
+
+    def bonus_at(deepest: Tensor) -> Tensor:
+        row = probs.index_select(0, deepest)[0]  # [vocab]
+        rejected = (child & (parents == deepest)).to(row.dtype)  # every child of the deepest node was rejected
+        residual = torch.where(torch.zeros_like(row).index_put_((token,), rejected, accumulate=True) > 0, 0.0, row)
+        residual = torch.where(residual.sum() > 0, residual, row)
+        noise = torch.empty_like(row).exponential_(generator=generator)
+        return (residual / noise).argmax().view(1)
+
+    return _read_accepted(tree, attn, agrees, bonus_at)
+
+
+def device_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on `device` for the device-side draws, seeded from `generator` (the run's, on the host), so a
+    seeded run stays reproducible; `generator` itself where it already lives there."""
+    if generator is None or generator.device == torch.device(device):
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a host draw: no device sync
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def sample_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
     """One token from the target's distribution (temperature 0 means argmax)."""
     if temperature <= 0:
         return int(logits.argmax(-1))
+    if logits.device.type != "cpu":  # the draw on the device, one value read back (the whole row copied was 0.6 MB)
+        noise = torch.empty_like(logits, dtype=torch.float32).exponential_(generator=generator)
+        return int((target_distribution(logits, temperature, top_p) / noise).argmax(-1))
     probs = target_distribution(logits, temperature, top_p).cpu()
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -31,8 +31,8 @@ from torch import Tensor
 
 from graft.backends import TargetBackend
 from graft.drafter import Deferred, Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
-from graft.grafting import Grafted
-from graft.ops import upload
+from graft.grafting import Grafted, compact
+from graft.ops import read_count, upload
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource
@@ -321,6 +321,9 @@ class ComposedDrafter(Drafter):
         )
         if self.split is not None:
             self.split.static = self.static
+        # a fixed-size tree that pruning emptied is verified at its kept size, rounded up to a bucket (one small
+        # read a step): the pruned baseline exists to verify fewer nodes, and on a MoE target each node costs
+        self.bucket = target.tree_bucket if self.static and not isinstance(self.split, (DenseSplit, type(None))) else 0
         # budget=auto measures (or loads) the target's costs: last, so a refused config costs no measuring
         for costed in filter(None, (self.split, self.trim)):
             costed.prepare(target, p.total_tokens)
@@ -350,7 +353,7 @@ class ComposedDrafter(Drafter):
         draft = self.source.draft(state, self.split, total) if self.source else Draft(self._bare_root(state))
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers and not self.params.refill:
-            return Proposal(draft.tree, note)
+            return Proposal(self._bucketed(compact(draft.tree, total) if self.bucket else draft.tree), note)
         started = time.perf_counter()
         if self.static:
             filled = (draft.tree.tokens >= 0).sum()  # 0-d, on the device
@@ -362,7 +365,14 @@ class ComposedDrafter(Drafter):
             note.update(self._retrieval_note(draft.tree, grafted, started))
         if self.params.refill:
             note["refilled_nodes"] = self._refill(draft, grafted)
-        return Proposal(grafted.finish(total), note)
+        return Proposal(self._bucketed(grafted.finish(total)), note)
+
+    def _bucketed(self, tree: DraftTree) -> DraftTree:
+        """A compacted fixed-size tree (filled nodes first) cut to the smallest bucket that holds its filled nodes."""
+        if not self.bucket:
+            return tree
+        kept = read_count((tree.tokens >= 0).sum())
+        return tree.first(min(tree.num_nodes, -(-kept // self.bucket) * self.bucket))
 
     @staticmethod
     def _refill(draft: Draft, grafted: Grafted) -> int:

@@ -182,6 +182,9 @@ class HardwareConfig:
     # dropping them and retrieval fills slots, so a step reads one value back to the host (the accepted
     # path) and no shape depends on data; the GPU default. On a CPU the empty slots only cost time.
     static_trees: bool = False
+    # with static_trees, a method that prunes verifies its kept nodes rounded up to a multiple of tree_bucket
+    # (8: buckets 8, 16, ..., the budget), read back in one small extra copy per step; 0 verifies every slot
+    tree_bucket: int = 8
     # torch.compile of the verify forward (transformers' forward, fast_path=none) and of the draft head's level
     # step, over static caches whose shapes stay fixed for a sequence (masks hide the unfilled slots); with
     # static_trees every step reuses one compiled graph. "reduce-overhead" replays it as a CUDA graph on a GPU.
@@ -208,6 +211,7 @@ class HardwareConfig:
             self.compile,
             "off with a fast path (hardware.fast_path=" + str(self.fast_path) + "); compile runs transformers' forward",
         )
+        require(self.tree_bucket >= 0, "hardware.tree_bucket", self.tree_bucket, "0 (off) or an integer >= 1")
         require(
             0 < self.gpu_memory_fraction <= 1,
             "hardware.gpu_memory_fraction",

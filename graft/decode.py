@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graft.acceptance import accept_greedy, accept_sampling, sample_token
+from graft.acceptance import (
+    accept_greedy,
+    accept_sampling,
+    accept_sampling_on_device,
+    device_generator,
+    sample_token,
+)
 from graft.backends import TargetBackend
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, resolve_deferred
 from graft.tree import NodeSource, topology
@@ -45,7 +51,8 @@ class Generation:
     prefill_s: float
     wall_s: float  # prefill included
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per step (accepted + bonus)
-    nodes: list[int] = field(default_factory=list)  # tree nodes verified per step, root included
+    nodes: list[int] = field(default_factory=list)  # tree slots verified per step, root included
+    kept_nodes: list[int] = field(default_factory=list)  # of those, the ones holding a token (not empty slots)
     draft_s: list[float] = field(default_factory=list)  # propose + update, per step
     verify_s: list[float] = field(default_factory=list)  # the target forward, per step
     other_s: list[float] = field(default_factory=list)  # mask, acceptance, cache commit, bookkeeping
@@ -139,6 +146,8 @@ def generate(
     taps = drafter.needs.taps  # the drafter's features, computed on its own forwards only
     target.reset(capacity=len(prompt_ids) + max_new_tokens + drafter.max_nodes() + 8)
     prefill = target.prefill(prompt_ids, taps, successors_k=drafter.needs.prompt_successors)
+    if not sampling.greedy and not target.ops.on_host(prefill.logits):
+        generator = device_generator(generator, prefill.logits.device)
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
     gen = Generation(
         prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0
@@ -154,6 +163,7 @@ def generate(
         gen.stop_reason = "stop_token"
     context_limit = target.max_context
     sources = []  # per step [4] counts, left on the device until the end
+    kept = []  # per step 0-d: filled slots, the same
 
     while not done:
         t0 = clock.mark()
@@ -176,8 +186,12 @@ def generate(
         t3 = clock.mark()
         if sampling.greedy:
             acceptance = accept_greedy(tree, topo, forward.logits, target.ops)
-        else:
+        elif target.ops.on_host(forward.logits):
             acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
+        else:
+            acceptance = accept_sampling_on_device(
+                tree, topo, forward.logits, sampling.temperature, sampling.top_p, generator
+            )
         target.commit(committed_len, acceptance.path, acceptance.path_index)
 
         room = max_new_tokens - len(gen.new_tokens)
@@ -205,6 +219,7 @@ def generate(
         if proposal.note:
             gen.step_info.append(proposal.note)
         sources.append(_source_counts(tree, acceptance))
+        kept.append((tree.tokens >= 0).sum())
         gen.accept_lengths.append(len(committed))
         gen.nodes.append(tree.num_nodes)
         marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
@@ -220,6 +235,7 @@ def generate(
     resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
     if sources:
         gen.step_sources = torch.stack(sources).tolist()
+        gen.kept_nodes = torch.stack(kept).tolist()
     if record_gaps:
         host = torch.cat(top2).tolist()
         gen.top2_gaps = [a - b for a, b in host]

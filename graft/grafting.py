@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from graft.tree import DraftTree, NodeSource, topology
+from graft.ops import upload
 
 
 @dataclass
@@ -79,15 +80,11 @@ def graft(
     )
     old_scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
     new_scores = (
-        scores[torch.tensor(kept, dtype=torch.long, device=device)]
-        if scores is not None
-        else torch.full((added,), float("-inf"), device=device)
+        scores[upload(kept, device)] if scores is not None else torch.full((added,), float("-inf"), device=device)
     )
     tree = DraftTree(
-        tokens=torch.cat([draft.tokens, torch.tensor([r_tokens[i] for i in kept], dtype=torch.long, device=device)]),
-        parents=torch.cat(
-            [draft.parents, torch.tensor([place[r_parents[i]] for i in kept], dtype=torch.long, device=device)]
-        ),
+        tokens=torch.cat([draft.tokens, upload([r_tokens[i] for i in kept], device)]),
+        parents=torch.cat([draft.parents, upload([place[r_parents[i]] for i in kept], device)]),
         scores=torch.cat([old_scores, new_scores]),
         sources=torch.cat([old_sources, torch.full((added,), int(source), dtype=torch.int8, device=device)]),
     )

@@ -6,7 +6,8 @@
 - speedup_wall: tokens_per_s of the method / the same for the baseline run on the same prompts.
 - speedup_decode: baseline seconds per step token after prefill / the method's (prefill excluded).
 - lossless: greedy only: every prompt's tokens equal the baseline's (null under sampling).
-- avg_nodes_per_step: tree nodes verified per step, root included.
+- avg_nodes_per_step: tree slots verified per step, root included; with fixed-size trees (hardware.static_trees)
+  a step may verify empty slots, and avg_kept_nodes_per_step counts only the slots that hold a token.
 - retrieval_share: accepted nodes that retrieval proposed / all accepted nodes (bonus tokens excluded).
 - loop_overhead: share of step time outside the target forward and the drafter (mask, acceptance,
   cache commit, bookkeeping).
@@ -24,7 +25,8 @@ DEFINITIONS = {
     "speedup_wall_median": "median over prompts of the per-prompt tokens/s ratio",
     "speedup_decode": "baseline s per step token / method s per step token (prefill excluded)",
     "lossless": "greedy: every prompt's tokens equal the baseline's",
-    "avg_nodes_per_step": "verified tree nodes per step, root included",
+    "avg_nodes_per_step": "verified tree slots per step, root included (fixed-size trees: empty slots too)",
+    "avg_kept_nodes_per_step": "verified slots per step that hold a token, root included",
     "retrieval_share": "accepted retrieved nodes / all accepted nodes (bonus tokens excluded)",
     "retrieved_nodes_per_step": "verified nodes per step that retrieval proposed",
     "graft_overhead": "share of step time in table update, template readout, grafting (drafter-timed)",
@@ -65,6 +67,7 @@ def side_totals(turns: list[dict]) -> dict:
         "step_tokens": sum(t["step_tokens"] for t in turns),
         "steps": sum(t["steps"] for t in turns),
         "nodes": sum(sum(t["nodes"]) for t in turns),
+        "kept_nodes": sum(sum(t.get("kept_nodes", t["nodes"])) for t in turns),  # older records: no empty slots
         "wall_s": wall,
         "decode_s": sum(t["decode_s"] for t in turns),
         "prefill_s": sum(t["prefill_s"] for t in turns),
@@ -114,6 +117,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
         "n_divergent": len(divergent),
         "n_divergent_float_tie": sum(1 for c in divergent if c["first_divergence"]["float_tie"]),
         "avg_nodes_per_step": _ratio(total(method, "nodes"), total(method, "steps")),
+        "avg_kept_nodes_per_step": _ratio(total(method, "kept_nodes"), total(method, "steps")),
         "retrieval_share": _ratio(
             total(method, "accepted_retrieved"), total(method, "accepted_draft") + total(method, "accepted_retrieved")
         ),

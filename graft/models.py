@@ -235,6 +235,7 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
         target.max_context = cfg.max_context
     target.prefill_chunk = hardware.prefill_chunk
     target.static_trees = hardware.static_trees
+    target.tree_bucket = hardware.tree_bucket
     target.compile_mode = None if hardware.compile == "off" else hardware.compile
     target.compile_backend = hardware.compile_backend
     target.timing = {"sync": "sync", "async": "host"}.get(

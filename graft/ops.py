@@ -19,6 +19,12 @@ def read_back(values: Tensor) -> list:
     return values.tolist()
 
 
+def read_count(count: Tensor) -> int:
+    """A pruning step's one extra read (fixed-size trees): how many nodes it kept, which picks the size the
+    target verifies. Apart from read_back, so a GPU test can allow exactly these two."""
+    return int(count)
+
+
 def upload(values: list[int], device: torch.device | str, dtype: torch.dtype = torch.long) -> Tensor:
     """Host integers onto `device`. To CUDA through pinned memory without blocking: a plain
     torch.tensor(..., device="cuda") waits for the stream, a host sync per call."""

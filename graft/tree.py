@@ -17,6 +17,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from graft.ops import upload
+
 
 class NodeSource(IntEnum):
     """Where a node came from, recorded per node so acceptance can be attributed to a source."""
@@ -49,14 +51,14 @@ class DraftTree:
     @staticmethod
     def root_only(token: int | Tensor, device: torch.device | str = "cpu") -> "DraftTree":
         """The root alone; a token already on the device ([1]) is used as it is (no copy up)."""
-        tokens = token.view(1) if isinstance(token, Tensor) else torch.tensor([token], device=device)
+        tokens = token.view(1) if isinstance(token, Tensor) else upload([token], device)
         return DraftTree.build(tokens, torch.full((1,), -1, dtype=torch.long, device=device), NodeSource.ROOT)
 
     @staticmethod
     def chain(root: int, continuation: list[int], source: NodeSource, device="cpu") -> "DraftTree":
         """A linear tree: root -> continuation[0] -> continuation[1] -> ..."""
         n = 1 + len(continuation)
-        tokens = torch.tensor([root, *continuation], dtype=torch.long, device=device)
+        tokens = upload([root, *continuation], device)
         return DraftTree.build(tokens, torch.arange(-1, n - 1, dtype=torch.long, device=device), source)
 
     def first(self, count: int) -> "DraftTree":

@@ -3,7 +3,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from graft.acceptance import accept_greedy, accept_sampling, target_distribution
+from graft.acceptance import accept_greedy, accept_sampling, accept_sampling_on_device, target_distribution
 from graft.tree import DraftTree, topology
 
 PARENTS = [-1, 0, 0, 1, 1, 2]
@@ -62,12 +62,19 @@ def _logits_for(tree: DraftTree) -> torch.Tensor:
     return MARKOV_LOGITS[tree.tokens]  # a Markov target: next-token logits depend on the node's own token
 
 
-def _draw_two_tokens(gen, temperature, top_p, renormalize):
+def _accept(where, tree, logits, temperature, top_p, gen, renormalize):
+    if where == "host":
+        return accept_sampling(tree, logits, temperature, top_p, gen, renormalize=renormalize)
+    attn = topology(tree.parents, 0)
+    return accept_sampling_on_device(tree, attn, logits, temperature, top_p, gen, renormalize=renormalize)
+
+
+def _draw_two_tokens(gen, temperature, top_p, renormalize, where="host"):
     committed = []
     root = 0
     while len(committed) < 2:
         tree = _tree_for(root)
-        acc = accept_sampling(tree, _logits_for(tree), temperature, top_p, gen, renormalize=renormalize)
+        acc = _accept(where, tree, _logits_for(tree), temperature, top_p, gen, renormalize)
         committed += acc.tokens
         root = committed[-1]
     return committed[0] * VOCAB + committed[1]
@@ -79,10 +86,10 @@ def _expected_two_tokens(temperature, top_p):
     return (first[:, None] * p).reshape(-1).numpy()
 
 
-def _chi2_pvalue(temperature, top_p, renormalize, draws=6000):
+def _chi2_pvalue(temperature, top_p, renormalize, draws=6000, where="host"):
     gen = torch.Generator().manual_seed(1234)
     counts = np.bincount(
-        [_draw_two_tokens(gen, temperature, top_p, renormalize) for _ in range(draws)], minlength=VOCAB * VOCAB
+        [_draw_two_tokens(gen, temperature, top_p, renormalize, where) for _ in range(draws)], minlength=VOCAB * VOCAB
     )
     expected = _expected_two_tokens(temperature, top_p) * draws
     keep = expected > 0
@@ -91,13 +98,28 @@ def _chi2_pvalue(temperature, top_p, renormalize, draws=6000):
     return chisquare(counts[keep], expected).pvalue
 
 
+@pytest.mark.parametrize("where", ["host", "device"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_tree_sampling_matches_the_target_distribution(temperature, top_p):
-    assert _chi2_pvalue(temperature, top_p, renormalize=True) > 1e-3
+def test_tree_sampling_matches_the_target_distribution(temperature, top_p, where):
+    """The host walk and the device form (every draw at once, one read) both commit the target's own samples."""
+    assert _chi2_pvalue(temperature, top_p, renormalize=True, where=where) > 1e-3
 
 
-def test_the_check_fails_on_a_broken_acceptance_rule():
-    assert _chi2_pvalue(1.0, 1.0, renormalize=False) < 1e-6
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_the_check_fails_on_a_broken_acceptance_rule(where):
+    assert _chi2_pvalue(1.0, 1.0, renormalize=False, where=where) < 1e-6
+
+
+def test_device_sampling_keeps_an_accepted_path_and_skips_empty_slots():
+    """Literal case: the root's children are token 2 (p = 1 after the root) and an empty slot; the walk must take
+    node 1 and then draw the bonus from node 1's row (all mass on token 4)."""
+    tree = DraftTree(tokens=torch.tensor([0, -1, 2]), parents=torch.tensor([-1, 0, 0]))
+    logits = torch.full((3, 5), -1e9)
+    logits[0, 2] = 0.0  # after the root: token 2 surely
+    logits[2, 4] = 0.0  # after node 2: token 4 surely
+    logits[1, 1] = 0.0
+    acc = accept_sampling_on_device(tree, topology(tree.parents, 0), logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert acc.path == [0, 2] and acc.tokens == [2, 4] and acc.path_index.tolist() == [0, 2]
 
 
 def test_the_float_tie_rule_is_four_ulps_in_bfloat16_and_sixteen_in_float32():

@@ -27,30 +27,38 @@ def test_drafters_are_lossless_on_cuda(model_name):
             assert out.new_tokens == base.new_tokens, f"{drafter.method.name} on prompt {k}"
 
 
-@pytest.mark.parametrize("method", ["ar", "pld", "eagle3", "pruned", "graft"])
-def test_a_cuda_step_syncs_only_to_read_the_accepted_path(monkeypatch, method):
-    """Under torch.cuda.set_sync_debug_mode("error") every step runs without a sync but its one read
-    (graft.ops.read_back, the accepted path); what a sequence does once at its start and end is let be."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method", ["ar", "pld", "eagle3", "pruned", "graft", "graft_root", "recycling"])
+def test_a_cuda_step_syncs_only_to_read_the_accepted_path(monkeypatch, method, temperature):
+    """Under torch.cuda.set_sync_debug_mode("error") every step runs without a sync but its reads (graft.ops.read_back,
+    the accepted path; graft.ops.read_count, the kept size of a pruning method); what a sequence does once at its
+    start and end is let be."""
     import torch
 
     import graft.acceptance
+    import graft.compose
     from graft.clock import PhaseClock
+    from graft.decode import SamplingConfig
 
     cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware=gpu", "model.dtype=float32"]))
     model = load_model(cfg.model, cfg.hardware, progress=False)
     target = model.target
     drafter = Autoregressive(target) if method == "ar" else make_drafter(method, target)
     ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[0].turns[0]}])
-    generate(target, drafter, ids, 8, set())  # warm-up: lazy setup (cuBLAS handles, tables) may sync
+    sampling = SamplingConfig(temperature=temperature)
+    generate(target, drafter, ids, 8, set(), sampling, torch.Generator().manual_seed(0))  # warm-up: lazy setup
     reads, propose, seconds = [], drafter.propose, PhaseClock.seconds
 
-    def allowed(values):
-        torch.cuda.set_sync_debug_mode("default")
-        reads.append(values.numel())
-        try:
-            return values.tolist()
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
+    def allowed(read):
+        def call(values):
+            torch.cuda.set_sync_debug_mode("default")
+            reads.append(values.numel())
+            try:
+                return read(values)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+
+        return call
 
     def strict_step(state):
         torch.cuda.set_sync_debug_mode("error")  # from the first step's draft on
@@ -60,11 +68,13 @@ def test_a_cuda_step_syncs_only_to_read_the_accepted_path(monkeypatch, method):
         torch.cuda.set_sync_debug_mode("default")  # the sequence's records: read once, after the loop
         return seconds(clock, marks)
 
-    monkeypatch.setattr(graft.acceptance, "read_back", allowed)
+    monkeypatch.setattr(graft.acceptance, "read_back", allowed(graft.acceptance.read_back))
+    monkeypatch.setattr(graft.compose, "read_count", allowed(graft.compose.read_count))
     monkeypatch.setattr(drafter, "propose", strict_step)
     monkeypatch.setattr(PhaseClock, "seconds", lenient_end)
     try:
-        out = generate(target, drafter, ids, 32, set())
+        out = generate(target, drafter, ids, 32, set(), sampling, torch.Generator().manual_seed(0))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert out.steps >= 4 and len(reads) == out.steps, (method, len(reads), out.steps)
+    per_step = 2 if method in ("pruned", "graft", "graft_root") else 1
+    assert out.steps >= 4 and len(reads) == per_step * out.steps, (method, len(reads), out.steps)

@@ -199,6 +199,18 @@ STATIC_VARIANTS = {
 }
 
 
+def assert_fixed_sizes(drafter, out, what: str) -> None:
+    """One size per step; a method that prunes: its kept nodes rounded up to a bucket of drafter.bucket slots."""
+    sizes, kept = out.nodes[:-1], out.kept_nodes[:-1]  # the last step may be cut to max_new_tokens
+    assert all(k <= n for k, n in zip(out.kept_nodes, out.nodes)), what
+    if not drafter.bucket:
+        assert len(set(sizes)) <= 1, f"{what}: tree sizes {set(out.nodes)}"
+        return
+    budget = drafter.max_nodes()
+    want = [min(budget, -(-k // drafter.bucket) * drafter.bucket) for k in kept]
+    assert sizes == want, f"{what}: verified {sizes}, kept {kept}"
+
+
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
 def test_fixed_size_trees_are_lossless(tiny, name):
     """With hardware.static_trees the same methods verify trees of one size per step, empty slots included;
@@ -214,10 +226,31 @@ def test_fixed_size_trees_are_lossless(tiny, name):
             for what, drafter in drafters:
                 out = generate(model.target, drafter, ids, 32, model.stop_ids)
                 assert_lossless(model, out, base, f"static {what} on prompt {k}")
-                assert len(set(out.nodes[:-1])) <= 1, f"{what}: tree sizes {set(out.nodes)}"  # the last may be cut
+                assert_fixed_sizes(drafter, out, what)
         for what, drafter in drafters:
             gen = torch.Generator().manual_seed(1)
             out = generate(model.target, drafter, _prompt_ids(model, 2), 24, model.stop_ids, SamplingConfig(0.9), gen)
             assert sum(out.accept_lengths) == out.step_tokens, what
     finally:
         model.target.static_trees = False
+
+
+def test_pruned_fixed_size_trees_verify_fewer_slots_as_thresholds_rise(tiny):
+    """hardware.static_trees: the pruned tree is verified at the size it kept (in buckets of 8), so its slots per step
+    fall as its thresholds rise (0: no checkpoint fires, the dense 60; 1: the first fires, 8 kept); tokens stay AR's."""
+    model = tiny("tiny_llama")
+    model.target.static_trees = True
+    try:
+        ids = _prompt_ids(model, 0)
+        base = generate(model.target, Autoregressive(model.target), ids, 32, model.stop_ids, record_gaps=True)
+        slots = []
+        for thresholds in ([0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]):
+            drafter = make_drafter("pruned", model.target, thresholds=thresholds)
+            out = generate(model.target, drafter, ids, 32, model.stop_ids)
+            assert_lossless(model, out, base, f"pruned {thresholds}")
+            assert_fixed_sizes(drafter, out, f"pruned {thresholds}")
+            slots.append(sum(out.nodes) / out.steps)
+    finally:
+        model.target.static_trees = False
+    assert slots[0] == 60 and slots[-1] == 8, slots
+    assert slots == sorted(slots, reverse=True) and len(set(slots)) == 4, slots

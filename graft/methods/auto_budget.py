@@ -34,6 +34,7 @@ from graft.costmodel import CostProfile
 from graft.costmodel.measure import calibrated_profile, identity
 from graft.registry import register
 from graft.schema import ConfigError
+from graft.ops import upload
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,9 @@ class AutoTrim(Trim):
         self.kept_parents = [-1] + [position[parents[i]] for i in kept[1:]]
         if count == tree.num_nodes:
             return tree
-        index = torch.tensor(kept, device=tree.tokens.device)
+        index = upload(kept, tree.tokens.device)
         pick = lambda t: None if t is None else t[index]  # noqa: E731
-        parents_kept = torch.tensor(self.kept_parents, dtype=tree.parents.dtype, device=tree.parents.device)
+        parents_kept = upload(self.kept_parents, tree.parents.device, tree.parents.dtype)
         return DraftTree(tree.tokens[index], parents_kept, pick(tree.scores), pick(tree.sources))
 
     def observe(self, step: StepFeedback, update_ms: float) -> None:

@@ -31,6 +31,7 @@ from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.methods.eagle3 import Candidates, Checkpoint, _best, select
 from graft.registry import register
 from graft.tree import DraftTree
+from graft.ops import upload
 
 
 @dataclass
@@ -107,7 +108,7 @@ class BlockSource(DraftSource):
     @torch.inference_mode()
     def block_log_probs(self, root: int, size: int) -> Tensor:
         """[size - 1, V] log-probabilities of block positions 1 .. size - 1 after `root`."""
-        ids = torch.cat([torch.tensor([root], dtype=torch.long, device=self.mask.device), self.mask.expand(size - 1)])
+        ids = torch.cat([upload([root], self.mask.device), self.mask.expand(size - 1)])
         hidden = self.model.block(self.target.embed(ids), self.caches)  # [size, H]
         return torch.log_softmax(self.target.lm_head(hidden[1:]).float(), dim=-1)
 
@@ -119,4 +120,5 @@ class BlockSource(DraftSource):
         split.start()
         found = block_candidates(self.block_log_probs(state.root, size), self.params.top_k, split.stop_after)
         keep = split.keep(torch.cat(found.scores), total_tokens)
-        return Draft(select(found, state.root, keep - 1), split.label(), widen=lambda n: select(found, state.root, n))
+        root = state.root_on(self.mask.device)
+        return Draft(select(found, root, keep - 1), split.label(), widen=lambda n: select(found, root, n))

@@ -309,7 +309,7 @@ def select(found: Candidates, root: int | Tensor, keep: int) -> DraftTree:
     keep = max(0, min(keep, all_scores.shape[0]))
     chosen = torch.sort(_best(all_scores, keep)[1]).values
     parents = _parents_among(found, chosen)
-    root = root.view(1) if isinstance(root, Tensor) else torch.tensor([root], device=device)
+    root = root.view(1) if isinstance(root, Tensor) else upload([root], device)
     return DraftTree.build(
         torch.cat([root, all_tokens[chosen]]),
         torch.cat([torch.full((1,), -1, device=device), parents]),

@@ -26,6 +26,7 @@ from graft.drafter import SequenceState
 from graft.grafting import Grafted
 from graft.registry import register
 from graft.tree import topology
+from graft.ops import upload
 
 
 def graft_at(anchor: int, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
@@ -120,7 +121,7 @@ class AtLeaves(AttachPolicy):
             budget = -(-left // (len(leaves) - i))  # ceil: the better leaves take the remainder
             if budget <= 0:
                 break
-            path = torch.tensor(path_to(leaf, parents, tokens), dtype=torch.long, device=tree.tokens.device)
+            path = upload(path_to(leaf, parents, tokens), tree.tokens.device)
             room_before = grafted.room
             for reader in readers:
                 used = room_before - grafted.room

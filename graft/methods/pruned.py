@@ -136,7 +136,7 @@ class StageSplit(Split):
             if self.fired_on_device is None:  # no checkpoint within the drafted depth
                 return torch.full((), total_tokens, dtype=torch.long, device=scores.device)
             table = [scaled_split(d, total_tokens, p.reference_budget) for d in p.draft_tokens] + [total_tokens]
-            return self._on_device(table, scores.device)[self.fired_on_device]
+            return self._pick(table, scores.device)
         return (
             total_tokens
             if self.fired is None
@@ -150,7 +150,11 @@ class StageSplit(Split):
         p = self.params
         if not (self.static and p.prune) or self.fired_on_device is None:
             return None
-        return self._on_device([*p.checkpoints, 1 << 30], self.fired_on_device.device)[self.fired_on_device]
+        return self._pick([*p.checkpoints, 1 << 30], self.fired_on_device.device)
+
+    def _pick(self, values: list[int], device) -> Tensor:
+        """0-d: values[the checkpoint that fired], through index_select (a 0-d tensor as an index reads it back)."""
+        return self._on_device(values, device).index_select(0, self.fired_on_device.view(1))[0]
 
     def _on_device(self, values: list[int], device) -> Tensor:
         """A small constant table, copied to the device once (a copy per step would be a sync on CUDA)."""
