@@ -5,15 +5,17 @@ prompt, after an untimed warm-up of each; check losslessness against the baselin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from graft.backends import capacity_bucket, compiled_graphs
+from graft.backends import buckets_between, capacity_bucket, compile_counts, uses_cudagraphs
 from graft.config import ExperimentConfig
 from graft.data import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
@@ -29,6 +31,7 @@ from graft.records import RunDir, completed_summary, hardware_info, peak_memory,
 from graft.registry import build_drafter
 from graft.resolve import resolve as resolve_artefacts
 from graft.stats import intervals
+from graft.tree import DraftTree, NodeSource, topology
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,10 @@ def run_conversation(
     sampling: SamplingConfig,
     seed: int,
     record_gaps: bool,
+    before_turn: Callable[[list[int]], None] | None = None,
 ) -> Conversation:
-    """All turns of one prompt; each later turn sees the model's own earlier answers."""
+    """All turns of one prompt; each later turn sees the model's own earlier answers. `before_turn` sees each
+    turn's prompt ids before the turn is timed (the warm-up's guard)."""
     messages: list[dict] = []
     turns, texts = [], []
     for number, user_turn in enumerate(prompt.turns):
@@ -64,6 +69,8 @@ def run_conversation(
                 f"turn {number + 1} has {len(ids)} prompt tokens; the model's context {model.target.max_context} "
                 f"minus run.max_new_tokens {max_new_tokens} leaves {limit}"
             )
+        if before_turn is not None:
+            before_turn(ids)
         generator = torch.Generator().manual_seed(seed + zlib.crc32(f"{prompt.id}/{number}".encode()))
         gen = generate(model.target, drafter, ids, max_new_tokens, model.stop_ids, sampling, generator, record_gaps)
         text = model.chat.decode(gen.new_tokens)
@@ -88,6 +95,7 @@ def turn_record(gen: Generation, text: str) -> dict:
         "wall_s": gen.wall_s,
         "accept_lengths": gen.accept_lengths,
         "nodes": gen.nodes,
+        "kept_nodes": gen.kept_nodes,
         "draft_ms": ms(gen.draft_s),
         "verify_ms": ms(gen.verify_s),
         "other_ms": ms(gen.other_s),
@@ -149,14 +157,26 @@ def method_view(record: dict, name: str) -> dict:
     return view
 
 
-def measure_prompt(model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling) -> dict:
+def measure_prompt(
+    model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling, warm: WarmUp | None = None
+) -> dict:
     """Every contender and the baseline on one prompt, in rotating order -> {role: Conversation}."""
     roles = ([("baseline", baseline)] if baseline is not None else []) + list(contenders.items())
+    largest = max(drafter.max_nodes() for _, drafter in roles)
+    guard = warm.before_turn if warm is not None else None
     results = {}
     for role, drafter in rotation(roles, index):
-        results[role] = run_conversation(
-            model, drafter, prompt, run_cfg.max_new_tokens, sampling, run_cfg.seed, record_gaps=(role == "baseline")
-        )
+        with sized_for_largest(model.target, drafter, largest):
+            results[role] = run_conversation(
+                model,
+                drafter,
+                prompt,
+                run_cfg.max_new_tokens,
+                sampling,
+                run_cfg.seed,
+                record_gaps=(role == "baseline"),
+                before_turn=guard,
+            )
     return results
 
 
@@ -173,34 +193,163 @@ def outcome(
     return side, lossless, side["totals"]["tokens_per_s"] / b_tps if b_tps else None
 
 
-def warm_up(model: LoadedModel, drafters: list[Drafter], prompts: list[Prompt], run_cfg, sampling) -> dict:
-    """Untimed runs of every drafter before the timed ones. Compiled (hardware.compile), once per static cache
-    bucket each drafter's sequences will reach, so that no graph is compiled inside a timed run; returns what
-    run.json records of it."""
-    target = model.target
+@contextlib.contextmanager
+def sized_for_largest(target, drafter: Drafter, largest: int):
+    """Static caches sized as if `drafter` proposed the run's largest trees (`largest` nodes): decode asks for
+    its own max_nodes, so AR and tree drafters would land in different buckets for one turn and alternate
+    cache buffers; this way every drafter of a turn shares one bucket, one buffer and one graph per tree size."""
+    before = target.spare_nodes
+    target.spare_nodes = largest - drafter.max_nodes()
+    try:
+        yield
+    finally:
+        target.spare_nodes = before
 
-    def first_turn(prompt: Prompt) -> list[int]:
-        return model.chat.prompt_ids([{"role": "user", "content": prompt.turns[0]}])
 
-    ids = first_turn(prompts[0])[-target.max_context // 2 :]
-    # only compiled runs need every prompt's length (its cache bucket); eager ones tokenize one
-    first_turns = [first_turn(p) for p in prompts] if target.compile_mode is not None else []
-    graphs = compiled_graphs()
-    buckets = {}
-    for drafter in drafters:
-        lengths = [len(ids)]
-        if target.compile_mode is not None:  # a warm-up prompt that fills each bucket the run's prompts need
-            extra = run_cfg.max_new_tokens + drafter.max_nodes() + 8
-            needed = sorted({capacity_bucket(min(len(t) + extra, target.max_context)) for t in first_turns})
-            lengths = [b - run_cfg.warmup_tokens - drafter.max_nodes() - 8 for b in needed]
-            buckets[drafter.method.name if drafter.method else "baseline"] = needed
-        for length in lengths:
-            prompt = (ids * (length // len(ids) + 1))[:length]
-            generator = torch.Generator().manual_seed(0)
-            generate(target, drafter, prompt, run_cfg.warmup_tokens, model.stop_ids, sampling, generator)
-    if target.compile_mode is None:
-        return {}
-    return {"cache_buckets": buckets, "graphs_at_warmup": compiled_graphs() - graphs}
+def turn_spans(model: LoadedModel, prompt: Prompt, max_new_tokens: int) -> list[tuple[int, int]]:
+    """(fewest, most) prompt tokens of each turn of `prompt`, before its earlier answers are known.
+
+    Why that is enough: turn k's prompt is the chat of turns 1..k and the k - 1 answers between them, each
+    answer at most `max_new_tokens` generated tokens; so the chat has its fewest tokens with the answers
+    empty and its most with each answer `max_new_tokens` long, as long as an answer, decoded and tokenized
+    again, takes no more tokens than were generated. That is true of text a tokenizer would write, not a
+    theorem (the tiny models' byte tokenizer turns an invalid byte into U+FFFD, three bytes), so
+    WarmUp.before_turn also checks each turn's exact length before it is timed: a bucket missed here is
+    warmed there, untimed, and named in run.json (`late_buckets`)."""
+    messages, spans = [], []
+    for number, user_turn in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user_turn})
+        fewest = len(model.chat.prompt_ids(messages))
+        spans.append((fewest, fewest + number * max_new_tokens))
+        messages.append({"role": "assistant", "content": ""})
+    return spans
+
+
+def tree_sizes(drafter: Drafter) -> list[int]:
+    """The tree sizes `drafter` verifies when it cuts fixed-size trees to a multiple of a bucket (pruning:
+    graft/compose.py, ComposedDrafter._bucketed), which step depends on the data; [] when every tree has one size."""
+    bucket, top = getattr(drafter, "bucket", 0), drafter.max_nodes()
+    return sorted({*range(bucket, top, bucket), top}) if bucket else []
+
+
+def verify_sizes(target, drafter: Drafter, prompt: list[int], new_tokens: int) -> None:
+    """One verify forward per tree size `drafter` may verify (tree_sizes), each rolled back: a few warm-up
+    steps meet only some of the sizes, and every size over every cache bucket is a graph of its own."""
+    sizes = tree_sizes(drafter)
+    if not sizes:
+        return
+    taps = drafter.needs.taps  # hidden-state hooks are part of the compiled graph
+    target.reset(len(prompt) + new_tokens + drafter.max_nodes() + 8)  # as decode sizes the cache
+    target.prefill(prompt, taps)
+    committed = target.cache_len
+    for size in sizes:
+        tree = DraftTree.chain(prompt[-1], (prompt * size)[: size - 1], NodeSource.DRAFT, target.device)
+        target.verify(tree, topology(tree.parents, committed, host=target.ops.on_host(tree.parents)), taps)
+        target.cache.keep(committed, None, 0)
+
+
+@dataclass
+class WarmUp:
+    """Untimed runs of every drafter before the timed ones. Compiled (hardware.compile), one per static cache
+    bucket a turn can reach, every drafter sized for the largest (sized_for_largest), so that no graph compiles
+    inside a timed run; `before_turn` warms a bucket the spans missed just before the turn that needs it."""
+
+    model: LoadedModel
+    drafters: list[Drafter]
+    run_cfg: object
+    sampling: SamplingConfig
+    warmed: set[int] = field(default_factory=set)  # buckets every drafter has run in
+    late: list[int] = field(default_factory=list)  # buckets first met by a turn about to be timed
+    counts: dict[str, int] = field(default_factory=dict)  # compile_counts() spent warming up
+    late_counts: dict[str, int] = field(default_factory=dict)  # the part of it spent inside the timed loop
+    filler: list[int] = field(default_factory=list)  # the warm-up prompts' tokens: the first prompt's
+
+    @property
+    def largest(self) -> int:
+        return max(drafter.max_nodes() for drafter in self.drafters)
+
+    @property
+    def compiled(self) -> bool:
+        return self.model.target.compile_mode is not None
+
+    def bucket(self, prompt_len: int) -> int:
+        return capacity_bucket(prompt_len + self.run_cfg.max_new_tokens + self.largest + 8)  # as decode asks
+
+    def start(self, prompts: list[Prompt]) -> None:
+        """Eager: each drafter once, on the first prompt. Compiled: each drafter in every bucket the turns
+        of `prompts` can reach (turn_spans), a turn being refused past the model's context."""
+        target, max_new = self.model.target, self.run_cfg.max_new_tokens
+        self.filler = self.model.chat.prompt_ids([{"role": "user", "content": prompts[0].turns[0]}])
+        if not self.compiled:
+            return self._run_all(self.filler[-target.max_context // 2 :])
+        longest = target.max_context - max_new  # run_conversation refuses longer turns
+        needed = set()
+        for prompt in prompts:
+            for fewest, most in turn_spans(self.model, prompt, max_new):
+                if fewest <= longest:
+                    needed.update(buckets_between(self.bucket(fewest), self.bucket(min(most, longest))))
+        for bucket in sorted(needed):
+            self.cover(bucket)
+
+    def before_turn(self, ids: list[int]) -> None:
+        """Warm the bucket of a turn about to be timed if the spans missed it (run.json: late_buckets)."""
+        if self.compiled and len(ids) <= self.model.target.max_context - self.run_cfg.max_new_tokens:
+            bucket = self.bucket(len(ids))
+            if bucket not in self.warmed:
+                self.late.append(bucket)
+                self.cover(bucket, late=True)
+
+    def cover(self, bucket: int, late: bool = False) -> None:
+        """Every drafter once in `bucket`, on a prompt that fills it; within the context, which still lands
+        there whenever a real turn can (a turn has len + max_new_tokens <= the context)."""
+        tokens, context = self._tokens(), self.model.target.max_context
+        length = min(bucket - tokens - self.largest - 8, context - tokens)
+        ids = self.filler or self.model.chat.prompt_ids([{"role": "user", "content": "Hello."}])
+        self._run_all((ids * (length // len(ids) + 1))[:length], late)
+        self.warmed.add(bucket)
+
+    def _tokens(self) -> int:
+        # a real turn in a bucket has at least one prompt token and max_new_tokens of room: so does the warm-up
+        return min(self.run_cfg.warmup_tokens, self.run_cfg.max_new_tokens)
+
+    def _run_all(self, prompt: list[int], late: bool = False) -> None:
+        before = compile_counts()
+        target = self.model.target
+        for drafter in self.drafters:
+            with sized_for_largest(target, drafter, self.largest):
+                generator = torch.Generator().manual_seed(0)
+                # no stop tokens: a warm-up that stopped at its first token would verify nothing, compile nothing
+                generate(target, drafter, prompt, self._tokens(), set(), self.sampling, generator)
+                if self.compiled:
+                    verify_sizes(target, drafter, prompt, self._tokens())
+        for key, value in compile_counts().items():
+            for counts in (self.counts, self.late_counts) if late else (self.counts,):
+                counts[key] = counts.get(key, 0) + value - before[key]
+
+    def record(self, timed: dict[str, int]) -> dict:
+        """run.json's `compile`: what compiled at warm-up and inside timed runs (`timed`: compile_counts()
+        over the timed loop, the late warm-ups in it included, which are taken out here)."""
+        target = self.model.target
+        warm, late = self.counts, self.late_counts
+        timed = {key: value - late.get(key, 0) for key, value in timed.items()}
+        info = {
+            "cache_buckets": sorted(self.warmed),
+            "late_buckets": self.late,
+            "graphs_at_warmup": warm.get("graphs", 0),
+            "graphs_timed": timed["graphs"],
+        }
+        if uses_cudagraphs(target):
+            info["cudagraphs"] = "recorded"
+            info["cudagraph_records_at_warmup"] = warm.get("cudagraph_records", 0)
+            info["cudagraph_records_timed"] = timed["cudagraph_records"]  # each one a re-record or a late first
+            info["cudagraph_skips"] = warm.get("cudagraph_skips", 0) + timed["cudagraph_skips"]
+        else:  # counted as zero, they would read as "no re-records" where nothing was recorded at all
+            info["cudagraphs"] = (
+                f"none: hardware.compile={target.compile_mode}, compile_backend={target.compile_backend} "
+                f"on {target.device.type} records no CUDA graphs"
+            )
+            info["cudagraph_records_at_warmup"] = info["cudagraph_records_timed"] = None
+        return info
 
 
 def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) -> dict:
@@ -288,15 +437,25 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label, overrides=task_overrides()
     )
     try:
-        compile_info = {}
+        drafters = [d for d in (baseline, *contenders.values()) if d is not None]
+        warm = WarmUp(model, drafters, run_cfg, sampling)
         if todo and run_cfg.warmup:
-            drafters = [d for d in (baseline, *contenders.values()) if d is not None]
-            compile_info = warm_up(model, drafters, [p for _, p in todo], run_cfg, sampling)
-        graphs = compiled_graphs()
+            warm.start([p for _, p in todo])
+        counts = compile_counts()
         bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
         with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
             for index, prompt in bar:
-                record = prompt_record(model, contenders, baseline, prompt, index, run_cfg, sampling, comparison)
+                record = prompt_record(
+                    model,
+                    contenders,
+                    baseline,
+                    prompt,
+                    index,
+                    run_cfg,
+                    sampling,
+                    comparison,
+                    warm if run_cfg.warmup else None,
+                )
                 rundir.append(record)
                 records.append(record)
                 summary = summaries()
@@ -310,7 +469,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         bar.close()
         summary["peak_memory"] = peak_memory(model.target.devices)
         if model.target.compile_mode is not None:  # a graph compiled after the warm-up was timed: say so
-            compile_info["graphs_timed"] = compiled_graphs() - graphs
+            compile_info = warm.record({key: value - counts[key] for key, value in compile_counts().items()})
             summary["compile"] = compile_info
             rundir.update_run({"compile": compile_info})
         # every prompt of this plan is recorded: a rerun skips the job while samples.jsonl still holds these
@@ -332,11 +491,13 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         logger.finish(summary, records, figures, failed=failed)
 
 
-def prompt_record(model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling, comparison: bool) -> dict:
+def prompt_record(
+    model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling, comparison: bool, warm=None
+) -> dict:
     """One prompt measured for every contender and the baseline, as the line samples.jsonl keeps."""
     record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
     try:
-        results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling)
+        results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling, warm)
     except PromptTooLong as err:
         log.warning("skipped prompt %s: %s", prompt.id, err)
         return {**record, "status": "skipped", "reason": str(err)}

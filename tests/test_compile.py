@@ -86,16 +86,19 @@ def test_compiled_steps_over_static_caches_are_lossless(tiny, name, methods):
         assert target._compiled is not None, "the verify forward never went through torch.compile"
 
 
-def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny):
-    """CPU inductor over static caches sized in buckets: the runner's warm-up compiles every bucket the run's
-    prompts reach, then prompts of three lengths (two buckets) run without a new graph, lossless, and later
-    sequences reuse the cache buffers of their bucket."""
+@pytest.mark.parametrize("method, backend", [("eagle3", "inductor"), ("graft", "eager")])
+def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny, method, backend):
+    """Over static caches sized in buckets the runner's warm-up compiles every bucket the run's prompts reach,
+    then prompts of three lengths (two buckets) run without a new graph, lossless, and later sequences reuse
+    the cache buffers of their bucket. eagle3 with inductor's kernels; graft, whose pruned trees are verified
+    at any multiple of hardware.tree_bucket (a graph each: 8, 16, 24 here), with dynamo's capture alone, to
+    keep it quick."""
     from types import SimpleNamespace
 
     from graft.backends import capacity_bucket, compiled_graphs
     from graft.data import Prompt
     from graft.decode import SamplingConfig
-    from graft.runner import warm_up
+    from graft.runner import WarmUp, tree_sizes
 
     eager = tiny("tiny_llama")
     texts = ["Hi.", BUILTIN[1].turns[0], BUILTIN[1].turns[0] * 12]
@@ -105,9 +108,11 @@ def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny):
     bases = [
         generate(eager.target, Autoregressive(eager.target), _prompt_of(eager, p), 12, eager.stop_ids) for p in prompts
     ]
-    with _compiled(tiny, "tiny_llama", "inductor") as model:
-        drafter = make_drafter("graft", model.target)
-        info = warm_up(model, [drafter], prompts, run_cfg, SamplingConfig())
+    torch._dynamo.reset()  # graphs of earlier tests would hide this one's
+    with _compiled(tiny, "tiny_llama", backend) as model:
+        drafter = make_drafter(method, model.target, **({"total_tokens": 24} if method == "graft" else {}))
+        warm = WarmUp(model, [drafter], run_cfg, SamplingConfig())
+        warm.start(prompts)
         graphs = compiled_graphs()
         for prompt, base in zip(prompts, bases):
             out = generate(model.target, drafter, _prompt_of(model, prompt), 12, model.stop_ids)
@@ -115,9 +120,10 @@ def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny):
         buffer = model.target.cache.layers[0].keys
         generate(model.target, drafter, _prompt_of(model, prompts[-1]), 12, model.stop_ids)
         assert model.target.cache.layers[0].keys is buffer  # the same bucket: the same buffers
-        nodes = drafter.max_nodes()
+        nodes, sizes = drafter.max_nodes(), tree_sizes(drafter)
     assert len({capacity_bucket(n + 12 + nodes + 8) for n in lengths}) == 2, lengths
-    assert info["graphs_at_warmup"] > 0 and compiled_graphs() == graphs, info
+    assert (len(sizes) > 1) == (method == "graft"), sizes
+    assert warm.counts["graphs"] > 0 and compiled_graphs() == graphs, warm.counts
 
 
 def test_bench_compile_reports_both_backends_and_equal_tokens(tmp_path):
@@ -135,3 +141,93 @@ def test_bench_compile_reports_both_backends_and_equal_tokens(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["verify_median_ms"]) == {"eager", "compiled"} and set(report["eager_over_compiled"]) == {"1", "4"}
     assert all(row["equal_tokens"] for row in report["decode"].values()), report["decode"]
+
+
+TWO_TURNS = ("Tell me about the sea. " * 6, "Now say it again, shorter and in other words. " * 6)
+
+
+def _two_turn_run(tmp_path, backend: str) -> tuple[dict, list[dict]]:
+    """A run of ar against recycling (80-node fixed-size trees) on one two-turn prompt with hardware.compile on:
+    the first turn lands in the 512-position bucket, the second (the first, its answer, then the question) in
+    640 -> (run.json's compile, samples)."""
+    import json
+
+    from graft.runner import run
+
+    data = tmp_path / "question.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "category": "test", "turns": list(TWO_TURNS)}) + "\n")
+    overrides = ["model=tiny_llama", "methods=[recycling]", "dataset=mt_bench", f"dataset.path={data}"]
+    overrides += ["hardware.fast_path=none", "hardware.static_trees=true", "hardware.compile=default"]
+    overrides += [f"hardware.compile_backend={backend}", "run.max_new_tokens=8", "run.warmup_tokens=4"]
+    resolved = compose([*overrides, "logger=none", "run.progress=false"])
+    resolved["run"]["out_dir"] = str(tmp_path / "out")
+    run(validate(resolved), resolved)
+    out = tmp_path / "out"
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    return json.loads((out / "run.json").read_text())["compile"], samples
+
+
+def _turn_buckets(sample: dict) -> list[int]:
+    from graft.backends import capacity_bucket
+
+    turns = [t["prompt_tokens"] for t in sample["baseline"]["turns"]]
+    return [capacity_bucket(n + 8 + 80 + 8) for n in turns]  # max_new_tokens, recycling's 80 nodes, decode's 8
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Graphs compiled by an earlier test would hide this one's compiles; the tiny model is the suite's own."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_a_two_turn_run_compiles_nothing_inside_timed_runs(tmp_path, fresh_dynamo):
+    """CPU inductor: the warm-up runs ar and recycling in both buckets the turns reach (the second turn's
+    from turn_spans), both sized for recycling's trees, and the timed turns compile no graph."""
+    info, (sample,) = _two_turn_run(tmp_path, "inductor")
+    assert _turn_buckets(sample) == [512, 640], sample["baseline"]["turns"]
+    assert info["cache_buckets"] == [512, 640] and info["late_buckets"] == [], info
+    assert info["graphs_at_warmup"] > 0 and info["graphs_timed"] == 0, info
+    assert info["cudagraph_records_timed"] is None and info["cudagraphs"].startswith("none"), info  # a CPU
+    assert sample["methods"]["recycling"]["lossless"]["equal"]
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_a_warm_up_of_first_turns_only_is_caught_or_mended_by_the_guard(tmp_path, fresh_dynamo, monkeypatch, guard):
+    """The negative control of the test above (dynamo's own capture, backend "eager", to keep it quick): a
+    warm-up of first turns only, as before this change, leaves the second turn's graphs to a timed run and
+    run.json counts them; with the guard before each timed turn, the missed bucket is warmed there, untimed,
+    and named."""
+    from graft import runner
+
+    first_turns = runner.turn_spans
+    monkeypatch.setattr(runner, "turn_spans", lambda *args: first_turns(*args)[:1])
+    if not guard:
+        monkeypatch.setattr(runner.WarmUp, "before_turn", lambda self, ids: None)
+    info, (sample,) = _two_turn_run(tmp_path, "eager")
+    assert _turn_buckets(sample) == [512, 640]
+    if guard:
+        assert info["late_buckets"] == [640] and info["graphs_timed"] == 0, info
+    else:
+        assert info["cache_buckets"] == [512] and info["graphs_timed"] > 0, info
+
+
+def test_every_drafter_of_a_run_shares_the_largest_drafters_bucket(tiny):
+    """AR (one node) and graft (60 nodes) on one prompt whose AR capacity and graft capacity fall in different
+    buckets: sized for the larger, they share one static cache buffer."""
+    from graft.runner import sized_for_largest
+
+    with _compiled(tiny, "tiny_llama", "eager") as model:
+        target = model.target
+        ar, graft = Autoregressive(target), make_drafter("graft", target)
+        largest = max(ar.max_nodes(), graft.max_nodes())
+        ids = _prompt(model) * 40
+        ids = ids[: 512 - 8 - 8 - ar.max_nodes() - 1]  # AR alone would fit 512; graft needs the next bucket
+        buffers = []
+        for drafter in (ar, graft, ar):
+            with sized_for_largest(target, drafter, largest):
+                generate(target, drafter, ids, 8, model.stop_ids)
+            buffers.append(target.cache.layers[0].keys)
+        assert target.spare_nodes == 0 and target.cache.capacity == 640
+        assert buffers[0] is buffers[1] is buffers[2]

@@ -95,8 +95,9 @@ class PositionalKVCache(Cache):
             tensors = [t for layer in self.layers for t in (layer.keys, layer.values)]
             if self.ops.move_rows(tensors, committed, rows):
                 rows = None  # in place now: the layers only set their lengths
+        placed = {}  # the rows once per device: a sharded cache's layers sit on several GPUs
         for layer in self.layers:
-            layer.keep(committed, rows, count)
+            layer.keep(committed, rows_on(layer, rows, placed), count)
 
     def reserve(self, needed: int) -> None:
         for layer in self.layers:
@@ -109,6 +110,16 @@ class PositionalKVCache(Cache):
     @property
     def capacity(self) -> int:
         return self.layers[0].capacity
+
+
+def rows_on(layer: KVBuffer, rows: Tensor | None, placed: dict) -> Tensor | None:
+    """`rows` on `layer`'s device, copied there once per commit however many layers that device holds."""
+    if rows is None or layer.keys is None:
+        return rows
+    device = layer.keys.device
+    if device not in placed:
+        placed[device] = rows.to(device, non_blocking=True)
+    return placed[device]
 
 
 def text_config(config):
@@ -138,6 +149,7 @@ class TargetBackend(ABC):
         # LM head's device (`device`); token ids are moved to the embeddings' (`input_device`).
         self.input_device = self._embed.weight.device
         self.device = self._lm_head.weight.device
+        self._drafting_table: Tensor | None = None  # sharded: the embeddings on `device` (drafting_embeddings)
         self.dtype = self._lm_head.weight.dtype
         self.cache: PositionalKVCache | None = None
         # how the decode loop times its phases (graft/clock.py, hardware.timing): "host", "events" or "sync"
@@ -147,11 +159,16 @@ class TargetBackend(ABC):
         self.prefill_chunk: int | None = None
         # fixed-size trees (hardware.static_trees): empty slots carry token -1, never accepted
         self.static_trees = False
+        self.tree_bucket = 8  # hardware.tree_bucket: pruned fixed-size trees are verified in buckets of this many
         # hardware.compile: the verify (and decode) forward compiled by torch.compile over a static cache, whose
         # shapes stay fixed for a sequence; "reduce-overhead" replays it as a CUDA graph. None: eager.
         self.compile_mode: str | None = None
         self.compile_backend = "inductor"
         self._compiled = None
+        # static caches: positions added to every capacity asked for, so that a drafter proposing small trees
+        # (AR: one node) gets the bucket of the largest drafter its run compares, and the two share one buffer
+        # (graft/runner.py: sized_for_largest); decode asks for the drafter's own max_nodes
+        self.spare_nodes = 0
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
         self.devices = sorted({p.device for p in model.parameters()}, key=str)
@@ -172,7 +189,16 @@ class TargetBackend(ABC):
     # --- what drafters may use --------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
         """Token embeddings [..., hidden] of the target (drafters share them), on the drafting device."""
-        return self._embed(ids.to(self.input_device)).to(self.device)
+        if self.input_device == self.device or type(self._embed) is not torch.nn.Embedding:
+            return self._embed(ids.to(self.input_device)).to(self.device)
+        return torch.nn.functional.embedding(ids.to(self.device), self.drafting_embeddings())
+
+    def drafting_embeddings(self) -> Tensor:
+        """A copy of the embedding table on the LM head's device, made once: drafting embeds there at every
+        level without sending ids to the first GPU and the embeddings back (graft/memory.py plans the copy)."""
+        if self._drafting_table is None:
+            self._drafting_table = self._embed.weight.detach().to(self.device)
+        return self._drafting_table
 
     def lm_head(self, hidden: Tensor) -> Tensor:
         """The target's LM head over final hidden states -> logits (EAGLE-1 heads share it)."""
@@ -197,7 +223,7 @@ class TargetBackend(ABC):
         if not static:
             self.cache = PositionalKVCache(self.num_layers, capacity, ops=self.ops)
             return
-        capacity = capacity_bucket(capacity)
+        capacity = capacity_bucket(capacity + self.spare_nodes)
         if self.cache is not None and self.cache.static and self.cache.capacity == capacity:
             self.cache.keep(0, None, 0)
         else:
@@ -313,6 +339,15 @@ def capacity_bucket(needed: int) -> int:
     return -(-needed // step) * step
 
 
+def buckets_between(low: int, high: int) -> list[int]:
+    """Every bucket that a capacity from `low` to `high` positions can land in."""
+    buckets, bucket = [], capacity_bucket(low)
+    while bucket <= capacity_bucket(high):
+        buckets.append(bucket)
+        bucket = capacity_bucket(bucket + 1)
+    return buckets
+
+
 def compiled_graphs() -> int:
     """Graphs torch.compile has captured in this process (each new cache bucket or tree size adds one)."""
     from torch._dynamo.utils import counters
@@ -320,10 +355,53 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+_cudagraph_records = [0]  # CUDA graphs recorded in this process (cudagraph trees), first recordings and re-records
+
+
+def _count_cudagraph_record(args) -> None:
+    from torch._dynamo.callback import CallbackTrigger
+
+    if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+        _cudagraph_records[0] += 1
+
+
+def _watch_cudagraph_records() -> None:
+    """cudagraph trees count no recordings, but announce each one to dynamo's compile callbacks."""
+    from torch._dynamo.callback import callback_handler
+
+    if _count_cudagraph_record not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_count_cudagraph_record)
+
+
+def compile_counts() -> dict[str, int]:
+    """What torch.compile did so far in this process: graphs captured, CUDA graphs recorded (cudagraph trees
+    record one per graph, and again whenever a static input, e.g. a reallocated cache, moved), and graphs that
+    cudagraph trees refused and ran without a CUDA graph."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "cudagraph_records": _cudagraph_records[0],
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+    }
+
+
+def uses_cudagraphs(target: TargetBackend) -> bool:
+    """Whether the target's compiled forward replays CUDA graphs (inductor's reduce-overhead or max-autotune on
+    CUDA); elsewhere nothing is recorded and the counts say nothing."""
+    if target.compile_mode is None or target.compile_backend != "inductor" or target.device.type != "cuda":
+        return False
+    import torch._inductor
+
+    mode = None if target.compile_mode == "default" else target.compile_mode
+    return bool(mode and torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
 def compiled(fn, mode: str | None, backend: str = "inductor"):
     """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor. Every cache
     bucket and tree size is a graph of its own: past dynamo's default limit of 8 it would fall back to eager."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    _watch_cudagraph_records()
     if backend != "inductor":
         return torch.compile(fn, backend=backend, dynamic=False)
     return torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
