@@ -23,6 +23,8 @@ from graft.memory import (
     MemoryPlan,
     cuda_free_memory,
     gpu_placement,
+    gpu_type_bytes,
+    host_memory_gb,
     machine_capacity,
     placement_map,
     plan_memory,
@@ -80,6 +82,7 @@ def resolve_hardware(cfg: ExperimentConfig) -> tuple[ExperimentConfig, HardwareC
     hardware = cfg.hardware
     check_threads(hardware.num_threads)
     device = resolve_device(hardware)
+    check_tensor_parallel(cfg, device)
     if device.type != "cuda":
         why = "no CUDA device" if hardware.device == "auto" else "as configured"
         settled = dataclasses.replace(hardware, device=device.type)
@@ -91,6 +94,25 @@ def resolve_hardware(cfg: ExperimentConfig) -> tuple[ExperimentConfig, HardwareC
     model = dataclasses.replace(cfg.model, num_gpus=gpus)
     choice = HardwareChoice(hardware.name, "cuda", gpus, torch.cuda.get_device_name(0), why)
     return dataclasses.replace(cfg, hardware=settled, model=model), choice
+
+
+def check_tensor_parallel(cfg: ExperimentConfig, device: torch.device) -> None:
+    """Tensor parallel shards a checkpoint as transformers loads it, one process per CUDA GPU under torchrun.
+    Elsewhere it would be silently ignored (a random model is built, not loaded; the CPU engine's forward and
+    the runner, which writes records from every process, know no shards): refused in one line."""
+    if not cfg.hardware.tensor_parallel:
+        return
+    if device.type != "cuda":
+        why = f"this run is on {device.type}"
+    elif cfg.model.source != "pretrained":
+        why = f"model={cfg.model.name} is built from {cfg.model.source} weights, not loaded from a checkpoint"
+    else:
+        return
+    raise ConfigError(
+        f"hardware.tensor_parallel=true needs CUDA GPUs and a pretrained checkpoint (transformers' tp_plan='auto' "
+        f"under torchrun; graft's CPU forward, random models and one-writer records have no tensor-parallel "
+        f"path) and {why}; allowed: hardware.tensor_parallel=false, or hardware=gpu_multi for a sharded model"
+    )
 
 
 def usable_cores() -> int:
@@ -118,11 +140,9 @@ def cuda_gpus(cfg: ExperimentConfig) -> tuple[int, str]:
     return planned_gpus(cfg, cuda_free_memory())
 
 
-def gpus_for_job(root, gpu_gb: float | None = None) -> int:
-    """The GPUs a job asks its scheduler for before it runs (`${gpus_needed:}` in a launcher config, on a
-    node that may have no GPU): model.num_gpus when it is a number, else the memory plan's count on GPUs of
-    `gpu_gb` GB (an H200 when not given). `root` is the unresolved config; run.out_dir is left out (it names
-    Hydra's output folder, not known yet)."""
+def job_config(root) -> ExperimentConfig:
+    """The validated config of a job before it runs, from `root`, its unresolved config (in a launcher config,
+    on a node that may have no GPU); run.out_dir is left out (it names Hydra's output folder, not known yet)."""
     from omegaconf import OmegaConf
 
     def plain(value):  # a section, a list (methods) or null (methods: null)
@@ -132,20 +152,51 @@ def gpus_for_job(root, gpu_gb: float | None = None) -> int:
         key: plain(root[key]) for key in ("model", "method", "methods", "dataset", "hardware", "paths") if key in root
     }
     sections["run"] = {key: root.run[key] for key in root.run if key != "out_dir"}
-    return reference_gpus(validate(sections), int(gpu_gb * 1e9) if gpu_gb else None)
+    return validate(sections)
+
+
+def gpu_bytes(gpu: str | float | None) -> int | None:
+    """A GPU's memory from a type name (h200, h100, a100) or a size in GB; None: an H200."""
+    if gpu is None or gpu == "":
+        return None
+    if isinstance(gpu, str) and not gpu.replace(".", "", 1).isdigit():
+        return gpu_type_bytes(gpu)
+    return int(float(gpu) * 1e9)
+
+
+def gpus_for_job(root, gpu: str | float | None = None) -> int:
+    """The GPUs a job asks its scheduler for before it runs (`${gpus_needed:}`): model.num_gpus when it is a
+    number, else the memory plan's count on GPUs of type or size `gpu` (an H200 when not given)."""
+    return reference_gpus(job_config(root), gpu_bytes(gpu))
 
 
 def register_resolvers() -> None:
-    """`${gpus_needed:}` for the configs that ask a scheduler for GPUs (run.py registers it; graft/config.py's
-    register_schemas cannot: the plan reaches the CPU engine's layouts, which the config module must not)."""
+    """`${gpus_needed:}`, `${slurm_gres:}` and `${host_memory_gb:}` for the configs that ask a scheduler for
+    resources (run.py registers them; graft/config.py's register_schemas cannot: the plan reaches the CPU
+    engine's layouts, which the config module must not)."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("gpus_needed", gpus_needed, replace=True)
+    OmegaConf.register_new_resolver("slurm_gres", slurm_gres, replace=True)
+    OmegaConf.register_new_resolver("host_memory_gb", host_memory_for_job, replace=True)
 
 
-def gpus_needed(gpu_gb: float | None = None, *, _root_) -> int:
-    """`${gpus_needed:}`, `${gpus_needed:85}` for GPUs of 85 GB: gpus_for_job on the config it sits in."""
-    return gpus_for_job(_root_, gpu_gb)
+def gpus_needed(gpu: str | float | None = None, *, _root_) -> int:
+    """`${gpus_needed:}`; `${gpus_needed:h100}` or `${gpus_needed:85}` for other GPUs: gpus_for_job on the
+    config it sits in."""
+    return gpus_for_job(_root_, gpu)
+
+
+def slurm_gres(gpu_type: str, constraint: str | None = None, *, _root_) -> str:
+    """`${slurm_gres:h200}` -> "gpu:h200:<count>", the count sized on that type; with a constraint (a cluster that
+    names GPU types as node features) the type goes there and the gres is "gpu:<count>"."""
+    count = gpus_for_job(_root_, gpu_type)
+    return f"gpu:{count}" if constraint else f"gpu:{gpu_type.lower()}:{count}"
+
+
+def host_memory_for_job(*, _root_) -> int:
+    """`${host_memory_gb:}`: the host RAM in GB a GPU job asks for (graft/memory.host_memory_gb)."""
+    return host_memory_gb(plan_memory(job_config(_root_), "cuda"))
 
 
 def check_memory(cfg: ExperimentConfig) -> MemoryPlan | None:

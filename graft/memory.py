@@ -10,11 +10,11 @@ mask a forward carries, and the draft models (an EAGLE head: one decoder layer a
 fc and lm_head, its KV cache; a block drafter: its layers and cache).
 Where: on the CPU everything in one place. On k GPUs (`place`) the layers split as Accelerate's balanced
 device_map splits them (about layers / k each) with their KV cache; the embeddings on the first GPU; the
-final norm, LM head, draft models and logits on the last (drafting lives on the LM head's device); a
-prefill chunk's activations and the attention mask on every one. `check` compares each GPU's share with
-that GPU's free memory, 10% kept as headroom (CUDA context, allocator fragmentation, the library's
-workspaces); on the CPU the total with the RAM the kernel reports as available. `gpus_needed` is the
-smallest k for which every GPU fits. GB = 1e9 bytes throughout.
+final norm, LM head, draft models, logits and a copy of the embeddings to draft with on the last (drafting
+lives on the LM head's device); a prefill chunk's activations and the attention mask on every one. `check`
+compares each GPU's share with that GPU's free memory, 10% kept as headroom (CUDA context, allocator
+fragmentation, the library's workspaces); on the CPU the total with the RAM the kernel reports as
+available. `gpus_needed` is the smallest k for which every GPU fits. GB = 1e9 bytes throughout.
 
 The shape comes from, in order: config.json in a local `model.path`, the `model.shape` the model config
 declares (the published config.json fields), or a random model's `arch_config` (with transformers'
@@ -24,6 +24,7 @@ defaults). Without one the plan says "unknown shape, not checked" and nothing is
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,11 @@ EAGLE3_DRAFT_VOCAB = 32000  # the draft vocabulary of the published EAGLE-3 head
 # What a refusal on a CPU machine sizes the need in: the bytes torch reports as these GPUs' total memory
 # (an "80 GB" H100 or A100 holds 79.2 GiB = 85.0e9 bytes; a "141 GB" H200 139.8 GiB = 150.1e9 bytes).
 REFERENCE_GPUS = (("H200", 150.1e9), ("H100/A100 80GB", 85.0e9))
+# The GPU types a SLURM job may ask for (the launcher's gres or constraint, GRAFT_SLURM_GPU), by the same bytes
+GPU_TYPES = {"h200": 150.1e9, "h100": 85.0e9, "a100": 85.0e9}
+HOST_PROCESS_GB = 32  # host RAM of a GPU job's process itself: Python, torch, CUDA contexts, tokenizer, datasets
+HOST_MEMORY_STEP_GB = 32  # a job's mem_gb rounds up to steps of this
+UNKNOWN_HOST_MEMORY_GB = 64  # mem_gb for a model of unknown shape (the launcher's one figure before it was sized)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
@@ -510,6 +516,8 @@ def place(plan: MemoryPlan, gpus: int) -> list[GpuShare]:
         if index == last:
             parts["LM head"] = plan.output_weights
             parts[plan.draft_label()] = plan.draft_head
+            if gpus > 1 and last != 0 and plan.draft_head:  # drafting embeds here (TargetBackend.embed's table)
+                parts["drafting embeddings"] = plan.embedding_weights
             parts["verification logits"] = plan.tree_logits
             parts["prefill logits"] = plan.prefill_logits
         shares.append(GpuShare(index, parts))
@@ -571,6 +579,23 @@ def reference_gpus(cfg: ExperimentConfig, gpu_bytes: int | None = None) -> int:
     if needed is None:
         raise ConfigError(f"model={plan.model} fits no count of GPUs with {gb(size)}: {needs_text(plan)}")
     return needed
+
+
+def gpu_type_bytes(gpu_type: str) -> int:
+    """The memory of a GPU type a scheduler is asked for (GRAFT_SLURM_GPU), refused in one line when unknown."""
+    if gpu_type.lower() not in GPU_TYPES:
+        raise ConfigError(f"GPU type {gpu_type!r}; allowed: {', '.join(GPU_TYPES)}")
+    return int(GPU_TYPES[gpu_type.lower()])
+
+
+def host_memory_gb(plan: MemoryPlan) -> int:
+    """Host RAM a GPU job asks its scheduler for (the SLURM launcher's mem_gb): the target's weights and the draft
+    models once (loading reads every checkpoint shard through host memory, and a cluster that counts the page
+    cache of memory-mapped files counts them) plus the process itself, rounded up to steps of 32 GB."""
+    if not plan.known:
+        return UNKNOWN_HOST_MEMORY_GB
+    need = (plan.weights + plan.draft_head) / GB + HOST_PROCESS_GB
+    return math.ceil(need / HOST_MEMORY_STEP_GB) * HOST_MEMORY_STEP_GB
 
 
 # --- what the machine offers ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@ so a job that fails records why in `failed.json` in its own folder and returns; 
 retries the failed ones (their failed.json is removed when they start again). Under SLURM each job is its
 own process and exits non-zero instead (`submitted_to_slurm`), so SLURM records it as failed.
 
-`SlurmGpus` keeps a SLURM sweep from asking a job for fewer (or more) GPUs than its model needs."""
+`SlurmGpus` keeps a SLURM sweep from asking a job for fewer (or more) GPUs, or less memory, than its model needs."""
 
 from __future__ import annotations
 
@@ -67,39 +67,55 @@ def sweep_jobs(config, loader) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def gpus_per_job(config, loader) -> list[tuple[list[str], str, int]]:
-    """(overrides, model name, GPUs) of every job of the sweep whose primary config is `config`: the
-    launcher's gpus_per_node resolved in the job's own config, composed as the job composes it."""
+GPU_REQUEST = ("gres", "constraint", "gpus_per_node")  # what a job asks SLURM for in GPUs
+
+
+def gpu_request(launcher) -> str:
+    """The GPUs a launcher config asks for, as one comparable text: "gres=gpu:h200:4"."""
+    return " ".join(f"{key}={launcher[key]}" for key in GPU_REQUEST if launcher.get(key) is not None)
+
+
+def job_requests(config, loader) -> list[tuple[list[str], str, str, int]]:
+    """(overrides, model name, GPU request, mem_gb) of every job of the sweep whose primary config is `config`:
+    the launcher's parameters resolved in the job's own config, composed as the job composes it."""
     jobs = []
     for overrides in sweep_jobs(config, loader):
         job = loader.load_sweep_config(config, overrides)
-        jobs.append((overrides, job.model.name, job.hydra.launcher.gpus_per_node))
+        launcher = job.hydra.launcher
+        jobs.append((overrides, job.model.name, gpu_request(launcher), launcher.mem_gb))
     return jobs
 
 
 class SlurmGpus(Callback):
     """Submitit resolves the launcher's parameters once, in the sweep's primary config, so every job asks for
-    the GPUs of the model named there, not of its own (a model the experiment sweeps is not in that config).
-    A sweep with a job that needs another count is refused before anything is submitted, with one command
-    per model; each of those has its model in the primary config."""
+    the GPUs and memory of the model named there, not of its own (a model the experiment sweeps is not in that
+    config). A sweep with a job that needs other GPUs is refused before anything is submitted, with one command
+    per model; each of those has its model in the primary config. Memory is raised to the most any job needs
+    (more host RAM than a job uses costs little; less kills it)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from hydra.core.global_hydra import GlobalHydra
+        from omegaconf import open_dict
 
-        asked = config.hydra.launcher.gpus_per_node
-        jobs = gpus_per_job(config, GlobalHydra.instance().config_loader())
-        wrong = {model: gpus for _, model, gpus in jobs if gpus != asked}
-        if not wrong:
-            return
-        needs = ", ".join(f"model={model} needs {gpus}" for model, gpus in wrong.items())
-        print(
-            f"error: the SLURM launcher would ask every job of this sweep for {asked} GPU(s) (those of "
-            f"model={config.model.name}), but {needs}. Submit one sweep per model:",
-            file=sys.stderr,
-        )
-        for command in per_model_commands(config, [model for _, model, _ in jobs]):
-            print(f"  {command}", file=sys.stderr)
-        sys.exit(2)
+        asked = gpu_request(config.hydra.launcher)
+        jobs = job_requests(config, GlobalHydra.instance().config_loader())
+        wrong = {model: gpus for _, model, gpus, _ in jobs if gpus != asked}
+        if wrong:
+            refuse(config, asked, wrong, [model for _, model, _, _ in jobs])
+        with open_dict(config):  # the launcher is made from this config after the callbacks ran
+            config.hydra.launcher.mem_gb = max([config.hydra.launcher.mem_gb, *(mem for *_, mem in jobs)])
+
+
+def refuse(config, asked: str, wrong: dict[str, str], models: list[str]) -> None:
+    needs = ", ".join(f"model={model} needs {gpus}" for model, gpus in wrong.items())
+    print(
+        f"error: the SLURM launcher would ask every job of this sweep for {asked} (the GPUs of "
+        f"model={config.model.name}), but {needs}. Submit one sweep per model:",
+        file=sys.stderr,
+    )
+    for command in per_model_commands(config, models):
+        print(f"  {command}", file=sys.stderr)
+    sys.exit(2)
 
 
 def per_model_commands(config, models: list[str]) -> list[str]:

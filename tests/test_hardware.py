@@ -193,3 +193,25 @@ def test_more_threads_than_cores_are_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError, match=r"hardware.num_threads=1000, but this process may use 2 cores; .* 1\.\.2"):
         resolve_hardware(config("model=tiny_llama", "method=ar", "hardware=cpu", "hardware.num_threads=1000"))
     resolve_hardware(config("model=tiny_llama", "method=ar", "hardware=cpu", "hardware.num_threads=2"))
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "cpu_plain"])
+def test_tensor_parallel_where_it_cannot_run_is_refused_in_one_line(hardware):
+    """transformers' tp_plan="auto" shards a checkpoint as it loads, one process per GPU; on a CPU (or for a random
+    model) graft has no tensor-parallel path, and the flag used to be ignored without a word."""
+    with pytest.raises(ConfigError) as refused:
+        resolve_hardware(
+            config("model=tiny_llama", "method=ar", f"hardware={hardware}", "hardware.tensor_parallel=true")
+        )
+    message = str(refused.value)
+    assert message.startswith("hardware.tensor_parallel=true needs CUDA GPUs and a pretrained checkpoint")
+    assert "this run is on cpu" in message and message.endswith(
+        "allowed: hardware.tensor_parallel=false, or hardware=gpu_multi for a sharded model"
+    )
+    resolve_hardware(config("model=tiny_llama", "method=ar", f"hardware={hardware}"))  # without it: runs
+
+
+def test_tensor_parallel_of_a_random_model_on_cuda_is_refused(cuda_node):
+    cuda_node(2)
+    with pytest.raises(ConfigError, match="model=tiny_llama is built from random weights"):
+        resolve_hardware(config("model=tiny_llama", "method=ar", "hardware=gpu", "hardware.tensor_parallel=true"))

@@ -225,7 +225,7 @@ def test_too_few_gpus_and_too_little_gpu_memory_are_refused():
     message = str(refused.value)
     assert message.startswith("model=qwen3_235b overflows GPU 0 (of 3 used) by 34.6 GB: it needs 161.5 GB there")
     assert "32 layers 159.2 GB" in message and "GPU 0 offers 126.9 GB (141.0 GB free less 10% headroom)" in message
-    assert "also over: GPU 1 by 28.4 GB, GPU 2 by 30.4 GB" in message
+    assert "also over: GPU 1 by 28.4 GB, GPU 2 by 31.7 GB" in message  # GPU 2: the drafting embeddings too
     assert "It needs about 4 GPUs with 141.0 GB free like this machine's" in message and "\n" not in message
     check(plan, cuda_capacity([141 * 10**9] * 4, gpus_visible=4))  # 24, 24, 23, 23 layers: 121.7 GB at most
 
@@ -248,7 +248,10 @@ def test_each_part_lives_on_its_gpu():
     assert last.parts["draft model"] == plan.draft_head and last.parts["verification logits"] == 60 * 151936 * 4
     for share in (first, middle, last):
         assert share.parts["prefill activations"] == plan.activations and share.parts["attention mask"] == plan.masks
-    assert sum(share.total for share in place(plan, 4)) == plan.total + 3 * (plan.activations + plan.masks)
+    assert last.parts["drafting embeddings"] == first.parts["embeddings"]  # drafting embeds on the LM head's GPU
+    assert sum(share.total for share in place(plan, 4)) == plan.total + 3 * (plan.activations + plan.masks) + (
+        plan.embedding_weights
+    )
     (one,) = place(plan, 1)
     assert one.total == plan.total  # one GPU holds the whole plan
 
@@ -277,14 +280,15 @@ def test_the_gpu_count_is_the_smallest_whose_every_gpu_fits():
 
 def test_the_total_fits_but_the_last_gpu_overflows():
     """Llama-3.1-8B with three EAGLE-3 heads on two GPUs of 12 GB free (10.8 GB usable each): 20.3 GB in all
-    fits 21.6 GB, but the second GPU holds 16 layers, the LM head and the three heads: 11.8 GB (masks: the [60, 60] tree block only)."""
+    fits 21.6 GB, but the second GPU holds 16 layers, the LM head, the three heads and the drafting embeddings:
+    12.8 GB (masks: the [60, 60] tree block only)."""
     cfg = config("model=llama31_8b", "methods=[eagle3,pruned,graft]", "hardware=gpu_multi", "dataset=mt_bench")
     plan = plan_memory(cfg, "cuda")
     capacity = cuda_capacity([12 * 10**9] * 2, gpus_visible=2)
     assert plan.total <= capacity.usable
     first, last = place(plan, 2)
     assert first.total <= capacity.usable_on(0) == capacity.usable_on(1) < last.total
-    with pytest.raises(ConfigError, match=r"overflows GPU 1 \(of 2 used\) by 1\.0 GB: it needs 11\.8 GB there"):
+    with pytest.raises(ConfigError, match=r"overflows GPU 1 \(of 2 used\) by 2\.0 GB: it needs 12\.8 GB there"):
         check(plan, capacity)
     assert gpus_needed(plan, [12 * 10**9] * 3) == 3  # a third GPU takes layers off the last
 

@@ -24,6 +24,7 @@ class HFBackend(TargetBackend):
         # transformers renamed past_key_values to cache; older 5.x releases silently ignore `cache=`
         self.attention = f"transformers {getattr(model.config, '_attn_implementation', None) or 'default'}"
         self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._placed: dict | None = None  # sharded: each forward's layer inputs per device (_place_layer_inputs)
 
     @property
     def compact_masks(self) -> bool:
@@ -66,8 +67,34 @@ class HFBackend(TargetBackend):
     def _compile(self):
         return compiled(self.model, self.compile_mode, self.compile_backend)
 
+    def _shard_hooks(self) -> None:
+        """Sharded (device_map), Accelerate's hooks move a layer's mask, positions and rotary tables to its GPU at
+        every layer; each is placed here once per device per forward, and the hooks find it there."""
+        if self._placed is not None or len(self.devices) < 2:
+            return
+        self._placed = {}
+        for layer in decoder_of(self.model).layers:
+            layer.register_forward_pre_hook(self._place_layer_inputs, with_kwargs=True)
+
+    def _place_layer_inputs(self, layer, args, kwargs):
+        device = next(layer.parameters()).device
+        skip = ("hidden_states", "past_key_values", self._cache_keyword)  # the residual stream; the cache is placed
+        return args, {key: value if key in skip else self._on(value, device) for key, value in kwargs.items()}
+
+    def _on(self, value, device):
+        """`value` (a tensor, or a tuple of them: rotary's cos and sin) on `device`, copied once per forward."""
+        if isinstance(value, tuple):
+            return tuple(self._on(item, device) for item in value)
+        if not isinstance(value, Tensor) or value.device == device:
+            return value
+        key = (id(value), device)
+        if key not in self._placed:
+            self._placed[key] = (value, value.to(device, non_blocking=True))  # the source kept: ids stay unique
+        return self._placed[key][1]
+
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         self._hook(taps)
+        self._shard_hooks()
         self._wanted = frozenset(taps)
         model = self._compiled if compiled else self.model
         try:
@@ -83,6 +110,8 @@ class HFBackend(TargetBackend):
         finally:
             self._wanted = frozenset()
             self._captured.clear()
+            if self._placed:
+                self._placed.clear()
         # a CUDA graph's outputs are overwritten by its next replay: the compiled forward's logits are copied
         logits = out.logits[0].float()  # a copy unless the logits are float32 already
         if compiled and out.logits.dtype == torch.float32:
