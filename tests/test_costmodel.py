@@ -4,8 +4,10 @@ project_speedup.py on a hand-written run directory."""
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import ROOT
 from graft.costmodel import CostProfile, Step, interpolate, job_anchor, project, turn_steps
@@ -199,3 +201,133 @@ def test_project_speedup_prints_the_projection_beside_the_measurement(tmp_path, 
         assert cells == ["mt", "graft", "8", "2.00", "8.0", "1.25x", "1.22x", "-2.7%"]  # 1.2157 / 1.25 - 1
     assert "1 of 1 projections within 10%" in proc.stdout
     assert out.read_text() == proc.stdout
+
+
+# --- costs where the run is: a sharded target, a mixture-of-experts target -------------------------------
+
+
+class FakeStream:
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+
+class ShardedStub:
+    """A target whose layers span cuda:0..3 and whose LM head sits on cuda:3; no weights, no GPU."""
+
+    devices = [torch.device(f"cuda:{i}") for i in range(4)]
+    device = torch.device("cuda:3")
+    vocab_size = 100
+
+    class Cache:
+        def keep(self, *args):
+            pass
+
+    def reset(self, capacity):
+        self.cache = self.Cache()
+
+    def prefill(self, ids):
+        self.cache_len = len(ids)
+
+    def verify(self, tree, topo):
+        self.log.append(("verify", None))
+
+
+def test_the_profile_syncs_every_device_and_times_on_the_lm_heads(monkeypatch):
+    """On 4 GPUs, synchronising and timing cuda:0 alone sees about a quarter of a sharded verify."""
+    from graft.costmodel import measure
+
+    target, log = ShardedStub(), []
+    target.log = log
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            log.append(("record", None if stream is None else stream.device))
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 2.5
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("sync", device)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(device))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(measure, "chain_tree", lambda *args: SimpleNamespace(parents=None))
+    monkeypatch.setattr(measure, "topology", lambda *args: None)
+    assert measure.measure_verify(target, [1, 4], [16], repeats=1, warmup=0) == [[2.5, 2.5]]
+    verifies = [i for i, (what, _) in enumerate(log) if what == "verify"]
+    assert len(verifies) == 2
+    for at in verifies:  # before each verify: every device synchronised, then the start event on cuda:3
+        before = log[:at]
+        assert ("record", target.device) in before, before  # the start event on the LM head's device
+        synced = {d for what, d in before[before.index(("record", target.device)) - 4 :] if what == "sync"}
+        assert synced == set(target.devices), before
+        assert log[at - 1] == ("record", target.device) and log[at + 1] == ("record", target.device)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    from conftest import load_tiny
+
+    return load_tiny("tiny_qwen3_moe").target
+
+
+def test_a_moe_verify_touches_more_experts_for_bigger_trees(tiny_moe):
+    from graft.costmodel.experts import ExpertsTouched, pinned_routing
+    from graft.costmodel.measure import ContextCache
+
+    cache, touched = ContextCache(tiny_moe, 32, 16), ExpertsTouched(tiny_moe.model)
+    try:
+        per_nodes = []
+        for n in (1, 2, 4, 8, 16):
+            cache.verify_ms(n)
+            per_nodes.append(touched.take())
+        for m in (2, 3, 4):  # pinned: exactly m experts in every layer, whatever the router would pick
+            with pinned_routing(tiny_moe.model, m):
+                cache.verify_ms(16)
+            assert touched.take() == [m] * tiny_moe.num_layers
+    finally:
+        touched.remove()
+    means = [sum(c) / len(c) for c in per_nodes]
+    assert per_nodes[0] == [2] * tiny_moe.num_layers  # one token: its top-2 in every layer
+    assert means == sorted(means) and means[-1] > means[0] and means[-1] <= 4
+
+
+def test_the_profile_carries_the_experts_and_costs_a_verify_by_them(tiny_moe, monkeypatch, tmp_path):
+    """A fake clock on which each expert read costs 0.25 ms in each layer: the profile's sweep finds that
+    price, and the modelled verify cost rises with the experts a tree touches."""
+    from graft.costmodel import measure
+    from graft.costmodel.experts import ExpertsTouched
+
+    counter = ExpertsTouched(tiny_moe.model)
+
+    def fake_ms(fn, target):
+        counter.take()
+        fn()
+        return 1.0 + 0.25 * sum(counter.take())
+
+    monkeypatch.setattr(measure, "elapsed_ms", fake_ms)
+    try:
+        moe = measure.measure_experts(tiny_moe, measure.ContextCache(tiny_moe, 32, 16), [1, 4, 16], repeats=2)
+    finally:
+        counter.remove()
+    assert moe["experts"] == 4 and moe["top_k"] == 2 and moe["layers"] == tiny_moe.num_layers
+    assert moe["sweep_experts"] == [2, 3, 4] and moe["expert_ms"] == pytest.approx(0.25)
+    assert moe["sweep_ms"] == [1.0 + 0.25 * m * tiny_moe.num_layers for m in (2, 3, 4)]
+    assert moe["experts_touched"][0] == 2 and moe["experts_touched"][-1] >= moe["experts_touched"][0]
+    assert measure.measure_experts(ShardedStub(), None, [1], 1) is None  # a dense target has none
+
+    profile = _profile(nodes=[1, 4, 16], verify_table_ms=[[30.0, 35, 45], [40.0, 50, 65]], overhead_table_ms=[1.0] * 3)
+    profile.moe = moe
+    profile.save(tmp_path / "moe.json")
+    assert CostProfile.load(tmp_path / "moe.json") == profile
+    costs = [profile.verify_ms(16, 256, experts=e) for e in (2, 2.5, 3, 3.5, 4)]
+    assert costs == sorted(costs) and len(set(costs)) == 5  # increasing with the experts touched
+    own = moe["experts_touched"][-1]
+    assert profile.verify_ms(16, 256, experts=own) == pytest.approx(45.0)  # the profile's own routing: the table
+    assert costs[-1] - costs[0] == pytest.approx(0.25 * tiny_moe.num_layers * 2)
+    steps = [Step(accepted=2, nodes=16, context=256, draft_ms=0.0, experts=e) for e in (2, 4)]
+    assert project(steps[1:], profile)["verify_ms_per_step"] > project(steps[:1], profile)["verify_ms_per_step"]

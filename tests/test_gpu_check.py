@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dataclasses import replace
 from packaging.requirements import Requirement
 
 from graft.decode import Generation
@@ -24,17 +25,77 @@ from graft.gpu_check.report import Context, Report, summarize
 from graft.gpu_check.syncs import count_syncs, part_host_syncs
 
 ROOT = Path(__file__).resolve().parent.parent
-# as on the GPU node, whose image lacks them (the wheels bring gguf, but the check must not need it)
-WITHOUT_GGUF_AND_WANDB = (
-    "import sys; sys.modules.update(gguf=None, wandb=None); from graft.gpu_check.__main__ import main; sys.exit(main())"
-)
+# The GPU node's image ('cuda', /work/.library/device/KINDS.md "Python packages already there", read 2026-11-17)
+# and the wheels scripts/device_wheels.sh carries to it: what `python -m graft.gpu_check` may import there.
+NODE_IMAGE_PACKAGES = """
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
+charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
+cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools
+formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna
+imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
+lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
+matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals
+networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13
+nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
+pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
+pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
+python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
+statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
+tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
+triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+"""
+CARRIED_WHEELS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf"}  # scripts/device_wheels.sh
+NODE_IMAGE = frozenset(NODE_IMAGE_PACKAGES.split()) | CARRIED_WHEELS
+# As on the node: the harness's import of any installed distribution outside NODE_IMAGE fails (wandb, which is
+# not installed here either, is blocked by name), so the check cannot come to need what the node lacks.
+ON_NODE_IMAGE = """
+import importlib.abc, importlib.metadata, re, sys
+allowed = set(sys.argv.pop(1).split(",")) | {"graft-harness"}  # the project travels with the tree
+owners = importlib.metadata.packages_distributions()
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+
+def importer():
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_code.co_filename
+
+class NotInImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        # the harness's own imports; what an installed library imports is its version's business (the node's
+        # transformers is not this one)
+        if "site-packages" in importer():
+            return None
+        dists = {norm(d) for d in owners.get(name.partition(".")[0], [])}
+        if dists and not dists & allowed:
+            raise ImportError(f"{name} ({', '.join(sorted(dists))}) is not in the GPU node's image")
+        return None
+
+sys.meta_path.insert(0, NotInImage())
+sys.modules.update(wandb=None)
+from graft.gpu_check.__main__ import main
+sys.exit(main())
+"""
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu_check") / "quick.json"
     done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_GGUF_AND_WANDB, "--device", "cpu", "--quick", "--out", str(out)],
+        [
+            sys.executable,
+            "-c",
+            ON_NODE_IMAGE,
+            ",".join(sorted(NODE_IMAGE)),
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(out),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -50,10 +111,9 @@ def _positive(value) -> bool:
 
 def test_quick_mode_runs_every_part(quick):
     assert quick["finished"] and quick["quick"] and quick["device"] == "cpu"
-    assert sorted(quick["parts"]) == ["1", "2", "3", "4", "5", "6", "7"]
+    assert sorted(quick["parts"]) == [str(n) for n in range(1, 9)]
     for number, part in quick["parts"].items():
-        assert part["status"] in ("ok", "skipped"), (number, part.get("error"), part.get("traceback"))
-    assert quick["parts"]["3"]["status"] == "skipped" and "CUDA" in quick["parts"]["3"]["reason"]
+        assert part["status"] == "ok", (number, part.get("error"), part.get("traceback"), part.get("reason"))
     assert quick["summary"]["status"] == {k: p["status"] for k, p in quick["parts"].items()}
     assert quick["elapsed_s"] < quick["budget_s"]
 
@@ -81,8 +141,9 @@ def test_quick_dense_target_timings(quick):
     for rows in dense["verify"].values():
         assert sorted(rows, key=int) == [str(n) for n in plan.dense_nodes]
         assert all(_positive(r["median_ms"]) and r["min_ms"] <= r["median_ms"] for r in rows.values())
-    for timing in ("timing_sync", "timing_async"):
-        decode = dense["decode"][timing]
+    assert dense["decode"]["clock"] == "host" and dense["decode"]["static_trees"]  # the GPU settings, on a CPU
+    for setting in ("temperature_0", "temperature_1"):
+        decode = dense["decode"][setting]
         for method in ("ar", "eagle3", "graft"):
             row = decode[method]
             assert row["new_tokens"] == plan.decode_tokens and row["steps"] >= 1, method
@@ -90,6 +151,12 @@ def test_quick_dense_target_timings(quick):
             assert row["overhead_ms_per_step"] >= 0
         assert decode["ar"]["tau"] == 1.0 and decode["ar"]["mean_nodes"] == 1
         assert decode["eagle3"]["mean_nodes"] > 1  # the head's trees were verified
+    ratios = dense["ratios"]
+    assert ratios["ar_over_bound_eager"] is None  # no HBM bound on a CPU
+    assert all(
+        _positive(ratios[k]) for k in ("eagle3_step_over_decode", "graft_step_over_decode", "eagle3_t1_over_greedy")
+    )
+    assert all(row["1"] == 1.0 for row in ratios["verify_over_decode"].values())
     assert dense["prefill_chunk"] == 48 < plan.extend_tokens  # the extend's prompt took the chunked prefill
     assert dense["head"]["layer_ids"] == [1, 2, 3]
     assert dense["extend"]["prompt_tokens"] == plan.extend_tokens and _positive(dense["extend"]["head_extend_ms"])
@@ -159,20 +226,31 @@ def test_the_one_device_command_fits_8_minutes():
     assert FULL.total_budget_s + overheads <= deadline <= 8 * 60 - 10  # 10 s for the machine's own start of the run
 
 
-NODE_IMAGE = {"numpy", "packaging", "pyyaml", "tqdm"}  # torch 2.11 / transformers 5.17's own requirements
-LAZY = {"requests"}  # gguf imports it only to read remote files (gguf/utility.py), which the node cannot reach
-
-
 def test_the_wheels_cover_what_the_node_lacks():
     wheels = (
         re.search(r"^PACKAGES=\((.*)\)", (ROOT / "scripts" / "device_wheels.sh").read_text(), re.M).group(1).split()
     )
-    assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf"} <= set(wheels)  # wandb: see the quick fixture
+    assert set(wheels) == CARRIED_WHEELS  # wandb: see the quick fixture
     for name in wheels:
         for line in importlib.metadata.requires(name) or []:
             req = Requirement(line)
             if req.marker is None or req.marker.evaluate({"python_version": "3.12", "extra": ""}):
-                assert req.name.lower() in {*wheels, *NODE_IMAGE, *LAZY}, (name, line)
+                assert req.name.lower() in NODE_IMAGE, (name, line)
+
+
+def test_the_image_model_is_the_image():
+    """The packages the issue and the device notes name are in it; what the node lacks is not."""
+    assert {"torch", "transformers", "accelerate", "pandas", "scipy", "matplotlib", "rich", "psutil"} <= NODE_IMAGE
+    assert not {"wandb", "hydra-core", "omegaconf", "gguf"} & frozenset(NODE_IMAGE_PACKAGES.split())
+
+
+def test_the_image_blocker_refuses_what_the_node_lacks():
+    """The quick fixture's import blocker itself: a distribution installed here but not in the model fails."""
+    probe = "pytest"  # installed here and in the image: taken out of the model, its import must fail
+    allowed = ",".join(sorted(NODE_IMAGE - {probe}))
+    code = ON_NODE_IMAGE.replace("from graft.gpu_check.__main__ import main\nsys.exit(main())", f"import {probe}")
+    done = subprocess.run([sys.executable, "-c", code, allowed], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "is not in the GPU node's image" in done.stderr
 
 
 H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tables must show
@@ -233,8 +311,16 @@ H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tab
             "seconds": 9.0,
             "budget_s": 25,
             "result": {
-                "timing_async_static_trees": {"ar": {"syncs_per_step": 1.0}, "graft": {"syncs_per_step": 1.25}},
-                "timing_sync_static_trees": {"ar": {"syncs_per_step": 4.0}},
+                "dispatcher": {
+                    "tiny_llama temperature 0": {"ar": {"mean": 1.0, "max": 1}, "graft": {"mean": 1.25, "max": 2}},
+                    "tiny_llama temperature 1": {"ar": {"mean": 1.0, "max": 1}},
+                },
+                "debug_mode": {"tiny_llama temperature 0": {"ar": {"syncs_per_step": 1.0}}},
+                "ratios": {
+                    "syncs_per_step_max": 2,
+                    "syncs_per_step_sampled_max": 1,
+                    "debug_mode_syncs_per_step_max": 1.0,
+                },
             },
         },
         "4": {
@@ -242,7 +328,14 @@ H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tab
             "status": "failed",
             "seconds": 30.0,
             "error": "OutOfMemoryError: CUDA",
-            "result": {"verify": {"1024": {"1": {"median_ms": 7.5}, "60": {"median_ms": 9.25}}}},
+            "result": {
+                "verify": {"1024": {"1": {"median_ms": 7.5}, "60": {"median_ms": 9.25}}},
+                "ratios": {
+                    "verify60_over_decode_1k": 1.233,
+                    "eagle3_step_over_decode": 1.5,
+                    "ar_over_bound_eager": 0.45,
+                },
+            },
         },
         "5": {"name": "moe235b_layers", "status": "skipped", "reason": "budget: 10 s left of --budget-s 390"},
         "7": {
@@ -255,6 +348,7 @@ H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tab
                 "mode": "reduce-overhead",
                 "backend": "inductor",
                 "methods": {"ar": {"equal": 2, "checked": 2, "divergent": [], "seconds": [48.2, 0.3]}},
+                "ratios": {"graphs_timed": 0, "rerecords_timed": 3},
             },
         },
     },
@@ -269,11 +363,38 @@ def test_the_markdown_tables_render_from_the_json():
     assert "| 4 | llama8b | failed | 30 | - | OutOfMemoryError: CUDA |" in md
     assert "| tiny_llama | bfloat16 | 1 / 2 | 1 (1 float ties) | samd |" in md
     assert "not checked: [('tiny_qwen3_moe', 'bfloat16')]" in md  # part 2's truncation, in the parts table
-    assert "| method | timing_async_static_trees | timing_sync_static_trees |" in md and "| graft | 1.25 | - |" in md
+    assert "| model, sampling | ar | graft |" in md and "| tiny_llama temperature 0 | 1.0 / 1 | 1.25 / 2 |" in md
     assert "| 1024 | 7.5 | 9.25 |" in md  # a failed part's measurements so far
     assert "| ar | 2 / 2 | 48.2, 0.3 | - |" in md and "Qwen3-235B" not in md
+    # each figure beside its goal, pass or fail; what no part measured is n/a
+    assert "| verify(60) / decode at 1K context | 1.233 | <= 1.3 | pass | - |" in md
+    assert "| verify(60) / decode at 8K context | - | <= 1.3 | n/a | - |" in md
+    assert "| EAGLE-3 whole step / AR step (events clock) | 1.5 | <= 1.39 | FAIL | - |" in md
+    assert "| host syncs per step, greedy, dispatcher counter (worst method, worst step) | 2 | <= 1 | FAIL | - |" in md
+    assert (
+        "| CUDA-graph recordings in timed runs | 3 | 0 | FAIL | - |" in md
+        and "| graphs compiled in timed runs | 0 | 0 | pass |" in md
+    )
+    assert "| AR decode: HBM bound / decode ms, eager (8B-shaped) | 0.45 | (no goal eager) | - | - |" in md
     tables = re.findall(r"(?:^\|.*\n)+", md, re.M)
-    assert len(tables) == 6 and all(len({row.count("|") for row in t.splitlines()}) == 1 for t in tables)
+    assert len(tables) == 8 and all(len({row.count("|") for row in t.splitlines()}) == 1 for t in tables)
+
+
+def test_goals_pass_fail_and_not_measured():
+    from graft.gpu_check.goals import GOALS, goal_rows
+
+    parts = {"7": {"result": {"ratios": {"ar_over_bound_compiled": 0.61, "rerecords_timed": 0}}}}
+    parts["2"] = {"result": {"ratios": {"lossless": True}}}
+    parts["8"] = {"result": {"ratios": {"lossless": False, "lossless_note": "samd"}}}
+    rows = {(r["part"], r["figure"]): r for r in goal_rows(parts)}
+    assert len(rows) == len(GOALS)
+    by = {r["figure"]: r["result"] for r in rows.values()}
+    assert by["AR decode: HBM bound / decode ms, compiled (8B-shaped slice)"] == "pass"
+    assert by["CUDA-graph recordings in timed runs"] == "pass" and by["graphs compiled in timed runs"] == "n/a"
+    assert rows[("2", GOALS[-2].label)]["result"] == "pass"
+    assert rows[("8", GOALS[-1].label)]["result"] == "FAIL" and rows[("8", GOALS[-1].label)]["note"] == "samd"
+    parts["7"]["result"]["ratios"]["ar_over_bound_compiled"] = 0.59
+    assert goal_rows(parts)[1]["result"] == "FAIL"
 
 
 def test_syncs_are_counted_by_where_they_were_made(monkeypatch):
@@ -301,20 +422,29 @@ class PretendCuda(Context):
     cuda = True  # part 3's code path on the CPU, where sync debug mode is stubbed and counts nothing
 
 
-def test_host_sync_part_runs_its_loops(monkeypatch, tmp_path):
+def test_host_sync_part_counts_at_the_dispatcher(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
-    report = Report(tmp_path / "r.json", budget_s=60, header={})
-    ctx = PretendCuda(QUICK, torch.device("cpu"), quick=True, report=report)
+    report = Report(tmp_path / "r.json", budget_s=120, header={})
+    plan = replace(QUICK, sync_models=("tiny_llama",), sync_methods=("ar", "graft"))
+    ctx = PretendCuda(plan, torch.device("cpu"), quick=True, report=report)
     out: dict = {}
     part_host_syncs(ctx, out)
-    assert sorted(out) == ["note", "timing_async", "timing_async_static_trees", "timing_sync_static_trees"]
-    for timing in ("timing_async", "timing_async_static_trees", "timing_sync_static_trees"):
-        for method in ("ar", "eagle3", "pruned", "graft"):
-            row = out[timing][method]
-            assert row["syncs"] == [0, 0] and row["steps"][0] < row["steps"][1], (timing, method)
-            assert row["syncs_per_step"] == 0.0
+    assert sorted(out["dispatcher"]) == ["tiny_llama temperature 0", "tiny_llama temperature 1"]
+    for setting, rows in out["dispatcher"].items():
+        for method in ("ar", "graft"):
+            row = rows[method]
+            assert row["steps"] >= 2 and row["max"] >= row["mean"] >= 1, (setting, method, row)  # the path is read
+            assert row["worst_step_sites"], (setting, method)  # named where
+        debug = out["debug_mode"][setting]
+        assert debug["ar"]["syncs"] == [0, 0] and debug["ar"]["syncs_per_step"] == 0.0  # stubbed: nothing reported
+    worst = max(r["max"] for rows in out["dispatcher"].values() for r in rows.values() if True)
+    sampled = max(r["max"] for r in out["dispatcher"]["tiny_llama temperature 1"].values())
+    assert out["ratios"]["syncs_per_step_sampled_max"] == sampled <= worst
     summary = summarize({"3": {"status": "ok", "result": out}})
-    assert summary["syncs_per_step"]["timing_sync_static_trees"]["ar"] == 0.0
+    assert (
+        summary["syncs_per_step"]["tiny_llama temperature 0"]["ar"]
+        == out["dispatcher"]["tiny_llama temperature 0"]["ar"]["max"]
+    )
 
 
 def test_syncs_per_step_cancel_the_prefill():
@@ -345,3 +475,18 @@ def test_quick_compiled_path_is_lossless_and_timed(quick):
         assert sorted(verify[name], key=int) == [str(n) for n in plan.compile_nodes]
         assert all(_positive(row["median_ms"]) for row in verify[name].values())
     assert all(_positive(ratio) for ratio in verify["eager_over_compiled"].values())
+    assert part["timed"] == {"graphs": 0, "recordings": 0}  # every prompt ran once: the reruns compile nothing
+    assert part["ratios"]["graphs_timed"] == 0 == part["ratios"]["rerecords_timed"]
+
+
+def test_quick_syncs_and_sampling(quick):
+    syncs = quick["parts"]["3"]["result"]
+    assert sorted(syncs["dispatcher"]) == [f"{m} temperature {t}" for m in QUICK.sync_models for t in (0, 1)]
+    for rows in syncs["dispatcher"].values():
+        assert sorted(rows) == sorted(QUICK.sync_methods)
+        assert all(row["max"] >= 1 for row in rows.values())  # every step reads at least its accepted path
+    assert syncs["ratios"]["debug_mode_syncs_per_step_max"] is None  # sync debug mode needs CUDA
+    sampled = quick["parts"]["8"]["result"]
+    assert sorted(sampled["methods"]) == sorted({"ar", *QUICK.lossless_methods})
+    assert all(row["draws"] == QUICK.sample_draws for row in sampled["methods"].values())
+    assert sampled["ratios"]["lossless"] is True

@@ -79,6 +79,11 @@ class CostProfile:
     model_hash: str = ""  # a hash of the model's shape (layers, widths, vocabulary, experts)
     dtype: str = ""
     engine: str = ""  # the backend and its forward: products, native loop, attention, compile
+    # a mixture-of-experts target's experts (graft/costmodel/measure.py `measure_experts`; empty for a dense one):
+    # experts (per layer), top_k, layers (MoE layers), experts_touched [len(nodes)] (the distinct experts per layer
+    # the profile's verify of each node count read), the pinned-routing sweep (sweep_nodes, sweep_experts,
+    # sweep_ms) and expert_ms, the ms one more expert read costs in one layer (the sweep's slope)
+    moe: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if sorted(self.nodes) != list(self.nodes) or sorted(self.contexts) != list(self.contexts):
@@ -89,12 +94,28 @@ class CostProfile:
             raise ValueError(f"verify_table_ms must be [{len(self.contexts)} contexts][{len(self.nodes)} nodes]")
         if len(self.overhead_table_ms) != len(self.nodes):
             raise ValueError(f"overhead_table_ms must have one value per node count ({len(self.nodes)})")
+        if self.moe and len(self.moe.get("experts_touched", [])) != len(self.nodes):
+            raise ValueError(f"moe.experts_touched must have one value per node count ({len(self.nodes)})")
 
-    def verify_ms(self, nodes: float, context: float) -> float:
+    def verify_ms(self, nodes: float, context: float, experts: float | None = None) -> float:
         """Verify forward ms for a tree of `nodes` on `context` cached positions: linear in nodes within
-        each measured context, then linear across contexts; beyond the table, extrapolated (`interpolate`)."""
+        each measured context, then linear across contexts; beyond the table, extrapolated (`interpolate`).
+        On an MoE target, `experts` (the distinct experts per layer the tree's routing touched, where a record
+        knows it) re-costs the experts read: expert_ms per expert per layer above or below what the profile's
+        own trees of that size touched. Without it, the profile's routing stands."""
         per_context = [interpolate(nodes, self.nodes, row) for row in self.verify_table_ms]
-        return interpolate(context, self.contexts, per_context)
+        ms = interpolate(context, self.contexts, per_context)
+        if experts is None or not self.moe:
+            return ms
+        return max(0.0, ms + self.expert_read_ms(experts - self.experts_touched(nodes)))
+
+    def experts_touched(self, nodes: float) -> float:
+        """The distinct experts per MoE layer the profile's verify of `nodes` nodes read (interpolated)."""
+        return interpolate(nodes, self.nodes, self.moe["experts_touched"]) if self.moe else 0.0
+
+    def expert_read_ms(self, experts: float) -> float:
+        """What reading `experts` more experts in every MoE layer costs (negative for fewer)."""
+        return self.moe.get("expert_ms", 0.0) * self.moe.get("layers", 0) * experts if self.moe else 0.0
 
     def overhead_ms(self, nodes: float, accepted: int = 1) -> float:
         """The loop's ms per step outside the forward and the drafter. Records do not say whether a step's
@@ -157,6 +178,7 @@ class Step:
     # as recorded, to compare the profile with (`recorded_split`); the projection does not read them
     verify_ms: float | None = None
     other_ms: float | None = None
+    experts: float | None = None  # distinct experts per MoE layer the step's tree touched, where recorded
 
 
 def turn_steps(turn: Mapping) -> list[Step]:
@@ -165,8 +187,9 @@ def turn_steps(turn: Mapping) -> list[Step]:
     context = turn["prompt_tokens"]
     steps = []
     recorded = zip(turn["accept_lengths"], turn["nodes"], turn["draft_ms"], turn["verify_ms"], turn["other_ms"])
-    for accepted, nodes, draft, verify, other in recorded:
-        steps.append(Step(accepted, nodes, context, draft, verify, other))
+    experts = turn.get("experts_touched") or [None] * len(turn["accept_lengths"])
+    for (accepted, nodes, draft, verify, other), touched in zip(recorded, experts):
+        steps.append(Step(accepted, nodes, context, draft, verify, other, touched))
         context += accepted
     return steps
 
@@ -235,13 +258,13 @@ def project(
     ar_draft_ms: the baseline's draft ms per step (a root-only tree); default the profile's `ar` entry, or 0.
     """
     needed = ("accepted", "nodes", "context", "draft_ms")
-    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in needed}) for s in steps]
+    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in needed}, experts=s.get("experts")) for s in steps]
     if not steps:
         raise ValueError("no steps to project")
     if ar_draft_ms is None:
         ar_draft_ms = profile.draft_step_ms.get(AR, 0.0)
     drafts = [s.draft_ms if draft_ms is None else draft_ms for s in steps]
-    verifies = [profile.verify_ms(s.nodes, s.context) for s in steps]
+    verifies = [profile.verify_ms(s.nodes, s.context, s.experts) for s in steps]
     overheads = [profile.overhead_ms(s.nodes, s.accepted) for s in steps]
     tokens = sum(s.accepted for s in steps)
     step_ms = (sum(drafts) + sum(verifies) + sum(overheads)) / len(steps)

@@ -60,14 +60,24 @@ def chain_tree(root: int, nodes: int, vocab: int, device) -> DraftTree:
     return DraftTree.chain(root, filler_tokens(nodes - 1, vocab, seed=11), NodeSource.DRAFT, device=device)
 
 
-def elapsed_ms(fn, device: torch.device) -> float:
-    """Milliseconds `fn()` takes: CUDA events on a GPU (the device's time, synchronised), else perf_counter."""
-    if device.type == "cuda":
+def cuda_devices(target) -> list[torch.device]:
+    """Every GPU the target's weights span (a sharded target's layers sit on several)."""
+    return [d for d in getattr(target, "devices", [target.device]) if d.type == "cuda"]
+
+
+def elapsed_ms(fn, target) -> float:
+    """Milliseconds `fn()` takes on `target`: on GPUs, every device it spans synchronised first (so nothing
+    queued before is counted) and CUDA events on the LM head's device's stream, which finishes a sharded
+    forward last; on a CPU, perf_counter."""
+    gpus = cuda_devices(target)
+    if gpus:
+        for device in gpus:
+            torch.cuda.synchronize(device)
+        stream = torch.cuda.current_stream(target.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
+        start.record(stream)
         fn()
-        end.record()
+        end.record(stream)
         end.synchronize()
         return start.elapsed_time(end)
     start = time.perf_counter()
@@ -92,7 +102,7 @@ class ContextCache:
         target.cache = self.cache  # the caches of all contexts share one target
         tree = chain_tree(17, nodes, target.vocab_size, target.device)
         topo = topology(tree.parents, self.committed)  # the loop's overhead, not the forward's: outside
-        ms = elapsed_ms(lambda: target.verify(tree, topo), target.device)
+        ms = elapsed_ms(lambda: target.verify(tree, topo), target)
         self.cache.keep(self.committed, None, 0)
         return ms
 
@@ -115,6 +125,61 @@ def measure_verify(
                 if round_ >= warmup:
                     samples[ci][ni].append(ms)
     return [[statistics.median(cell) for cell in row] for row in samples]
+
+
+def sweep_sizes(top_k: int, most: int, count: int = 5) -> list[int]:
+    """Up to `count` expert counts from top_k to `most`, about evenly spaced on a log scale."""
+    if most <= top_k:
+        return [top_k]
+    ratio = (most / top_k) ** (1 / (count - 1))
+    return sorted({min(most, round(top_k * ratio**i)) for i in range(count)} | {top_k, most})
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys on xs, never negative (noise cannot make an expert read free time)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var else 0.0
+
+
+@torch.inference_mode()
+def measure_experts(target, cache: ContextCache, nodes: list[int], repeats: int) -> dict | None:
+    """An MoE target's experts: the distinct experts each layer's router picked in a verify of each node count
+    (untimed, on `cache`'s context), and verify ms at the largest count with the routing pinned to a growing
+    number of experts (`pinned_routing`), round-robin, medians: their slope is the ms one more expert read
+    costs in one layer. None for a dense target."""
+    from graft.costmodel.experts import ExpertsTouched, pinned_routing, routers, routing_shape
+
+    shape, model = routing_shape(getattr(target, "config", None)), getattr(target, "model", None)
+    if shape is None or model is None or not routers(model):
+        return None
+    touched = ExpertsTouched(model)
+    try:
+        per_nodes = []
+        for n in nodes:
+            cache.verify_ms(n)
+            per_nodes.append(round(touched.mean_per_layer() or 0.0, 3))
+    finally:
+        touched.remove()
+    layers, n = len(routers(model)), max(nodes)
+    sizes = sweep_sizes(shape["top_k"], min(shape["experts"], n + shape["top_k"] - 1))
+    samples = {m: [] for m in sizes}
+    for round_ in range(repeats + 1):  # the first round warms up
+        for m in sizes if round_ % 2 == 0 else reversed(sizes):
+            with pinned_routing(model, m):
+                ms = cache.verify_ms(n)
+            if round_:
+                samples[m].append(ms)
+    sweep_ms = [statistics.median(samples[m]) for m in sizes]
+    return {
+        **shape,
+        "layers": layers,
+        "experts_touched": per_nodes,
+        "sweep_nodes": n,
+        "sweep_experts": sizes,
+        "sweep_ms": [round(ms, 4) for ms in sweep_ms],
+        "expert_ms": slope([m * layers for m in sizes], sweep_ms),
+    }
 
 
 class FixedChainDrafter(Drafter):
@@ -177,7 +242,7 @@ def measure_commit_move(target, repeats: int) -> float:
     def commit_ms(keep: list[int], index) -> float:
         for layer in cache.cache.layers:  # the tree's rows back in place, as after a verify
             layer.length = cache.committed + 32
-        return elapsed_ms(lambda: target.commit(cache.committed, keep, index), target.device)
+        return elapsed_ms(lambda: target.commit(cache.committed, keep, index), target)
 
     moved, in_place = [], []
     for _ in range(repeats + 2):
@@ -235,6 +300,7 @@ def measure_profile(target, nodes: list[int], contexts: list[int], seconds: floa
     loop_overhead, ar_draft = measure_overhead(target, loop_sizes, contexts[0], 8, verify_only.verify_ms)
     overhead = [interpolate(n, loop_sizes, loop_overhead) for n in nodes]
     commit_move = measure_commit_move(target, 2 * repeats)
+    moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, repeats)
     target.cache = saved
     return CostProfile(
         **identity(target),
@@ -244,6 +310,7 @@ def measure_profile(target, nodes: list[int], contexts: list[int], seconds: floa
         overhead_table_ms=overhead,
         commit_move_ms=commit_move,
         draft_step_ms={AR: ar_draft},
+        moe=moe or {},
         meta={
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "threads": torch.get_num_threads(),

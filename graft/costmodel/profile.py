@@ -18,6 +18,9 @@ drafters' step cost.
   non-draft time minus the event-timed verify at the same context.
 - commit move: those chains are rejected, so their commits keep only the root; a tree step that accepts
   2+ tokens also moves its path down in the cache (every layer's keys and values gathered), timed directly.
+- experts (MoE targets): the distinct experts per layer each tree size's verify touched, and verify time at the
+  largest size with the routing pinned to a growing number of experts; its slope, expert_ms, is what one more
+  expert read costs in one layer (graft/costmodel/experts.py).
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
 
@@ -36,7 +39,14 @@ from pathlib import Path
 import torch
 
 from graft.costmodel import AR, NODE_COUNTS, CostProfile
-from graft.costmodel.measure import identity, measure_commit_move, measure_overhead, measure_verify
+from graft.costmodel.measure import (
+    ContextCache,
+    identity,
+    measure_commit_move,
+    measure_experts,
+    measure_overhead,
+    measure_verify,
+)
 
 CPU_CONTEXTS = (64, 256, 1024, 4096)
 GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
@@ -97,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     verify_only = CostProfile("", cfg.model.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
     overhead, ar_draft = measure_overhead(target, nodes, args.loop_context, args.loop_steps, verify_only.verify_ms)
     commit_move = measure_commit_move(target, 4 * args.repeats)
+    # an MoE target: experts touched by tree size, and the price of one more expert read (None when dense)
+    moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, args.repeats)
     drafts = {AR: ar_draft}
     if args.methods:
         drafts.update(measure_drafts(model, cfg, args.methods.split(","), args.draft_tokens))
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         overhead_table_ms=overhead,
         commit_move_ms=commit_move,
         draft_step_ms=drafts,
+        moe=moe or {},
         meta={
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "overrides": args.overrides,
@@ -128,6 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     for ni, k in enumerate(nodes):
         print(f"{k:>5} " + "".join(f"{row[ni]:>9.2f}" for row in verify) + f"   {overhead[ni]:>8.2f}")
     print(f"moving an accepted path in the cache {commit_move:.3f} ms; ar draft {ar_draft:.3f} ms/step")
+    if moe:
+        print(f"experts touched per layer by nodes: {moe['experts_touched']}")
+        sweep = ", ".join(f"{m}: {ms:.2f}" for m, ms in zip(moe["sweep_experts"], moe["sweep_ms"]))
+        print(
+            f"verify ms of {moe['sweep_nodes']} nodes by experts pinned ({sweep}): {moe['expert_ms']:.3f} ms an expert a layer"
+        )
     print(f"{profile.meta['seconds']} s in all")
     out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}.json")
     profile.save(out)

@@ -17,9 +17,10 @@ import graft.gpu_check
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
 from graft.gpu_check.environment import part_environment
-from graft.gpu_check.lossless import part_lossless
+from graft.gpu_check.goals import goal_rows, goals_text
+from graft.gpu_check.lossless import part_lossless, part_lossless_sampled
 from graft.gpu_check.moe import part_head235, part_moe_layers
-from graft.gpu_check.plan import FULL, QUICK
+from graft.gpu_check.plan import CPU, FULL, QUICK
 from graft.gpu_check.report import Context, Interrupted, Report
 from graft.gpu_check.syncs import part_host_syncs
 
@@ -31,6 +32,7 @@ PARTS: dict[int, Callable[[Context, dict], None]] = {
     5: part_moe_layers,
     6: part_head235,
     7: part_compiled,
+    8: part_lossless_sampled,
 }
 
 
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="tiny shapes and few methods (for the CPU test)")
+    # without --quick on a CPU: the GPU run's tree sizes, contexts and goals at small shapes (plan.py: CPU)
     args = parser.parse_args(argv)
 
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -71,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv[1:] if argv is None else argv,
         "device": str(device),
         "quick": args.quick,
+        "plan": "QUICK" if args.quick else "CPU" if device.type == "cpu" else "FULL",
     }
-    plan = QUICK if args.quick else FULL
+    plan = QUICK if args.quick else CPU if device.type == "cpu" else FULL
     budgets = {n: plan.part_budget_s[n] for n in args.parts}
     header["part_budget_s"] = budgets
     total = sum(budgets.values()) if args.budget_s is None else min(args.budget_s, sum(budgets.values()))
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 report.skip(number, "SIGTERM (the run's time limit) before it started")
     report.finish()
     print(json.dumps(report.data["summary"], indent=1))
+    print(goals_text(goal_rows(report.data["parts"])))
     print(f"wrote {args.out} in {report.elapsed():.1f} s")
     return 1 if "failed" in report.data["summary"] else 0  # every part ok or skipped: 0
 

@@ -1,6 +1,6 @@
-"""Part 4 of the device check: a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: verify time per
-tree size and context, the loop's overhead per step, short ar / eagle3 / graft decode loops, and the
-head's extend peak memory."""
+"""Part 4 of the device check: a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: decode time against
+its HBM bound, verify(N) / decode per tree size and context, short ar / eagle3 / graft decode loops greedy and
+at temperature 1 (whole steps over AR's, on the events clock), and the head's extend peak memory."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from graft.gpu_check.measure import (
     decode_record,
     gib,
     hardware_config,
+    hbm_bound,
     harness_target,
     method_config_of,
     parameter_count,
     random_causal_lm,
     random_ids,
+    ratio,
     rounded,
     sync,
     timed_verify,
@@ -62,35 +64,72 @@ def save_random_head(target, plan: Plan, directory: Path) -> dict:
 
 
 def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
-    """Short ar / eagle3 / graft loops on a random prompt of plan.decode_context tokens; the verify forwards
-    are timed inside the loop, the rest of each step is the harness's overhead."""
+    """Short loops of plan.decode_methods on a random prompt of plan.decode_context tokens, greedy and at
+    temperature 1, timed as runs time them on this device (hardware.timing=auto: CUDA events at the phase
+    boundaries, no synchronise per phase); the verify forwards are timed inside the loop, the rest of each
+    step is the harness's overhead."""
     from baselines.autoregressive import Autoregressive
-    from graft.decode import generate
+    from graft.decode import SamplingConfig, generate
     from graft.registry import build_drafter
 
     plan = ctx.plan
-    drafters = {"ar": Autoregressive(target)}
-    for name in ("eagle3", "graft"):
-        drafters[name] = build_drafter(method_config_of(name, [f"method.head={head_dir}"]), target)
+    drafters = {m: Autoregressive(target) if m == "ar" else None for m in plan.decode_methods}
+    for name in drafters:
+        if drafters[name] is None:
+            drafters[name] = build_drafter(method_config_of(name, [f"method.head={head_dir}"]), target)
     prompt = random_ids(plan.decode_context, target.vocab_size, seed=1)
-    decode = out["decode"] = {"note": RANDOM_NOTE, "prompt_tokens": len(prompt), "max_new_tokens": plan.decode_tokens}
-    default_sync = target.sync_timing
-    # hardware.timing: sync (the default on CUDA) times each phase at the price of a sync per phase; async is
-    # the loop as it runs untimed. Both, so the price shows.
-    for timing in ("sync", "async"):
-        target.sync_timing = timing == "sync"
-        rows = decode[f"timing_{timing}"] = {}
+    decode = out["decode"] = {
+        "note": RANDOM_NOTE,
+        "prompt_tokens": len(prompt),
+        "max_new_tokens": plan.decode_tokens,
+        "clock": target.timing,
+        "static_trees": target.static_trees,
+    }
+    for temperature in (0.0, 1.0):
+        rows = decode[f"temperature_{temperature:g}"] = {}
         for name, drafter in drafters.items():
             if ctx.time_left() <= 0:
-                decode["truncated"] = f"budget spent before {name} (timing {timing})"
-                break
-            generate(target, drafter, prompt, min(8, plan.decode_tokens), set())  # warm-up, untimed
+                decode["truncated"] = f"budget spent before {name} (temperature {temperature:g})"
+                return drafters
+            sampling = SamplingConfig(temperature=temperature)
+
+            def run(tokens, name=name, drafter=drafter, sampling=sampling):
+                generator = torch.Generator().manual_seed(0)
+                return generate(target, drafter, prompt, tokens, set(), sampling, generator)
+
+            run(min(8, plan.decode_tokens))  # warm-up, untimed
             with timed_verify(target) as verify_ms:
-                gen = generate(target, drafter, prompt, plan.decode_tokens, set())
+                gen = run(plan.decode_tokens)
             rows[name] = decode_record(gen, verify_ms)
             ctx.checkpoint()
-    target.sync_timing = default_sync
     return drafters
+
+
+def step_ratios(decode: dict) -> dict:
+    """Each method's whole step over AR's (greedy), and its step at temperature 1 over its greedy one."""
+    greedy, sampled = decode.get("temperature_0", {}), decode.get("temperature_1", {})
+    ar = greedy.get("ar", {}).get("step_ms")
+    out = {}
+    for name in greedy:
+        if name != "ar":
+            out[f"{name}_step_over_decode"] = ratio(greedy[name].get("step_ms"), ar)
+        out[f"{name}_t1_over_greedy"] = ratio(sampled.get(name, {}).get("step_ms"), greedy[name].get("step_ms"))
+    return out
+
+
+def verify_ratios(verify: dict, bound_ms: float | None) -> dict:
+    """verify(N) / decode (= verify(1)) per context, the HBM bound over decode at the first context, and the
+    goal's verify(60) / decode at 1K and 8K context."""
+    over = {
+        c: {n: ratio(r["median_ms"], rows["1"]["median_ms"]) for n, r in rows.items()} for c, rows in verify.items()
+    }
+    first = next(iter(verify.values()), {})
+    out = {"verify_over_decode": over, "ar_over_bound_eager": ratio(bound_ms, first.get("1", {}).get("median_ms"))}
+    for label, context in (("1k", "1024"), ("8k", "8192")):
+        out[f"verify60_over_decode_{label}"] = over.get(context, {}).get("60")
+    if bound_ms is None:
+        out["ar_over_bound_eager_note"] = "no HBM bound on this device"
+    return out
 
 
 def extend_peak(ctx: Context, target, drafter) -> dict:
@@ -139,19 +178,22 @@ def part_llama8b(ctx: Context, out: dict) -> None:
     out.update(build_s=round(time.perf_counter() - start, 1), parameters_b=round(parameter_count(model) / 1e9, 3))
     if ctx.cuda:
         out["weights_gib"] = gib(torch.cuda.memory_allocated(ctx.device))
+    out["bound"] = hbm_bound(model, ctx.device)
     target = harness_target(model, hardware_config(ctx), "llama8b_shaped")
     out.update(attention=getattr(target, "attention", None), prefill_chunk=getattr(target, "prefill_chunk", None))
-    target.max_context = max(plan.extend_tokens, max(plan.dense_contexts)) + 1024
+    target.max_context = max(plan.extend_tokens, max(plan.dense_contexts)) + max(plan.dense_nodes) + 1024
     out["verify"] = {}
     for context_len in plan.dense_contexts:
         context = random_ids(context_len, target.vocab_size, seed=context_len)
         out["verify"][str(context_len)] = verify_times(target, context, plan.dense_nodes, plan)
         ctx.checkpoint()
+    out["ratios"] = verify_ratios(out["verify"], out["bound"]["hbm_bound_ms"])
     with tempfile.TemporaryDirectory(prefix="gpu_check_head_") as tmp:
         out["head"] = save_random_head(target, plan, Path(tmp) / "head")
         ctx.checkpoint()
         drafters = decode_loops(ctx, target, Path(tmp) / "head", out)
-    if ctx.time_left() > 0:
+    out["ratios"].update(step_ratios(out["decode"]))
+    if ctx.time_left() > 0 and "eagle3" in drafters:
         out["extend"] = extend_peak(ctx, target, drafters["eagle3"])
     else:
         out["extend"] = {"skipped": "budget spent"}

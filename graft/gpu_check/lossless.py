@@ -29,6 +29,9 @@ def part_lossless(ctx: Context, out: dict) -> None:
         release_memory()
         ctx.checkpoint()
     out["totals"] = lossless_totals(out["models"])
+    out["ratios"] = {"lossless": out["totals"]["lossless"] and "truncated" not in out}
+    if "truncated" in out:
+        out["ratios"]["lossless_note"] = out["truncated"]
 
 
 def lossless_rows(model_name: str, dtype: str, configs: dict, ctx: Context) -> dict:
@@ -41,6 +44,9 @@ def lossless_rows(model_name: str, dtype: str, configs: dict, ctx: Context) -> d
     prompts = builtin_prompt_ids(model, plan.lossless_prompts)
     bases = baseline_generations(model, prompts, plan)
     for method, method_cfg in configs.items():
+        if ctx.time_left() <= 0:  # the part's truncation names what was not checked
+            rows[method] = {"equal": 0, "checked": 0, "divergent": [], "seconds": [], "error": "budget spent"}
+            continue
         rows[method] = lossless_row(
             model, cfg, lambda method_cfg=method_cfg: build_drafter(method_cfg, target), prompts, bases, plan
         )
@@ -98,3 +104,98 @@ def lossless_totals(models: dict) -> dict:
         "errors": len(failed),
         "lossless": len(divergent) == ties and not failed,
     }
+
+
+# --- part 8: lossless when sampling ------------------------------------------------------------------------
+
+P_VALUE_FLOOR = 1e-3  # below it a method's first two tokens do not follow the target's distribution
+
+
+def nucleus(logits, top_p: float):
+    """softmax(logits) at temperature 1 cut to the smallest top set whose mass reaches top_p, renormalised
+    (the rule graft.acceptance samples by; tests/test_sampling_loop.py checks the loop against it)."""
+    import torch
+
+    probs = torch.softmax(logits.double(), dim=-1)
+    ranked, order = probs.sort(descending=True)
+    keep = (ranked.cumsum(0) - ranked) < top_p
+    out = torch.zeros_like(probs)
+    out[order[keep]] = ranked[keep]
+    return out / out.sum()
+
+
+def joint_distribution(target, prompt: list[int], top_p: float) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target's own sampling, from plain prefills of the prompt and of the prompt + each t1."""
+    import torch
+
+    target.reset(len(prompt) + 4)
+    first = nucleus(target.prefill(prompt).logits[-1].float().cpu(), top_p)
+    joint = {}
+    for t1 in torch.nonzero(first).flatten().tolist():
+        target.reset(len(prompt) + 4)
+        second = nucleus(target.prefill(prompt + [t1]).logits[-1].float().cpu(), top_p)
+        for t2 in torch.nonzero(second).flatten().tolist():
+            joint[(t1, t2)] = float(first[t1] * second[t2])
+    return joint
+
+
+def chi_square_p(pairs: list[tuple[int, int]], joint: dict) -> float:
+    """Cells with an expected count of at least 5, the rest pooled into one."""
+    from scipy.stats import chisquare
+
+    expected = {cell: p * len(pairs) for cell, p in joint.items()}
+    big = sorted(cell for cell, e in expected.items() if e >= 5)
+    observed = [sum(1 for pair in pairs if pair == cell) for cell in big]
+    wanted = [expected[cell] for cell in big]
+    rest = len(pairs) - sum(wanted)
+    if rest > 1e-9:  # a pooled cell only where some mass is left for it
+        observed.append(len(pairs) - sum(observed))
+        wanted.append(rest)
+    if len(wanted) < 2:
+        return 1.0  # one cell holds all the mass: nothing to test
+    return float(chisquare(observed, [w * sum(observed) / sum(wanted) for w in wanted]).pvalue)
+
+
+def sampled_row(target, drafter, prompt: list[int], joint: dict, draws: int, top_p: float) -> dict:
+    """`draws` samples of a method's first two tokens at temperature 1 against the target's joint."""
+    import torch
+
+    from graft.decode import SamplingConfig, generate
+
+    sampling, pairs = SamplingConfig(temperature=1.0, top_p=top_p), []
+    for seed in range(draws):
+        gen = generate(target, drafter, prompt, 2, set(), sampling, torch.Generator().manual_seed(seed))
+        pairs.append(tuple(gen.new_tokens[:2]))
+    p = chi_square_p(pairs, joint)
+    return {"draws": draws, "p_value": round(p, 4), "lossless": p > P_VALUE_FLOOR}
+
+
+def part_lossless_sampled(ctx: Context, out: dict) -> None:
+    """Every method's first two tokens at temperature 1 follow the target's distribution (a chi-square over
+    plan.sample_draws draws; few draws catch gross errors only) on tiny_llama in float32."""
+    from baselines.autoregressive import Autoregressive
+    from graft.config import group_options
+    from graft.registry import build_drafter
+
+    plan = ctx.plan
+    methods = ["ar", *(m for m in plan.lossless_methods or group_options("method") if m != "ar")]
+    model, _ = load_tiny("tiny_llama", "float32", ctx)
+    target = model.target
+    prompt = builtin_prompt_ids(model, 1)[0][:24]
+    joint = joint_distribution(target, prompt, plan.sample_top_p)
+    out.update(model="tiny_llama", temperature=1.0, top_p=plan.sample_top_p, cells=len(joint), methods={})
+    for k, method in enumerate(methods):
+        if ctx.time_left() <= 0:
+            out["truncated"] = f"budget spent; not checked: {methods[k:]}"
+            break
+        try:
+            drafter = Autoregressive(target) if method == "ar" else build_drafter(method_config_of(method), target)
+            out["methods"][method] = sampled_row(target, drafter, prompt, joint, plan.sample_draws, plan.sample_top_p)
+        except Exception as err:  # one method's failure must not hide the others' results
+            out["methods"][method] = {"error": f"{type(err).__name__}: {err}"[:1000], "lossless": False}
+        ctx.checkpoint()
+    rows = out["methods"].values()
+    out["ratios"] = {"lossless": bool(rows) and all(r["lossless"] for r in rows) and "truncated" not in out}
+    failed = [m for m, r in out["methods"].items() if not r["lossless"]]
+    if failed or "truncated" in out:
+        out["ratios"]["lossless_note"] = "; ".join(filter(None, [", ".join(failed), out.get("truncated")]))

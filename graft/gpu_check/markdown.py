@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from graft.gpu_check.goals import goal_rows
+
 
 def cell(value) -> str:
     if value is None:
@@ -34,7 +36,9 @@ def by_columns(rows: dict[str, dict], first: str) -> list[str]:
 
 def note_of(part: dict) -> str:
     result = part.get("result", {})
+    decode = result.get("decode", {})
     notes = [part.get("reason"), part.get("error"), result.get("truncated"), result.get("reduced_layers")]
+    notes += [decode.get("truncated") if isinstance(decode, dict) else None]
     return "; ".join(n for n in notes if n)[:300]
 
 
@@ -83,16 +87,34 @@ def lossless(out: dict) -> list[str]:
     return ["## Lossless against the baseline (part 2)", "", *table(header, rows)]
 
 
-def per_method(timings: dict, key: str) -> dict[str, dict]:
-    """{timing_x: {method: row}} as {method: {timing_x: row[key]}}."""
-    timings = {t: rows for t, rows in timings.items() if t.startswith("timing_")}
-    methods = dict.fromkeys(m for rows in timings.values() for m in rows)
-    return {m: {t: rows.get(m, {}).get(key) for t, rows in timings.items()} for m in methods}
+def per_method(settings: dict, key: str, prefix: str) -> dict[str, dict]:
+    """{setting: {method: row}} (settings named `prefix`...) as {method: {setting: row[key]}}."""
+    settings = {t: rows for t, rows in settings.items() if t.startswith(prefix)}
+    methods = dict.fromkeys(m for rows in settings.values() for m in rows)
+    return {m: {t: rows.get(m, {}).get(key) for t, rows in settings.items()} for m in methods}
 
 
 def host_syncs(out: dict) -> list[str]:
-    rows = per_method(out, "syncs_per_step")
-    return ["## Host syncs per decode step (part 3)", "", *by_columns(rows, "method")] if rows else []
+    dispatcher = out.get("dispatcher", {})
+    if not dispatcher:
+        return []
+    rows = {
+        setting: {m: f"{r.get('mean')} / {r.get('max')}" for m, r in methods.items()}
+        for setting, methods in dispatcher.items()
+    }
+    lines = ["## Host syncs per decode step (part 3), counted at the dispatcher: mean / worst step", ""]
+    lines += by_columns(rows, "model, sampling")
+    debug = {
+        s: {m: r.get("syncs_per_step") for m, r in methods.items()} for s, methods in out.get("debug_mode", {}).items()
+    }
+    if debug:
+        lines += ["Under torch.cuda.set_sync_debug_mode (per step):", "", *by_columns(debug, "model, sampling")]
+    return lines
+
+
+def goals(parts: dict) -> list[str]:
+    rows = [[r["figure"], r["value"], r["goal"], r["result"], r["note"]] for r in goal_rows(parts)]
+    return ["## Goals (docs/gpu.md)", "", *table(["figure", "value", "goal", "result", "note"], rows)]
 
 
 def dense(out: dict) -> list[str]:
@@ -101,13 +123,23 @@ def dense(out: dict) -> list[str]:
     verify = {c: {n: r["median_ms"] for n, r in rows.items()} for c, rows in out["verify"].items()}
     lines = ["## LLaMA-3.1-8B-shaped target (part 4): verify median ms by context and tree nodes", ""]
     lines += by_columns(verify, "context")
-    overhead = per_method(out.get("decode", {}), "overhead_ms_per_step")
-    if overhead:
+    bound = out.get("bound", {})
+    if bound:
         lines += [
-            "Loop overhead per step, ms (step time less the verify forwards):",
+            f"Weights {bound.get('weight_bytes', 0) / 1e9:.2f} GB; HBM bound {cell(bound.get('hbm_bound_ms'))} ms "
+            f"at {cell(bound.get('hbm_gbs'))} GB/s ({bound.get('gpu') or out.get('arch', {}).get('device', 'no GPU')}: "
+            f"{bound.get('source')}).",
             "",
-            *by_columns(overhead, "method"),
         ]
+    over = out.get("ratios", {}).get("verify_over_decode")
+    if over:
+        lines += ["verify(N) / decode:", "", *by_columns(over, "context")]
+    decode = out.get("decode", {})
+    for key, title in (("step_ms", "whole step ms"), ("overhead_ms_per_step", "loop overhead per step, ms")):
+        rows = per_method(decode, key, "temperature_")
+        if rows:
+            clock = f"clock {decode.get('clock')}, fixed-size trees {cell(decode.get('static_trees'))}"
+            lines += [f"Decode loops, {title} ({clock}):", "", *by_columns(rows, "method")]
     extend = out.get("extend", {})
     if "head_extend_ms" in extend:
         lines += [
@@ -121,8 +153,15 @@ def dense(out: dict) -> list[str]:
 def moe(out: dict) -> list[str]:
     if not out.get("verify"):
         return []
+    ratios = out.get("ratios", {})
+    measured, bound = ratios.get("verify_over_decode", {}), ratios.get("bytes_over_decode_bytes", {})
     rows = {
-        n: {"verify median ms": r["median_ms"], "experts touched per layer": r.get("experts_touched_per_layer")}
+        n: {
+            "verify median ms": r["median_ms"],
+            "experts touched per layer": r.get("experts_touched_per_layer"),
+            "verify / decode": measured.get(n),
+            "bytes / decode bytes": bound.get(n),
+        }
         for n, r in out["verify"].items()
     }
     return ["## Qwen3-235B-A22B-shaped MoE layers (part 5)", "", *by_columns(rows, "tree nodes")]
@@ -150,7 +189,23 @@ def compiled(out: dict) -> list[str]:
             for n, ratio in verify["eager_over_compiled"].items()
         }
         lines += by_columns(rows, "tree nodes")
+    timed = out.get("timed")
+    if timed:
+        lines += [
+            f"After every prompt ran once: {timed['graphs']} graphs compiled and {timed['recordings']} CUDA graphs "
+            "recorded in the reruns; in the slice's timed verifies: "
+            f"{cell(out.get('verify', {}).get('timed_counts'))}.",
+            "",
+        ]
     return lines
+
+
+def sampled(out: dict) -> list[str]:
+    if not out.get("methods"):
+        return []
+    rows = [[m, r.get("draws"), r.get("p_value"), r.get("lossless"), r.get("error")] for m, r in out["methods"].items()]
+    title = f"## Lossless when sampling (part 8: {out.get('model')}, temperature 1, top-p {out.get('top_p')})"
+    return [title, "", *table(["method", "draws", "chi-square p", "lossless", "error"], rows)]
 
 
 def render(report: dict) -> str:
@@ -158,12 +213,13 @@ def render(report: dict) -> str:
     result = {k: p.get("result", {}) for k, p in parts.items()}  # a part cut short keeps what it measured
     rows = [[k, p["name"], p["status"], p.get("seconds"), p.get("budget_s"), note_of(p)] for k, p in parts.items()]
     lines = header(report, result.get("1", {}))
+    lines += goals(parts)
     lines += ["## Parts", "", *table(["part", "name", "status", "seconds", "budget s", "note"], rows)]
     lines += lossless(result.get("2", {})) + host_syncs(result.get("3", {})) + dense(result.get("4", {}))
     lines += moe(result.get("5", {}))
     if "6" in parts:
         lines += [f"235B-shaped SpecForge head loads and runs (part 6): {cell(parts['6']['status'] == 'ok')}.", ""]
-    lines += compiled(result.get("7", {}))
+    lines += compiled(result.get("7", {})) + sampled(result.get("8", {}))
     return "\n".join(lines).rstrip() + "\n"
 
 

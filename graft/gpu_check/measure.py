@@ -226,9 +226,39 @@ def harness_target(model, hardware, name: str):
         models.use_attention(model, hardware.attention)
     target = HFBackend(model, models.ByteTokenizer(), name=name)
     target.prefill_chunk = getattr(hardware, "prefill_chunk", None)
-    timing = getattr(hardware, "timing", "async")
-    target.sync_timing = timing == "sync" or (timing == "auto" and target.device.type == "cuda")
+    target.static_trees = bool(getattr(hardware, "static_trees", False))  # fixed-size trees: the GPU default
+    # as graft/models.py: CUDA events at the phase boundaries on a GPU (hardware.timing=auto, the GPU default)
+    timing = getattr(hardware, "timing", "auto")
+    target.timing = {"sync": "sync", "async": "host"}.get(timing, "events" if target.device.type == "cuda" else "host")
     return target
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's parameters in their dtype (a tied matrix once): what one decode step reads."""
+    seen = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def hbm_bound(model, device: torch.device) -> dict:
+    """The decode step's bound on this GPU: weight bytes / the table's HBM bandwidth (graft/costmodel/bound.py);
+    no bound on a CPU or an unknown GPU."""
+    from graft.costmodel.bound import bandwidth_gbs, bound_ms
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    gbs, num_bytes = bandwidth_gbs(name), weight_bytes(model)
+    return {
+        "weight_bytes": num_bytes,
+        "gpu": name,
+        "hbm_gbs": gbs,
+        "hbm_bound_ms": rounded(bound_ms(num_bytes, gbs), 4) if gbs else None,
+        "source": "graft/costmodel/bound.py HBM_BANDWIDTH_GBS (NVIDIA datasheets)" if gbs else "no HBM table entry",
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return rounded(a / b) if a is not None and b else None
 
 
 def builtin_prompt_ids(model, count: int) -> list[list[int]]:

@@ -5,7 +5,6 @@ heads) that loads and runs."""
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from graft.gpu_check.measure import (
     parameter_count,
     random_causal_lm,
     random_ids,
+    ratio,
     rounded,
     verify_times,
 )
@@ -27,32 +27,9 @@ from graft.gpu_check.plan import RANDOM_NOTE
 from graft.gpu_check.report import Context
 
 
-class ExpertsTouched:
-    """Counts the distinct experts each MoE layer's router picks for the tokens of one forward (recomputed
-    from the router's weight on its input, which does not depend on transformers' router internals)."""
-
-    def __init__(self, model, top_k: int):
-        self.top_k, self.counts, self.hooks = top_k, [], []
-        for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
-            if gate is not None and hasattr(gate, "weight"):
-                self.hooks.append(gate.register_forward_pre_hook(self._hook))
-
-    def _hook(self, gate, args) -> None:
-        hidden = args[0].reshape(-1, gate.weight.shape[-1])
-        chosen = torch.topk(hidden @ gate.weight.T.to(hidden.dtype), self.top_k, dim=-1).indices
-        self.counts.append(int(chosen.unique().numel()))
-
-    def take(self) -> list[int]:
-        counts, self.counts = self.counts, []
-        return counts
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-
-
 def part_moe_layers(ctx: Context, out: dict) -> None:
+    from graft.costmodel.experts import ExpertsTouched
+
     plan, arch = ctx.plan, ctx.plan.moe_arch
     out.update(arch=arch, dtype=plan.dtype, context=plan.moe_context, note=RANDOM_NOTE)
     start = time.perf_counter()
@@ -63,14 +40,13 @@ def part_moe_layers(ctx: Context, out: dict) -> None:
         out["weights_gib"] = gib(torch.cuda.memory_allocated(ctx.device))
     target = harness_target(model, hardware_config(ctx), "qwen3_235b_layers")
     out["attention"] = getattr(target, "attention", None)
-    touched = ExpertsTouched(model, arch["num_experts_per_tok"])
+    touched = ExpertsTouched(model)
     experts: dict[str, float] = {}
 
     def count_experts(n, tree, topo) -> None:
         touched.take()
         target.verify(tree, topo)
-        counts = touched.take()
-        experts[str(n)] = rounded(statistics.mean(counts), 1) if counts else None
+        experts[str(n)] = rounded(touched.mean_per_layer(), 1)
 
     context = random_ids(plan.moe_context, target.vocab_size, seed=3)
     try:
@@ -80,6 +56,27 @@ def part_moe_layers(ctx: Context, out: dict) -> None:
     for n, row in out["verify"].items():
         row["experts_touched_per_layer"] = experts.get(n)
     out["experts_per_layer"] = arch["num_experts"]
+    out["ratios"] = moe_ratios(out["verify"], arch)
+
+
+def moe_ratios(verify: dict, arch: dict) -> dict:
+    """verify(N) / decode per tree size beside the bytes bound's (graft/costmodel/bound.py: the same layers
+    reading the experts this verify touched, over a decode step's top_k), and the goal table's N = 60."""
+    from graft.costmodel.bound import moe_step_bytes
+
+    decode_ms = verify["1"]["median_ms"]
+    decode_bytes = moe_step_bytes(arch, arch["num_experts_per_tok"])
+    measured, bound = {}, {}
+    for n, row in verify.items():
+        measured[n] = ratio(row["median_ms"], decode_ms)
+        touched = row.get("experts_touched_per_layer")
+        bound[n] = ratio(moe_step_bytes(arch, touched), decode_bytes) if touched is not None else None
+    out = {"verify_over_decode": measured, "bytes_over_decode_bytes": bound}
+    out["verify60_over_decode"] = measured.get("60")
+    if bound.get("60") is not None:
+        experts = verify["60"].get("experts_touched_per_layer")
+        out["verify60_over_decode_note"] = f"{experts} experts/layer touched; bytes bound {bound['60']}x"
+    return out
 
 
 # --- part 6: a 235B-shaped SpecForge EAGLE-3 head loads --------------------------------------------------

@@ -15,6 +15,7 @@ PART_NAMES = {
     5: "moe235b_layers",
     6: "head235b",
     7: "compiled",
+    8: "lossless_sampled",
 }
 RANDOM_NOTE = "random weights: acceptance and tau are meaningless; only timings, memory and shapes count"
 
@@ -71,12 +72,13 @@ class Plan:
     part_budget_s: dict = field(
         default_factory=lambda: {
             1: 10,  # environment
-            2: 120,  # lossless: 19 methods x 3 tiny models x 2 dtypes; truncated (and says so) if not done
-            3: 25,  # host syncs: 4 short loops, 3 timing modes
-            4: 75,  # 8B-shaped target: the full 32 layers take about 16 GiB and seconds to build on the GPU
-            5: 35,  # four 235B-shaped MoE layers (about 19 GiB)
-            6: 15,  # the 235B head checkpoint
-            7: 110,  # torch.compile: inductor's first compile of each graph is the slow, unpredictable part
+            2: 85,  # lossless, greedy: 19 methods x 3 tiny models x 2 dtypes; truncated (and says so) if not done
+            3: 30,  # host syncs: 5 methods x 2 tiny models x greedy / temperature 1, counted at the dispatcher
+            4: 85,  # 8B-shaped target: the full 32 layers take about 16 GiB and seconds to build on the GPU
+            5: 30,  # four 235B-shaped MoE layers (about 19 GiB)
+            6: 10,  # the 235B head checkpoint
+            7: 95,  # torch.compile: inductor's first compile of each graph is the slow, unpredictable part
+            8: 45,  # lossless, sampled: every method's first two tokens at temperature 1 against the target's
         }
     )
     lossless_models: tuple[str, ...] = ("tiny_llama", "tiny_qwen3", "tiny_qwen3_moe")
@@ -85,18 +87,23 @@ class Plan:
     lossless_prompts: int = 2
     lossless_tokens: int = 24
     sync_tokens: tuple[int, int] = (8, 24)  # two generation lengths: their difference excludes the prefill's syncs
+    sync_models: tuple[str, ...] = ("tiny_llama", "tiny_qwen3_moe")
+    sync_methods: tuple[str, ...] = ("ar", "pld", "eagle3", "pruned", "graft")
+    sample_draws: int = 80  # part 8: first-two-token draws per method (a chi-square against the target's own)
+    sample_top_p: float = 0.9  # at temperature 1; the nucleus keeps the chi-square's cells few enough to fill
     dense_arch: dict = field(default_factory=lambda: dict(LLAMA31_8B))
     dense_fallback_layers: int = 8  # when the whole model would not fit the time left or the memory
     dense_full_needs_s: float = 45.0  # part 4's own time left below which it builds the fallback's layers
-    dense_contexts: tuple[int, ...] = (1024, 4096)
-    dense_nodes: tuple[int, ...] = (1, 8, 24, 60)
+    dense_contexts: tuple[int, ...] = (1024, 8192)
+    dense_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 60, 96, 128)
     decode_context: int = 1024
     decode_tokens: int = 64
+    decode_methods: tuple[str, ...] = ("ar", "eagle3", "graft")  # ar first: the others' steps are over its
     extend_tokens: int = 8192
     draft_vocab: int = 32000
     moe_arch: dict = field(default_factory=lambda: {**QWEN3_235B, "num_hidden_layers": 4})
     moe_context: int = 1024
-    moe_nodes: tuple[int, ...] = (1, 8, 24, 60, 128)
+    moe_nodes: tuple[int, ...] = (1, 8, 16, 24, 60, 128)
     repeats: int = 10
     warmup: int = 3
     dtype: str = "bfloat16"  # parts 4-6
@@ -117,12 +124,14 @@ class Plan:
 FULL = Plan()
 QUICK = replace(
     FULL,
-    part_budget_s={1: 30, 2: 120, 3: 30, 4: 120, 5: 60, 6: 30, 7: 180},  # a busy 2-core CPU is slow
+    part_budget_s={1: 30, 2: 120, 3: 60, 4: 120, 5: 60, 6: 30, 7: 180, 8: 60},  # a busy 2-core CPU is slow
     lossless_dtypes=("float32",),
     lossless_methods=("pld", "eagle3", "graft"),
     lossless_prompts=1,
     lossless_tokens=8,
     sync_tokens=(4, 8),
+    sync_methods=("ar", "eagle3", "graft"),
+    sample_draws=24,
     dense_arch=dict(
         LLAMA31_8B,
         vocab_size=512,
@@ -136,6 +145,7 @@ QUICK = replace(
     dense_fallback_layers=4,
     dense_full_needs_s=0.0,
     dense_contexts=(64, 256),
+    dense_nodes=(1, 8, 24, 60),
     decode_context=64,
     decode_tokens=8,
     extend_tokens=256,
@@ -187,4 +197,24 @@ QUICK = replace(
         num_key_value_heads=2,
         head_dim=32,
     ),
+)
+
+# `--device cpu` without --quick: FULL's tree sizes, contexts and goals at QUICK's small shapes (an 8B model
+# does not fit this CPU's time), every method lossless in float32; its ratios are the CPU's, not a GPU's
+CPU = replace(
+    QUICK,
+    part_budget_s={1: 20, 2: 150, 3: 90, 4: 200, 5: 40, 6: 20, 7: 120, 8: 60},
+    lossless_methods=None,
+    lossless_tokens=16,
+    sync_methods=FULL.sync_methods,
+    sample_draws=40,
+    dense_contexts=FULL.dense_contexts,
+    dense_nodes=FULL.dense_nodes,
+    decode_context=FULL.decode_context,
+    decode_tokens=24,
+    extend_tokens=1024,
+    moe_context=FULL.moe_context,
+    moe_nodes=FULL.moe_nodes,
+    repeats=3,  # 18 verify cells at up to 8K context: more rounds leave part 4 no time for its decode loops here
+    warmup=1,
 )

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from graft.gpu_check.goals import goal_rows
 from graft.gpu_check.plan import PART_NAMES, Plan
 
 
@@ -149,26 +150,30 @@ def summarize(parts: dict) -> dict:
     """The headline numbers of every part, for reading the JSON's end first."""
     summary = {"status": {k: p["status"] for k, p in parts.items()}}
     get = lambda k: parts.get(k, {}).get("result", {})  # noqa: E731
-    by_timing = lambda rows, key: {  # noqa: E731
-        timing: {method: row.get(key) for method, row in methods.items()}
-        for timing, methods in rows.items()
-        if timing.startswith("timing_")
+    by_temperature = lambda rows, key: {  # noqa: E731
+        setting: {method: row.get(key) for method, row in methods.items()}
+        for setting, methods in rows.items()
+        if setting.startswith("temperature_")
     }
     if "totals" in get("2"):
         summary["lossless"] = get("2")["totals"]
-    if get("3"):
-        summary["syncs_per_step"] = by_timing(get("3"), "syncs_per_step")
+    if get("3").get("dispatcher"):
+        summary["syncs_per_step"] = {
+            key: {method: row.get("max") for method, row in rows.items()}
+            for key, rows in get("3")["dispatcher"].items()
+        }
     if get("4").get("verify"):
         verify = get("4")["verify"]
         summary["llama8b_verify_median_ms"] = {
             c: {n: r["median_ms"] for n, r in rows.items()} for c, rows in verify.items()
         }
-        summary["llama8b_overhead_ms_per_step"] = by_timing(get("4").get("decode", {}), "overhead_ms_per_step")
+        summary["llama8b_overhead_ms_per_step"] = by_temperature(get("4").get("decode", {}), "overhead_ms_per_step")
         summary["llama8b_extend_peak_gib"] = get("4").get("extend", {}).get("head_extend_peak_gib")
     if get("5").get("verify"):
         summary["moe_verify_median_ms"] = {n: r["median_ms"] for n, r in get("5")["verify"].items()}
     if "6" in parts:
         summary["head235_loads"] = parts["6"]["status"] == "ok"
+    summary["goals"] = {row["figure"]: [row["value"], row["goal"], row["result"]] for row in goal_rows(parts)}
     failed = {
         k: p.get("error") or p.get("reason") for k, p in parts.items() if p["status"] in ("failed", "interrupted")
     }
