@@ -319,6 +319,8 @@ H200_FIXTURE = {  # made-up numbers in the shape a CUDA run writes: what the tab
                 "ratios": {
                     "syncs_per_step_max": 2,
                     "syncs_per_step_sampled_max": 1,
+                    "excess_syncs_max": 1,  # graft's worst step: 2 reads where 1 is allowed
+                    "excess_syncs_sampled_max": 0,
                     "debug_mode_syncs_per_step_max": 1.0,
                 },
             },
@@ -370,7 +372,12 @@ def test_the_markdown_tables_render_from_the_json():
     assert "| verify(60) / decode at 1K context | 1.233 | <= 1.3 | pass | - |" in md
     assert "| verify(60) / decode at 8K context | - | <= 1.3 | n/a | - |" in md
     assert "| EAGLE-3 whole step / AR step (events clock) | 1.5 | <= 1.39 | FAIL | - |" in md
-    assert "| host syncs per step, greedy, dispatcher counter (worst method, worst step) | 2 | <= 1 | FAIL | - |" in md
+    assert "| host syncs per step, greedy, dispatcher counter (worst step) | 2 | (1 or 2) | - | - |" in md
+    assert (
+        "| host syncs per step beyond the allowed reads, greedy (dispatcher counter, worst step) | 1 | <= 0 | FAIL |"
+        in md
+    )
+    assert "beyond the allowed reads, temperature 1 (dispatcher counter, worst step) | 0 | <= 0 | pass |" in md
     assert (
         "| CUDA-graph recordings in timed runs | 3 | 0 | FAIL | - |" in md
         and "| graphs compiled in timed runs | 0 | 0 | pass |" in md

@@ -54,7 +54,7 @@ def drafter_for(method: str, target):
     return Autoregressive(target) if method == "ar" else make_drafter(method, target)
 
 
-def steps_of(target, drafter, temperature: float = 0.0, new_tokens: int = 40) -> list[collections.Counter]:
+def steps_of(target, drafter, temperature: float = 0.0, new_tokens: int = 20) -> list[collections.Counter]:
     """Per decode step, what it asked of the host (the first sequence warms lazy setup up)."""
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(0)
@@ -159,7 +159,7 @@ def test_host_path_methods_read_in_the_open(method):
     """Methods that read their decisions each step with fixed-size trees (docs/gpu.md's table) read only at lines
     that say they read (no item() hidden in an index) and copy nothing up but through graft.ops.upload."""
     target = gpu_settings("tiny_llama")
-    steps = steps_of(target, drafter_for(method, target), new_tokens=24)
+    steps = steps_of(target, drafter_for(method, target), new_tokens=16)
     assert steps
     for i, step in enumerate(steps):
         assert not hidden_reads(step), (method, i, hidden_reads(step))
