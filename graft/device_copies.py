@@ -23,10 +23,13 @@ import sys
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository (graft/ is its child)
 
 TAG = "_graft_logical_device"  # the attribute a tensor's logical device index is kept in
 COPY_METHODS = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_}
@@ -71,7 +74,9 @@ def caller() -> str:
     while frame is not None:
         path = frame.f_code.co_filename
         if "/torch/" not in path and not path.endswith("device_copies.py"):
-            short = path.split("site-packages/")[-1].split("/work/main/")[-1]
+            short = path.split("site-packages/")[-1]
+            if Path(path).is_relative_to(ROOT):  # this repository's files by their path in it, wherever it is cloned
+                short = str(Path(path).relative_to(ROOT))
             return f"{short}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "?"
