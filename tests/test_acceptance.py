@@ -86,7 +86,7 @@ def _expected_two_tokens(temperature, top_p):
     return (first[:, None] * p).reshape(-1).numpy()
 
 
-def _chi2_pvalue(temperature, top_p, renormalize, draws=3000, where="host"):  # broken rule: p ~ 1e-54
+def _chi2_pvalue(temperature, top_p, renormalize, draws=2000, where="host"):  # broken rule: p < 1e-30
     gen = torch.Generator().manual_seed(1234)
     counts = np.bincount(
         [_draw_two_tokens(gen, temperature, top_p, renormalize, where) for _ in range(draws)], minlength=VOCAB * VOCAB

@@ -447,6 +447,8 @@ def test_host_sync_part_counts_at_the_dispatcher(monkeypatch, tmp_path):
     worst = max(r["max"] for rows in out["dispatcher"].values() for r in rows.values() if True)
     sampled = max(r["max"] for r in out["dispatcher"]["tiny_llama temperature 1"].values())
     assert out["ratios"]["syncs_per_step_sampled_max"] == sampled <= worst
+    # the device path (host paths off on a CPU): nothing beyond the path read and graft's kept-size read
+    assert out["ratios"]["excess_syncs_max"] == 0 and out["ratios"]["excess_syncs_sampled_max"] == 0, out["ratios"]
     summary = summarize({"3": {"status": "ok", "result": out}})
     assert (
         summary["syncs_per_step"]["tiny_llama temperature 0"]["ar"]

@@ -54,7 +54,7 @@ def drafter_for(method: str, target):
     return Autoregressive(target) if method == "ar" else make_drafter(method, target)
 
 
-def steps_of(target, drafter, temperature: float = 0.0, new_tokens: int = 20) -> list[collections.Counter]:
+def steps_of(target, drafter, temperature: float = 0.0, new_tokens: int = 16) -> list[collections.Counter]:
     """Per decode step, what it asked of the host (the first sequence warms lazy setup up)."""
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(0)
