@@ -198,12 +198,22 @@ def test_parts_after_the_budget_are_skipped(tmp_path):
 
 
 def test_a_part_may_use_what_the_earlier_ones_left_and_a_short_total_skips_the_last(tmp_path):
-    report = Report(tmp_path / "r.json", budget_s=100, header={})
+    now = [0.0]  # a fake clock: a loaded machine must not move these budgets
+    report = Report(tmp_path / "r.json", budget_s=100, header={}, clock=lambda: now[0])
     left = []
     report.run(1, lambda out: left.append(report.part_left()), budget_s=30, reserved_s=70)
     report.run(2, lambda out: left.append(report.part_left()), budget_s=70)  # part 1 left its 30 s unused
-    assert 29 < left[0] <= 30 and 99 < left[1] <= 100
-    short = Report(tmp_path / "s.json", budget_s=30, header={})
+    assert left == [30, 100]
+
+    def spend(seconds):
+        now[0] += seconds
+        left.append(report.part_left())
+
+    report = Report(tmp_path / "r.json", budget_s=100, header={}, clock=lambda: now[0])
+    report.run(1, lambda out: spend(20), budget_s=30, reserved_s=70)
+    report.run(2, lambda out: spend(0), budget_s=70)  # what part 1 left of its 30 s goes to part 2
+    assert left[-2:] == [10, 80]
+    short = Report(tmp_path / "s.json", budget_s=30, header={}, clock=lambda: now[0])
     short.run(1, lambda out: None, budget_s=30, reserved_s=70)  # its own budget first, though the later ones' is short
     short.run(2, lambda out: None, budget_s=70)  # about 30 s left: less than half of 70
     parts = json.loads((tmp_path / "s.json").read_text())["parts"]

@@ -35,9 +35,10 @@ class Report:
     """The JSON file, rewritten after every part (and whenever a part calls save), so a run cut short still
     reports. A part that raises is recorded as failed and the next one runs."""
 
-    def __init__(self, path: Path, budget_s: float, header: dict):
+    def __init__(self, path: Path, budget_s: float, header: dict, clock: Callable[[], float] = time.perf_counter):
         self.path, self.budget_s = path, budget_s
-        self.started = time.perf_counter()
+        self.clock = clock  # tests pass a fake one: budgets must not depend on how loaded the machine is
+        self.started = clock()
         self.part_deadline = self.started + budget_s
         self.data = {
             **header,
@@ -49,14 +50,14 @@ class Report:
         }
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
     def remaining(self) -> float:
         return self.budget_s - self.elapsed()
 
     def part_left(self) -> float:
         """Seconds the part in flight may still use."""
-        return self.part_deadline - time.perf_counter()
+        return self.part_deadline - self.clock()
 
     def save(self) -> None:
         """Write to a temporary file and rename it, so a kill mid-write leaves the previous complete file."""
@@ -87,7 +88,7 @@ class Report:
                 f"{budget_s:.0f} s",
             )
             return
-        self.part_deadline = time.perf_counter() + usable
+        self.part_deadline = self.clock() + usable
         record: dict = {
             "name": PART_NAMES.get(number, str(number)),
             "status": "running",
@@ -96,7 +97,7 @@ class Report:
         }
         self.data["parts"][str(number)] = record
         self.save()
-        start = time.perf_counter()
+        start = self.clock()
         try:
             fn(record["result"])
             record["status"] = "ok"
@@ -109,7 +110,7 @@ class Report:
             record.update(status="failed", error=f"{type(err).__name__}: {err}"[:2000], traceback=traceback_tail(err))
             err.__traceback__ = None  # the frames hold the part's models: let them go before the next part
         finally:
-            record["seconds"] = round(time.perf_counter() - start, 2)
+            record["seconds"] = round(self.clock() - start, 2)
             release_memory()
             self.save()
         print(f"part {number} {record['name']}: {record['status']} in {record['seconds']:.1f} s", flush=True)
