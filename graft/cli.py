@@ -20,18 +20,13 @@ def job(cfg) -> float | None:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from graft.config import ConfigError, validate
-    from graft.data import DatasetError
-    from graft.eagle.checkpoint import HeadLoadError
-    from graft.embedded import EmbeddedModelError
+    from graft.commands import is_user_error
+    from graft.config import validate
     from graft.logs import printed, to_log_file
-    from graft.models import ModelLoadError
-    from graft.records import RunDirConflict
     from graft.report import print_comparison, print_summary
     from graft.runner import run
     from graft.sweeps import clear_failure, record_failure, submitted_to_slurm
 
-    user_errors = (ConfigError, ModelLoadError, RunDirConflict, EmbeddedModelError, DatasetError, HeadLoadError)
     started = time.perf_counter()
     hydra_cfg = HydraConfig.get()
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
@@ -49,7 +44,7 @@ def job(cfg) -> float | None:
             if submitted_to_slurm():  # a SLURM job is its own process: SLURM marks it failed by its exit status
                 sys.exit(1)
             return None
-        if isinstance(err, user_errors):
+        if is_user_error(err):  # a config value or input file: one line, exit 2 (graft/commands.py)
             print(f"error: {err}", file=sys.stderr)
             to_log_file(f"error: {err}", logging.ERROR)
             sys.exit(2)

@@ -55,6 +55,9 @@ class RunConfig:
     progress: bool = True
     score: bool = False  # GSM8K exact match / HumanEval pass@1 where the dataset has references
     skip_memory_check: bool = False  # load even when graft/memory.py's plan says this machine cannot hold the model
+    # the whole interleaved comparison R times (every prompt, every method, again); summary.json's `repeats`
+    # gives each headline ratio's mean, min and max over them: the machine's noise between runs
+    repeats: int = 1
 
     def __post_init__(self):
         require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
@@ -66,6 +69,7 @@ class RunConfig:
             self.num_prompts,
             "null or an integer >= 1",
         )
+        require(self.repeats >= 1, "run.repeats", self.repeats, "an integer >= 1 (1: the comparison once)")
 
 
 @dataclass
@@ -337,6 +341,8 @@ def compared_methods(names, shared: dict, model: "ModelConfig") -> list[MethodCo
     methods, used = [], set()
     for name in names:
         raw = load_method_yaml(name)
+        if raw.get("drafter") == "ar":
+            raise ConfigError(baseline_in_methods(f"[{','.join(names)}]", name))
         choosing = {k: v for k, v in shared.items() if k in PART_KEYS}
         keys = method_config({**raw, **choosing}, draft_head="random", block_drafter="random").keys()
         applied = {k: v for k, v in shared.items() if k in keys}
@@ -355,15 +361,60 @@ def compared_methods(names, shared: dict, model: "ModelConfig") -> list[MethodCo
     return methods
 
 
+def baseline_in_methods(listed: str, name: str = "ar") -> str:
+    """Why a comparison may not list the baseline: every comparison runs `ar` once per prompt as its baseline,
+    and its row is the ratios' denominator (1.00x by definition); listed again, it would be measured against
+    itself and shown with a noise 'speedup'."""
+    return (
+        f"methods={listed} lists {name}, the autoregressive baseline every comparison already runs (its row is "
+        "1.00x by definition); a comparison needs at least one method besides it, e.g. methods=[pld], "
+        "or method=ar for the baseline alone"
+    )
+
+
 def compose(overrides: list[str]) -> dict:
     """The resolved config dict that `python run.py <overrides>` would see (run.out_dir left unset)."""
+    return _compose_prepared(prepare_overrides(overrides))
+
+
+def compose_checked(overrides: list[str]) -> dict:
+    """compose() for the package's commands (check-lossless, the cost model's): the overrides checked as run.py
+    checks them (check_overrides), and whatever Hydra still refuses as one ConfigError line (hydra_problem)."""
+    prepared = check_overrides(list(overrides))
+    try:
+        return _compose_prepared(prepared)
+    except Exception as err:
+        if type(err).__module__.split(".")[0] not in ("hydra", "omegaconf"):
+            raise
+        raise ConfigError(hydra_problem(err)) from None
+
+
+def hydra_problem(err: Exception) -> str:
+    """What Hydra or OmegaConf said about a config, as one line: its sentences joined, a listing of options
+    comma-separated, the cause's first line added; where it searched and indented details left out."""
+    parts, skipping = [], False
+    cause = str(err.__cause__ or "").strip().splitlines()[:1]
+    for line in [*str(err).splitlines(), *cause]:
+        if not line.strip() or line.startswith("    "):
+            continue
+        if line.startswith("\t"):  # an option of the listing above
+            if not skipping:
+                parts[-1] = f"{parts[-1].rstrip(':')}{':' if parts[-1][-1:] == ':' else ','} {line.strip()}"
+            continue
+        skipping = line.startswith(("Config search path", "Set the environment variable"))
+        if not skipping and line.strip().rstrip(".") not in parts:
+            parts.append(line.strip().rstrip("."))
+    return "; ".join(parts) or type(err).__name__
+
+
+def _compose_prepared(overrides: list[str]) -> dict:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
     register_schemas()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=prepare_overrides(overrides))
+        cfg = hydra_compose(config_name="config", overrides=overrides)
         with open_dict(cfg):
             cfg.run.out_dir = "unused"
         return OmegaConf.to_container(cfg, resolve=True)
@@ -403,15 +454,31 @@ def check_out_dir(path: str) -> None:
         raise ConfigError(f"run.out_dir={path} cannot be written ({existing} is not writable)")
 
 
+def unquoted(value: str) -> str:
+    """An override's value without the quotes Hydra's grammar takes off ('a b' or "a b")."""
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+
+
+def home_expanded(arg: str) -> str:
+    """`run.out_dir="~/x"` with ~ expanded, as a shell would: Hydra keeps the ~, and the run would write into a
+    folder named ~ under the current one (the unquoted form is refused by Hydra's grammar: check_syntax)."""
+    key, _, value = arg.partition("=")
+    inner = unquoted(value)
+    if not inner.startswith("~") or inner == value:
+        return arg
+    return f"{key}={value[0]}{os.path.expanduser(inner)}{value[0]}"
+
+
 def place_hydra_files(argv: list[str]) -> list[str]:
     """A run writes only where the user said: with `run.out_dir=X`, Hydra's own folder (.hydra, the job
     log) goes into X too instead of a new folder under ./outputs. In a sweep, `run.out_dir=X` becomes the
     sweep's folder (`hydra.sweep.dir=X`), each job in its own subfolder, instead of every job claiming X."""
+    argv = [home_expanded(a) if a.lstrip("+").startswith("run.out_dir=") else a for a in argv]
     pinned = [a for a in argv if a.lstrip("+").startswith("run.out_dir=")]
     if not pinned:
         return argv
     target = pinned[-1].split("=", 1)[1]
-    check_out_dir(target)
+    check_out_dir(unquoted(target))
     multirun = any(a in ("-m", "--multirun") for a in argv)
     if multirun:
         rest = [a for a in argv if a not in pinned]
@@ -422,6 +489,51 @@ def place_hydra_files(argv: list[str]) -> list[str]:
 PART_KEYS = ("drafter", "source", "split", "retrieval", "attach", "combine")  # method keys that choose parts
 
 
+HYDRA_VALUE_FLAGS = {  # Hydra's command-line flags whose value is the next argument
+    "--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+    "--info", "-i", "--experimental-rerun",
+}  # fmt: skip
+
+
+def check_syntax(argv: list[str]) -> None:
+    """Each override as Hydra's grammar reads it: an unquoted ~, a non-ASCII letter or a bracket that Hydra's
+    lexer rejects (with a caret under the command line) is one ConfigError naming the override, the character
+    and the quoting that passes it on as it was meant."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    after_flag = False
+    for arg in argv:
+        # Hydra's own flags and the value of those that take one (--cfg job, -cn NAME) are not overrides
+        if arg.startswith("-") or after_flag:
+            after_flag = arg in HYDRA_VALUE_FLAGS  # not "--cfg=job", which carries its value
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException as err:
+            raise ConfigError(_syntax_problem(arg, str(err))) from None
+
+
+def _syntax_problem(arg: str, message: str) -> str:
+    lines = message.splitlines()
+    where = ""
+    if len(lines) > 1 and lines[1].strip() == "^" and ": " in lines[0]:  # the lexer's caret under the command line
+        column = lines[1].index("^") - (lines[0].index(": ") + 2)
+        if 0 <= column < len(arg):
+            where = f" at {arg[column]!r} (character {column + 1})"
+    else:
+        where = f" ({lines[0].strip()})" if lines else ""
+    key, equals, value = arg.partition("=")
+    if not equals:
+        return f"the override '{arg}' is not valid Hydra syntax{where}; an override is key=value"
+    if "'" in value or '"' in value:
+        quoting = "quote the value for Hydra inside the shell's quotes, escaping its own quotes"
+    else:
+        quoting = f"""quote the value for Hydra, inside the shell's quotes: '{key}="{value}"'"""
+    return f"the override '{arg}' is not valid Hydra syntax{where}; {quoting}"
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Fail fast on command-line overrides that name an unknown group option or key; returns argv with
     method keys written as Hydra needs them (method_override), and `methods=null` added when the command
@@ -430,6 +542,7 @@ def check_overrides(argv: list[str]) -> list[str]:
     Hydra would also refuse most of these, but with a stack of composition errors; this names the key
     and lists what is allowed. Sweep syntax (a,b or functions) is checked value by value where possible.
     """
+    check_syntax(argv)
     methods = [_default_choice("method")]
     for arg in argv:
         if arg.startswith("method=") and "(" not in arg:
@@ -454,6 +567,8 @@ def check_overrides(argv: list[str]) -> list[str]:
                         f"unknown method '{name}' in methods; available method configs: {', '.join(options)}"
                         + suggest(name, options)
                     )
+                if name == "ar":
+                    raise ConfigError(baseline_in_methods(value))
             out.append(arg)
             continue
         if "." not in key:

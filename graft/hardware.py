@@ -83,6 +83,12 @@ def resolve_hardware(cfg: ExperimentConfig) -> tuple[ExperimentConfig, HardwareC
     check_threads(hardware.num_threads)
     device = resolve_device(hardware)
     check_tensor_parallel(cfg, device)
+    if device.type != "cuda" and cfg.model.num_gpus != "auto":
+        raise ConfigError(
+            f"model.num_gpus={cfg.model.num_gpus} asks for GPUs, and this run is on {device.type} "
+            f"(hardware={hardware.name}{', no CUDA device' if hardware.device == 'auto' else ''}); "
+            "allowed there: model.num_gpus=auto (the default), or run on a GPU node"
+        )
     if device.type != "cuda":
         why = "no CUDA device" if hardware.device == "auto" else "as configured"
         settled = dataclasses.replace(hardware, device=device.type)

@@ -69,7 +69,10 @@ def missing_weights(directory: Path) -> str | None:
     if not any(directory.glob("*.safetensors")) and not any(directory.glob("*.bin")):
         return "has config.json but no weights (*.safetensors or *.bin)"
     for index in directory.glob("*.index.json"):
-        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        except (ValueError, AttributeError, TypeError):  # torn, not UTF-8, or not an index
+            return f"has {index.name}, which is not a weight index (JSON with a weight_map); a torn download?"
         absent = [s for s in shards if not (directory / s).is_file()]
         if absent:
             return (

@@ -1,8 +1,13 @@
 """Experiment loggers: `none`, or Weights & Biases.
 
-One W&B run per job: grouped by experiment, job_type = the method (or "compare"), the resolved config as
-the run's config, per-prompt figures as it goes, and at the end the summaries as the run summary, a
-per-sample table, a per-category table of the 95% intervals, the run's figures, and the run's records
+One W&B run per job, job_type = the method (or "compare"), grouped by `logger.group`, else by the sweep (Hydra's
+multirun sweep folder), else by the experiment. Its config is the resolved config with every compared method's
+settings under `methods` (a comparison's, not the default `method`) and run.json's `provenance`; its tags name the
+model, the dataset and the hardware (`model:...`, `dataset:...`, `hardware:...`, then `logger.tags`). Per-prompt
+figures as it goes, under `sample/<method>/...` and `running/<method>/...` against the step metric `prompt_index`
+(the prompt's place in the run, so a resumed job's prompts land where they belong whatever W&B's own step has
+reached); at the end the summaries as the run summary, the per-sample table and the per-category table of the 95%
+intervals (`tables/samples`, `tables/intervals`), the run's figures (`figures/...`), and the run's records
 (samples.jsonl, summary.json, run.json, per-method summaries, tables) as one artifact of type "run-records".
 The run is always finished, also when the job fails. A logger failure never loses results: they are already
 on disk.
@@ -39,6 +44,8 @@ ARTIFACT_TYPE = "run-records"
 RECORD_FILES = ("samples.jsonl", "summary.json", "run.json")
 TABLE_SUFFIXES = (".csv", ".tsv", ".md", ".tex")
 DEFAULT_HOST = "https://api.wandb.ai"
+STEP_METRIC = "prompt_index"  # the x axis of the per-prompt keys (WandbLogger._define_metrics)
+SAMPLE_NAMESPACES = ("sample", "running")
 # overrides that the name already shows (model/method/dataset), that group runs (experiment, logger), or that a
 # resumed job may change (graft/records.py RESUMABLE_KEYS): the run name and its artifact stay the same
 NAME_SKIPPED = {
@@ -53,6 +60,7 @@ NAME_SKIPPED = {
     "dataset.num_prompts",
     "paths.data_root",
     "run.skip_memory_check",
+    "run.repeats",
 }
 
 
@@ -202,6 +210,43 @@ def override_items(overrides: list[str] | None) -> list[str]:
     )
 
 
+def sweep_group() -> str | None:
+    """The W&B group of a Hydra multirun job: its sweep folder (one group per sweep; rerunning the same sweep to
+    resume it keeps the group), or None outside a sweep."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return None
+        folder = str(HydraConfig.get().sweep.dir)
+    except Exception:  # no Hydra, or a config without the hydra node
+        return None
+    return folder if len(folder) <= 128 else f"{folder[:110]}-{hashlib.sha256(folder.encode()).hexdigest()[:8]}"
+
+
+def run_tags(model: str, dataset: str, hardware: dict | None = None) -> list[str]:
+    """The W&B tags that say what ran where: `model:<name>`, `dataset:<name>`, `hardware:<GPU or CPU>` (W&B keeps
+    a tag to 64 characters)."""
+    from graft.analysis import hardware_name
+
+    where = hardware_name(hardware or {}) or (hardware or {}).get("device")
+    tags = [f"model:{model}", f"dataset:{dataset}"] + ([f"hardware:{where}"] if where else [])
+    return [tag[:64] for tag in tags]
+
+
+def logged_config(resolved: dict, methods: dict[str, dict], provenance: dict | None, comparison: bool) -> dict:
+    """The W&B run's config: the resolved config, a comparison's `methods` as {name: every setting, defaults
+    resolved} in place of the list of names and its unused default `method` left out, and run.json's provenance."""
+    config = dict(resolved)
+    if comparison:
+        config.pop("method", None)
+        config["methods"] = methods
+    if provenance is not None:
+        config["provenance"] = provenance
+    return config
+
+
 def run_name(resolved: dict, job_type: str, overrides: list[str] | None = None) -> str:
     """model/job_type/dataset, then the overridden keys: `tiny_llama/compare/builtin/temperature=0.7,total_tokens=30`."""
     model = (resolved.get("model") or {}).get("name", "model")
@@ -308,6 +353,8 @@ class WandbLogger(NullLogger):
         group: str,
         mode: str = "offline",
         overrides: list[str] | None = None,
+        config: dict | None = None,
+        tags: list[str] | None = None,
     ):
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -320,13 +367,13 @@ class WandbLogger(NullLogger):
         options = dict(
             project=cfg.project,
             dir=cfg.dir or out_dir,
-            config=resolved,
+            config=resolved if config is None else config,
             name=self.name,
             id=self.id,
             resume="allow",
             group=cfg.group or group,
             job_type=job_type,
-            tags=cfg.tags,
+            tags=list(dict.fromkeys([*(tags or []), *cfg.tags])),
             reinit="finish_previous",
         )
         Path(options["dir"]).mkdir(parents=True, exist_ok=True)
@@ -339,22 +386,32 @@ class WandbLogger(NullLogger):
             mode = "offline"
             self.run = wandb.init(mode=mode, **options)
         self.offline = mode == "offline"
+        self._try("the step metric", self._define_metrics)
+
+    def _define_metrics(self) -> None:
+        """Per-prompt keys against `prompt_index`, not W&B's own step: a resumed run's step counter has moved on
+        (the tables and figures logged at the end advance it), so an explicit step would be refused as stale."""
+        self.run.define_metric(STEP_METRIC, hidden=True)
+        for namespace in SAMPLE_NAMESPACES:
+            self.run.define_metric(f"{namespace}/*", step_metric=STEP_METRIC)
 
     def log_sample(self, record: dict, summary: dict, prefix: str = "") -> None:
-        """One prompt's figures; `prefix` names the method in a comparison (one step per prompt)."""
+        """One prompt's figures, `sample/<method>/...` and `running/<method>/...` (`prefix`: "<method>/" in a
+        comparison, else the run's method) at `prompt_index` = the record's index."""
         if record.get("status") != "ok":
             return
+        name = prefix.rstrip("/") or str(summary.get("method") or "method")
         totals = record["method"]["totals"]
         self.run.log(
             {
-                f"{prefix}sample/tau": totals["step_tokens"] / totals["steps"] if totals["steps"] else None,
-                f"{prefix}sample/tokens_per_s": totals["tokens_per_s"],
-                f"{prefix}sample/speedup_wall": record["speedup_wall"],
-                f"{prefix}sample/lossless": record["lossless"]["equal"],
-                f"{prefix}running/tau": summary["tau"],
-                f"{prefix}running/speedup_wall": summary["speedup_wall"],
-            },
-            step=record["index"],
+                STEP_METRIC: record["index"],
+                f"sample/{name}/tau": totals["step_tokens"] / totals["steps"] if totals["steps"] else None,
+                f"sample/{name}/tokens_per_s": totals["tokens_per_s"],
+                f"sample/{name}/speedup_wall": record["speedup_wall"],
+                f"sample/{name}/lossless": record["lossless"]["equal"],
+                f"running/{name}/tau": summary["tau"],
+                f"running/{name}/speedup_wall": summary["speedup_wall"],
+            }
         )
 
     def _try(self, what: str, action) -> None:
@@ -375,12 +432,12 @@ class WandbLogger(NullLogger):
                 spread.update(summary_intervals(summary, samples))
                 rows = interval_rows(spread)
                 if rows:
-                    self.run.log({"intervals": self._wandb.Table(columns=INTERVAL_COLUMNS, data=rows)})
+                    self.run.log({"tables/intervals": self._wandb.Table(columns=INTERVAL_COLUMNS, data=rows)})
 
             def table() -> None:
                 rows = sample_rows(samples)
                 if rows:
-                    self.run.log({"samples": self._wandb.Table(columns=SAMPLE_COLUMNS, data=rows)})
+                    self.run.log({"tables/samples": self._wandb.Table(columns=SAMPLE_COLUMNS, data=rows)})
 
             def images() -> None:
                 for figure in figures:
@@ -423,9 +480,12 @@ def make_logger(
     job_type: str = "run",
     group: str | None = None,
     overrides: list[str] | None = None,
+    config: dict | None = None,
+    tags: list[str] | None = None,
 ):
     """The job's logger. `overrides`: the job's `key=value` overrides (runner.py passes Hydra's, see
-    `task_overrides`), carried by the W&B run's name."""
+    `task_overrides`), carried by the W&B run's name; `config`: the W&B config (default `resolved`; runner.py
+    passes `logged_config`); `tags`: before `logger.tags` (runner.py passes `run_tags`)."""
     if cfg.name == "none":
         return NullLogger()
     mode, why = choose_mode(cfg.mode)
@@ -433,7 +493,17 @@ def make_logger(
     if mode == "disabled":
         return NullLogger()
     try:
-        return WandbLogger(cfg, resolved, out_dir, job_type, group or job_type, mode=mode, overrides=overrides)
+        return WandbLogger(
+            cfg,
+            resolved,
+            out_dir,
+            job_type,
+            group or job_type,
+            mode=mode,
+            overrides=overrides,
+            config=config,
+            tags=tags,
+        )
     except Exception as err:  # a logging backend must not stop a benchmark
         warnings.warn(f"W&B logger could not start ({err}); continuing without it")
         return NullLogger()

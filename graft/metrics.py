@@ -11,6 +11,7 @@
 - retrieval_share: accepted nodes that retrieval proposed / all accepted nodes (bonus tokens excluded).
 - loop_overhead: share of step time outside the target forward and the drafter (mask, acceptance,
   cache commit, bookkeeping).
+With run.repeats = R > 1 every figure is over all R passes (a prompt's R records); n_prompts counts prompts.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def summarize(records: list[dict], meta: dict) -> dict:
     divergent = [c for c in checked if not c["equal"]]
     summary = {
         **meta,
-        "n_prompts": len(done),
-        "n_skipped": sum(1 for r in records if r.get("status") == "skipped"),
+        # a later repeat of a prompt (run.repeats; its record has `repeat`) is the same prompt again
+        "n_prompts": sum(1 for r in done if not r.get("repeat")),
+        "n_skipped": sum(1 for r in records if r.get("status") == "skipped" and not r.get("repeat")),
         "tau": _ratio(total(method, "step_tokens"), total(method, "steps")),
         "baseline_tau": _ratio(total(base, "step_tokens"), total(base, "steps")),
         "tokens_per_s": tps,
@@ -152,7 +154,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
     graft_ms = [i["graft_ms"] for i in infos if "graft_ms" in i]
     if graft_ms:
         summary["graft_overhead"] = _ratio(sum(graft_ms) / 1e3, step_time)
-    scored = [r["score"] for r in done if r.get("score") and r["score"].get("method")]
+    scored = [r["score"] for r in done if r.get("score") and r["score"].get("method") and not r.get("repeat")]
     if scored:
         metric = scored[0]["method"]["metric"]
         side = lambda role: statistics.fmean(float((s.get(role) or s["method"])["correct"]) for s in scored)  # noqa: E731

@@ -134,10 +134,16 @@ def _pretrained(cfg: ModelConfig, hardware: HardwareConfig, dtype: torch.dtype, 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as err:  # ValueError: a folder without a model or tokenizer in it
+    except Exception as err:  # ValueError: a folder without a model or tokenizer in it; SafetensorError: torn weights
+        if not isinstance(err, (OSError, ValueError)) and type(err).__name__ != "SafetensorError":
+            raise
         where = f"local directory {path}" if local else f"Hugging Face Hub id '{cfg.path}'"
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if type(err).__name__ == "SafetensorError" and local:  # its message names no file: the weights are these
+            files = sorted(p.name for p in Path(path).glob("*.safetensors"))
+            detail = f"{', '.join(files)} not readable as safetensors ({detail}; a torn or partial download?)"
         raise ModelLoadError(
-            f"could not load model '{cfg.name}' from the {where}: {str(err).splitlines()[0]}\n"
+            f"could not load model '{cfg.name}' from the {where}: {detail}\n"
             "Without Hub access, download the checkpoint elsewhere and pass model.path=/local/dir."
         ) from err
     if "device_map" in kwargs:

@@ -1,8 +1,8 @@
 """Figures from runs (matplotlib, no display needed): a comparison's Pareto figure, and for run or sweep
 folders the Pareto curves (speedup and tau against verified nodes per step, one line per method through its
-settings, the overall frontier dashed), speedup bars per setting and per prompt category with 95% bootstrap
-intervals (graft.stats), accepted-length histograms, retrieval's share by pruning stage, the time split, and
-the paper's relative claims beside the same ratios measured here.
+settings, the overall frontier dashed), speedup bars per setting and per prompt category with 95% intervals
+over prompts (graft.stats; none below its MIN_N_FOR_INTERVAL prompts), accepted-length histograms, retrieval's
+share by pruning stage, the time split, and the paper's relative claims beside the same ratios measured here.
 
 Every method keeps one colour and marker in every figure (`method_style`, keyed by its name: Graft variants
 in reds and oranges, EAGLE-3 variants in blues, DFlash in greens, retrieval baselines in purples, from the
@@ -22,6 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
+
+from graft.stats import MIN_N_FOR_INTERVAL as MIN_N, shown as stats_shown  # noqa: E402  (no interval below MIN_N)
 
 # every figure `python -m graft.report plot` writes (PNG and PDF each); tests/test_notebook.py reads it
 FIGURES = (
@@ -215,7 +217,7 @@ def _legend_below(fig, handles, labels, ncol: int = 5) -> None:
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, frameon=False)
 
 
-# ---- records: bootstrap intervals over prompts (graft.stats), cached per run ----------------------------------
+# ---- records: 95% intervals over prompts (graft.stats), cached per run ----------------------------------
 
 
 @lru_cache(maxsize=256)
@@ -229,6 +231,7 @@ def _records(run: str, stamp: int) -> tuple:
         return ()
     for record in records:
         record["_method"] = method
+        record["_run"] = run  # records of several runs pooled: stratified by run, repeats told apart by run
     return tuple(records)
 
 
@@ -257,8 +260,9 @@ def run_intervals(run) -> dict:
 
 
 def _interval(run, method: str, metric: str, value, category: str | None = None) -> tuple:
-    """(value, low, high) of `metric` of `method` in `run`: the summary's value, with the bootstrap interval
-    where the records give one whose point value is that same figure (else low = high = None)."""
+    """(value, low, high) of `metric` of `method` in `run`: the summary's value, with the 95% interval (from
+    MIN_N_FOR_INTERVAL prompts on) where the records give one whose point value is that same figure (else
+    low = high = None)."""
     entry = run_intervals(run).get(method) or {}
     entry = entry.get("all") if category is None else (entry.get("categories") or {}).get(category)
     found = (entry or {}).get(metric) or {}
@@ -267,7 +271,7 @@ def _interval(run, method: str, metric: str, value, category: str | None = None)
     if value is None or value != value:
         return None, None, None
     point = found.get("value")
-    if point is None or found.get("low") is None or abs(point - value) > 1e-6 * max(1.0, abs(value)):
+    if point is None or not stats_shown(found) or abs(point - value) > 1e-6 * max(1.0, abs(value)):
         return float(value), None, None
     return float(value), found["low"], found["high"]
 
@@ -316,9 +320,11 @@ def _bar_groups(ax, groups: list[tuple[str, dict]], methods: list[str], metric: 
         if not xs:
             continue
         ax.bar(xs, [v[0] for v in values], width=width * 0.92, color=style["color"], label=style["label"])
-        if any(v[1] is not None for v in values):
+        spread = [(x, v) for x, v in zip(xs, values) if v[1] is not None]  # no caps where no interval is shown
+        if spread:
+            ys, cells = [v[0] for _, v in spread], [v for _, v in spread]
             ax.errorbar(
-                xs, [v[0] for v in values], yerr=_errorbars(values), fmt="none", ecolor="0.15", lw=0.8, capsize=1.5
+                [x for x, _ in spread], ys, yerr=_errorbars(cells), fmt="none", ecolor="0.15", lw=0.8, capsize=1.5
             )
     ax.set_xticks(range(len(groups)), [label for label, _ in groups], fontsize=8)
     if metric.startswith("speedup"):
@@ -334,7 +340,7 @@ def pareto_figures(rows, out: Path) -> list[Path]:
     """Speedup (wall clock and decode only) and tau against verified nodes per step: one line per method
     through its settings (budget, thresholds; each averaged over datasets), sorted by nodes per step, the
     autoregressive baseline at (1, 1), and the overall frontier (dashed grey steps through the points no
-    other beats). A point from one run has its 95% bootstrap interval over prompts."""
+    other beats). A point from one run has its 95% interval over prompts (from MIN_N_FOR_INTERVAL prompts)."""
     written = []
     rows = rows.copy()
     rows["thresholds"] = rows["thresholds"].fillna("-")
@@ -387,7 +393,7 @@ def pareto_figures(rows, out: Path) -> list[Path]:
 def speedup_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
     """`metric` of every method, never averaged over settings: one group of bars per dataset when each
     dataset has one run, else one panel per dataset with a group per run's setting (budget K, thresholds);
-    95% bootstrap intervals over prompts where the records give them."""
+    95% intervals over prompts where the records give them (graft.stats: from 10 prompts)."""
     data = rows[rows["method"] != "ar"]
     methods = method_order(data["method"])
     settings = run_settings(rows)
@@ -417,7 +423,7 @@ def speedup_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
             _bar_groups(ax, [(settings[r], cells(panel[panel["run"] == r])) for r in runs], methods, metric)
             ax.set_title(name(m, d), fontsize=9)
             ax.set_xlabel("setting (budget K = verified nodes allowed per step; thresholds)", fontsize=8)
-    _title(axes[0][0], f"{AXES[metric]}, 95% bootstrap intervals over prompts", rows)
+    _title(axes[0][0], f"{AXES[metric]}, 95% intervals over prompts (from {MIN_N} prompts)", rows)
     fig.tight_layout()
     _legend_below(fig, *_handles(axes))
     return _save(fig, out, f"bars_{metric}")
@@ -425,7 +431,7 @@ def speedup_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
 
 def category_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
     """Per run (model, dataset, setting) whose prompts span several categories: `metric` per category and
-    method, "all prompts" first, with 95% bootstrap intervals over the category's prompts
+    method, "all prompts" first, with 95% intervals over the category's prompts (none below 10)
     (graft.stats.intervals on the run's records). Runs of one category are named in a note (their bars are
     bars_<metric>); when no run has several, every run's overall figure is drawn instead."""
     data = rows[rows["method"] != "ar"]
@@ -458,7 +464,7 @@ def category_bars(rows, out: Path, metric: str = "speedup_wall") -> list[Path]:
     for ax, (name, groups) in zip(axes[:, 0], panels):
         _bar_groups(ax, groups, methods, metric)
         ax.set_title(name, fontsize=9)
-    title = f"{AXES[metric]} per prompt category, 95% bootstrap intervals over prompts\n{_context(rows)}"
+    title = f"{AXES[metric]} per prompt category, 95% intervals over prompts (from {MIN_N} prompts)\n{_context(rows)}"
     if single:
         title += "\nruns of one category (see bars_" + metric + "): " + "; ".join(name for name, _ in single)
     _suptitle_layout(fig, title, 130)
@@ -599,7 +605,7 @@ def relative_claims(rows, claims=None):
     """The table behind beside_paper: one row per comparison run that has both methods of a published
     comparison (COMPARISONS), plus the prompts of every dataset pooled per (model, hardware, setting) when
     there are several: the ratio of the two methods' speedup_wall (mean tokens/s of one over the other on
-    the same prompts) with its paired 95% bootstrap interval (graft.stats.ratio_interval; the summaries'
+    the same prompts) with its paired 95% interval (graft.stats.ratio_interval; the summaries'
     ratio without an interval where the records lack per-side totals), beside the published claim that
     applies (results/paper/relative_claims.csv)."""
     import pandas as pd
@@ -711,7 +717,7 @@ def _draw_claim(ax, y0: float, y1: float, row) -> None:
 def beside_paper(rows, published, out: Path, claims=None) -> list[Path]:
     """The paper's relative claims (results/paper/relative_claims.csv: Graft over EAGLE-3, over the pruned
     tree, Graft(ROOT) over EAGLE-3, Graft-DFlash over DFlash) beside the same ratios measured in each
-    comparison run, per dataset and setting, with paired 95% bootstrap intervals: a check that works on any
+    comparison run, per dataset and setting, with paired 95% intervals: a check that works on any
     hardware. Below them, only where a run matches a published model, method, dataset and temperature
     (results/paper/published.csv), that published absolute speedup beside this harness's."""
     import pandas as pd
@@ -779,7 +785,7 @@ def beside_paper(rows, published, out: Path, claims=None) -> list[Path]:
                 capsize=2.5,
                 lw=1.2,
                 zorder=3,
-                label="measured here (95% bootstrap interval over prompts)",
+                label=f"measured here (95% interval over prompts, from {MIN_N})",
             )
         ax.axvline(1.0, color="0.3", lw=0.8, ls=":")
         xs = [v for val in values for v in val if v is not None]
@@ -818,7 +824,9 @@ def beside_paper(rows, published, out: Path, claims=None) -> list[Path]:
         axes[0].axis("off")
         axes[0].text(0.5, 0.5, "no published claim to set beside these runs", ha="center", va="center")
     handles = [
-        Line2D([], [], marker="o", color="0.3", ls="none", label="measured here, 95% bootstrap interval over prompts"),
+        Line2D(
+            [], [], marker="o", color="0.3", ls="none", label=f"measured here, 95% interval over prompts (from {MIN_N})"
+        ),
         Line2D([], [], ls="--", color=PUBLISHED, label="published ratio"),
         Patch(color=PUBLISHED, alpha=0.3, label="published range (or side of 1)"),
     ]

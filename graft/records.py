@@ -2,7 +2,9 @@
 
 `samples.jsonl` is appended and flushed as each prompt finishes, so an interrupted run keeps what it
 computed; rerunning with the same `run.out_dir` and the same config skips the finished prompts. A
-different config in the same directory is refused, naming the keys that differ.
+different config in the same directory is refused, naming the keys that differ. One run writes a folder at a
+time: opening it takes `.lock` (its holder's pid, host and start), which a second run is refused by and a
+dead holder's run takes over (graft/runfolder.py: RunLock, with what the report tools read of a folder).
 """
 
 from __future__ import annotations
@@ -16,41 +18,25 @@ import sys
 from pathlib import Path
 
 from graft.machine import cpu_model
+from graft.runfolder import (  # noqa: F401  (re-exported: what a run folder holds is read there)
+    LOCK,
+    RESUMABLE_KEYS,
+    LockHeld,
+    RunLock,
+    _flatten,
+    holder_text,
+    live_holder,
+    lock_holder,
+    records_digest,
+    records_problem,
+    result_config,
+)
 
 log = logging.getLogger(__name__)
-
-# Keys that do not change any prompt's result: they may differ between a run and its resumption.
-RESUMABLE_KEYS = {
-    ("run", "out_dir"),
-    ("run", "num_prompts"),
-    ("run", "progress"),
-    ("dataset", "num_prompts"),
-    ("paths", "data_root"),
-    ("run", "skip_memory_check"),  # whether the plan was checked does not change the results
-}
 
 
 class RunDirConflict(RuntimeError):
     pass
-
-
-def _flatten(cfg: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in cfg.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def result_config(cfg: dict) -> dict:
-    """The part of the config that determines results (logger and resumable keys removed)."""
-    kept = {k: dict(v) if isinstance(v, dict) else v for k, v in cfg.items() if k != "logger"}
-    for section, key in RESUMABLE_KEYS:
-        kept.get(section, {}).pop(key, None)
-    return kept
 
 
 def config_hash(cfg: dict) -> str:
@@ -146,12 +132,6 @@ def _nvidia_driver() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def records_digest(records: list[dict]) -> str:
-    """What a summary was computed from: the sha1 of its records, in order, as samples.jsonl holds them."""
-    lines = "".join(json.dumps(r, default=float) + "\n" for r in records)
-    return hashlib.sha1(lines.encode()).hexdigest()
-
-
 def completed_summary(path: str | Path, cfg: dict, plan: dict) -> dict | None:
     """The summary of a run directory that already finished this config and prompt plan, else None: a
     rerun of a sweep skips such jobs without loading the model. Complete means verified: the summary names
@@ -185,23 +165,17 @@ def _records_problem(samples: Path, ids: list[str], digest: str | None) -> str |
             records.append(json.loads(line))
         except json.JSONDecodeError:
             return f"{samples.name}:{number} is torn"
-    by_id = {r.get("id"): r for r in records}
-    missing = [i for i in ids if i not in by_id]
-    if missing:
-        return f"{len(missing)} of its {len(ids)} records are missing ({', '.join(map(str, missing[:3]))})"
-    if sum(r.get("id") in set(ids) for r in records) != len(ids):
-        return "a prompt has more than one record"
-    if records_digest([by_id[i] for i in ids]) != digest:
-        return "its records differ from those it was computed from"
-    return None
+    return records_problem(records, ids, digest)
 
 
 class RunDir:
     """A run's folder. Opening it checks, before anything expensive, that it can be written and holds no
     other config's results; `start` writes run.json once the run really starts (the model loaded and the
-    drafters built), so a run that fails to start leaves nothing that blocks its corrected rerun."""
+    drafters built), so a run that fails to start leaves nothing that blocks its corrected rerun. Opening also
+    takes the folder's lock (RunLock; `lock=False` reads without it): `close`, or leaving a `with` block, lets
+    go of it."""
 
-    def __init__(self, path: str | Path, cfg: dict):
+    def __init__(self, path: str | Path, cfg: dict, lock: bool = True):
         self.path = Path(path)
         self.samples_path = self.path / "samples.jsonl"
         self.summary_path = self.path / "summary.json"
@@ -234,6 +208,21 @@ class RunDir:
                 ) from None
             if previous.get("config_hash") != self.hash:
                 raise RunDirConflict(self._conflict_message(previous.get("config", {}), cfg))
+        self.lock = RunLock(self.path)
+        if lock:
+            try:
+                self.lock.acquire()  # one writer: a second run into this folder is refused here, before any model loads
+            except LockHeld as err:
+                raise RunDirConflict(str(err)) from None
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def start(self, meta: dict) -> None:
         if not self.run_path.exists():

@@ -6,6 +6,7 @@ prompt, after an untimed warm-up of each; check losslessness against the baselin
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import zlib
 from collections.abc import Callable
@@ -22,15 +23,17 @@ from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, float_tie, generate, tie_ulps
 from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
-from graft.loggers import make_logger, task_overrides
+from graft.loggers import logged_config, make_logger, run_tags, sweep_group, task_overrides
 from graft.hardware import check_memory, resolve_hardware
 from graft.metrics import side_totals, summarize
 from graft.models import LoadedModel, load_model
 from graft.plots import plot_comparison_pareto
+from graft.provenance import collect as collect_provenance
+from graft.provenance import commit_hash_of, resumed_update
 from graft.records import RunDir, completed_summary, hardware_info, peak_memory, records_digest, token_hash
 from graft.registry import build_drafter
 from graft.resolve import resolve as resolve_artefacts
-from graft.stats import intervals
+from graft.stats import INTERVAL_METHOD, METRICS, intervals
 from graft.tree import DraftTree, NodeSource, topology
 
 log = logging.getLogger(__name__)
@@ -359,6 +362,8 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     run_cfg = cfg.run
     sampling = SamplingConfig(temperature=run_cfg.temperature, top_p=run_cfg.top_p)
     plan = {"num_prompts": run_cfg.num_prompts, "dataset_num_prompts": cfg.dataset.num_prompts}
+    if run_cfg.repeats > 1:  # (run.repeats=1 keeps the plan, and so the completeness, of runs before repeats)
+        plan["repeats"] = run_cfg.repeats
     done = completed_summary(run_cfg.out_dir, resolved, plan)
     if done is not None:
         log.info("%s: already complete for this config; nothing to run", run_cfg.out_dir)
@@ -369,7 +374,16 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     log.info(choice.line)
     check_memory(cfg)  # a model this machine cannot hold is refused here, in seconds, with the figures
     artefacts = resolve_artefacts(cfg)  # every missing file named at once, heads fetched, before the target loads
-    rundir = RunDir(run_cfg.out_dir, resolved)  # writable, and no other config's results: before loading
+    rundir = RunDir(run_cfg.out_dir, resolved)  # writable, no other config's results, ours alone: before loading
+    try:
+        return _run_in(rundir, cfg, resolved, experiment, choice, artefacts, plan, sampling)
+    finally:
+        rundir.close()  # the folder's lock let go of, however the run ended
+
+
+def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, plan: dict, sampling) -> dict:
+    """The run proper, in its locked folder: load the model, measure every prompt not yet recorded, summarise."""
+    run_cfg = cfg.run
     model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
     if run_cfg.num_prompts:
@@ -400,13 +414,19 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         "temperature": run_cfg.temperature,
     }
     contenders = {m.name: build_drafter(m, model.target) for m in cfg.compared}
-    rundir.start({"hardware": hardware, "artefacts": artefacts})
+    provenance = collect_provenance(cfg, model.source, commit_hash_of(model.target))  # one `git status`
+    rundir.start({"hardware": hardware, "artefacts": artefacts, "provenance": provenance})
+    resumed = resumed_update(json.loads(rundir.run_path.read_text()), provenance)
+    if resumed is not None:  # a resumed folder: the first run's provenance stays, a different one is added
+        rundir.update_run(resumed)
     only_ar = not comparison and isinstance(contenders[cfg.method.name], Autoregressive)
     baseline = None if only_ar else Autoregressive(model.target)
 
     # the summary describes this command's prompts: records of a larger earlier selection stay in
     # samples.jsonl but are not counted (a rerun with fewer prompts reports those only)
-    selected = {p.id for p in prompts}
+    # repeat k (run.repeats) of every prompt after repeat k - 1 of all of them, each its own record (repeat_id)
+    passes = [(k, i, p) for k in range(1, run_cfg.repeats + 1) for i, p in enumerate(prompts)]
+    selected = {repeat_id(p.id, k) for k, _, p in passes}
     earlier = rundir.finished()
     records = [r for r in earlier if r["id"] in selected]
     if len(records) < len(earlier):
@@ -414,7 +434,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             "%d records in %s are outside this selection; not summarised", len(earlier) - len(records), run_cfg.out_dir
         )
     finished_ids = {r["id"] for r in records}
-    todo = [(i, p) for i, p in enumerate(prompts) if p.id not in finished_ids]
+    todo = [(k, i, p) for k, i, p in passes if repeat_id(p.id, k) not in finished_ids]
     configs = {m.name: m.flat() for m in cfg.compared}  # every key of each method, defaults resolved
     for name, drafter in contenders.items():  # what a checkpoint decided: the block size actually used
         used = getattr(getattr(drafter, "source", None), "block_size", None)
@@ -434,17 +454,24 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
 
     summary, figures, failed = summaries(), [], True
     logger = make_logger(
-        cfg.logger, resolved, run_cfg.out_dir, job_type=label, group=experiment or label, overrides=task_overrides()
+        cfg.logger,
+        resolved,
+        run_cfg.out_dir,
+        job_type=label,
+        group=sweep_group() or experiment or label,
+        overrides=task_overrides(),
+        config=logged_config(resolved, configs, provenance, comparison),
+        tags=run_tags(cfg.model.name, cfg.dataset.name, hardware),
     )
     try:
         drafters = [d for d in (baseline, *contenders.values()) if d is not None]
         warm = WarmUp(model, drafters, run_cfg, sampling)
         if todo and run_cfg.warmup:
-            warm.start([p for _, p in todo])
+            warm.start(list({p.id: p for _, _, p in todo}.values()))  # each prompt once, however many repeats
         counts = compile_counts()
         bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
         with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
-            for index, prompt in bar:
+            for repeat, index, prompt in bar:
                 record = prompt_record(
                     model,
                     contenders,
@@ -455,6 +482,7 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
                     sampling,
                     comparison,
                     warm if run_cfg.warmup else None,
+                    repeat=repeat,
                 )
                 rundir.append(record)
                 records.append(record)
@@ -473,12 +501,15 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
             summary["compile"] = compile_info
             rundir.update_run({"compile": compile_info})
         # every prompt of this plan is recorded: a rerun skips the job while samples.jsonl still holds these
-        ids = [p.id for p in prompts]
+        ids = [repeat_id(p.id, k) for k, _, p in passes]
         by_id = {r["id"]: r for r in records}
         summary["complete"] = {"plan": plan, "ids": ids, "records_sha1": records_digest([by_id[i] for i in ids])}
-        # 95% bootstrap intervals over these prompts, overall and per category, keyed by method name
+        # 95% intervals over these prompts, overall and per category, keyed by method name (graft/stats.py)
         named = records if comparison else [{**r, "_method": cfg.method.name} for r in records]
         summary["intervals"] = intervals(named)
+        summary["interval_method"] = INTERVAL_METHOD
+        if run_cfg.repeats > 1:  # each headline ratio per repeat: the machine's noise between runs
+            add_repeats(summary, records, run_cfg.repeats, list(contenders) if comparison else None)
         rundir.write_summary(summary)
         if comparison:
             for name, method_summary in summary["methods"].items():
@@ -491,13 +522,62 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
         logger.finish(summary, records, figures, failed=failed)
 
 
+def repeat_id(prompt_id: str, repeat: int) -> str:
+    """The record id of a prompt's `repeat`-th measurement (run.repeats): the prompt's id for the first, so
+    run.repeats=1 writes the records it always did, and "<id>#<repeat>" for the later ones."""
+    return prompt_id if repeat == 1 else f"{prompt_id}#{repeat}"
+
+
+def add_repeats(summary: dict, records: list[dict], repeats: int, methods: list[str] | None) -> None:
+    """summary.json's `repeats`: each headline ratio (stats.METRICS) summarised per repeat, and its mean, min,
+    max and values over the repeats; a comparison's per method (under `methods` and in each method's summary)."""
+    passes = [[r for r in records if r.get("repeat", 1) == k] for k in range(1, repeats + 1)]
+    names = methods if methods is not None else [None]
+    found = {}
+    for name in names:
+        per_repeat = [summarize([method_view(r, name) for r in group] if name else group, {}) for group in passes]
+        found[name] = {"R": repeats, **{m: repeat_spread([s.get(m) for s in per_repeat]) for m in METRICS}}
+    if methods is None:
+        summary["repeats"] = found[None]
+        return
+    for name in methods:
+        summary["methods"][name]["repeats"] = found[name]
+    summary["repeats"] = {"R": repeats, "methods": {name: {m: found[name][m] for m in METRICS} for name in methods}}
+
+
+def repeat_spread(values: list) -> dict:
+    """{"mean", "min", "max", "values"} of one ratio over the repeats (None where a repeat has no value)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return {"mean": None, "min": None, "max": None, "values": values}
+    return {"mean": sum(known) / len(known), "min": min(known), "max": max(known), "values": values}
+
+
 def prompt_record(
-    model, contenders: dict, baseline, prompt, index: int, run_cfg, sampling, comparison: bool, warm=None
+    model,
+    contenders: dict,
+    baseline,
+    prompt,
+    index: int,
+    run_cfg,
+    sampling,
+    comparison: bool,
+    warm=None,
+    repeat: int = 1,
 ) -> dict:
-    """One prompt measured for every contender and the baseline, as the line samples.jsonl keeps."""
-    record = {"id": prompt.id, "category": prompt.category, "index": index, "turns": len(prompt.turns)}
+    """One prompt measured for every contender and the baseline, as the line samples.jsonl keeps; a later
+    `repeat` (run.repeats) is its own record (repeat_id), naming its prompt, in an order rotated one further."""
+    record = {
+        "id": repeat_id(prompt.id, repeat),
+        "category": prompt.category,
+        "index": index,
+        "turns": len(prompt.turns),
+    }
+    if repeat > 1:
+        record.update(prompt_id=prompt.id, repeat=repeat)
     try:
-        results = measure_prompt(model, contenders, baseline, prompt, index, run_cfg, sampling, warm)
+        order = index + repeat - 1  # each repeat puts every method at another place in the rotation
+        results = measure_prompt(model, contenders, baseline, prompt, order, run_cfg, sampling, warm)
     except PromptTooLong as err:
         log.warning("skipped prompt %s: %s", prompt.id, err)
         return {**record, "status": "skipped", "reason": str(err)}

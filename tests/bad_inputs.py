@@ -1,9 +1,11 @@
 """Run many command lines in one Python process: `python tests/bad_inputs.py CASES.json RESULTS.json`.
 
-Each case is {"id", "tool": "run" | "report", "args": [...]}; the parent starts as run.py does and imports the
-harness and the report tools once (the slow part of a start-up), then forks a child per case, which runs the
-command as `python run.py ARGS` or `python -m graft.report ARGS` would and exits with its status. The parent never computes with torch,
-so each child starts from a clean OpenMP state. RESULTS.json maps each id to {"code", "stdout", "stderr"}.
+Each case is {"id", "tool", "args": [...]}, tool one of TOOLS; the parent starts as run.py does and imports the
+harness and the report tools once (the slow part of a start-up), then forks a child per case (two at a time on
+two cores, each with one torch thread), which runs the
+command as `python run.py ARGS` or `python -m graft.<tool> ARGS` would and exits with its status. The parent
+never computes with torch, so each child starts from a clean OpenMP state. RESULTS.json maps each id to
+{"code", "stdout", "stderr"}.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE_SECONDS = 240
+# children at once: most cases wait on Python, not on torch, so one per core (each with one torch thread)
+PARALLEL = max(1, min(2, os.cpu_count() or 1))
+# tool -> the module whose main(argv) is `python -m <module> ARGS` (run: python run.py ARGS)
+TOOLS = {
+    "report": "graft.report.__main__",
+    "train": "graft.train.__main__",
+    "costmodel": "graft.costmodel.__main__",
+    "gpu_check": "graft.gpu_check.__main__",
+}
 
 
 def _child(case: dict, out: Path, err: Path) -> None:
@@ -25,6 +36,10 @@ def _child(case: dict, out: Path, err: Path) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, stream)
     signal.alarm(CASE_SECONDS)
+    if PARALLEL > 1:
+        import torch
+
+        torch.set_num_threads(1)  # the children share the cores
     code = 0
     try:
         if case["tool"] == "run":
@@ -33,10 +48,12 @@ def _child(case: dict, out: Path, err: Path) -> None:
             sys.argv = [str(ROOT / "run.py"), *case["args"], "run.progress=false"]
             runpy.run_path(sys.argv[0], run_name="__main__")  # as a script, as a user runs it
         else:
-            from graft.report.__main__ import main
+            import importlib
 
-            sys.argv = ["graft.report", *case["args"]]
-            main(case["args"])
+            module = TOOLS[case["tool"]]
+            sys.argv = [module.removesuffix(".__main__"), *case["args"]]
+            status = importlib.import_module(module).main(case["args"])
+            code = status if isinstance(status, int) else 0  # gpu_check returns its status
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, (int, type(None))):
@@ -49,25 +66,43 @@ def _child(case: dict, out: Path, err: Path) -> None:
     os._exit(code)
 
 
+def _collect(running: dict, results: dict) -> None:
+    """Wait for any one child and record its case's outcome."""
+    pid, status = os.wait()
+    case, out, err = running.pop(pid)
+    results[case["id"]] = {
+        "code": os.waitstatus_to_exitcode(status),
+        "stdout": out.read_text(),
+        "stderr": err.read_text(),
+    }
+
+
 def main(cases_path: str, results_path: str) -> None:
     os.chdir(ROOT)
     from graft.cli import prepare
 
     prepare()  # as run.py starts: the OpenMP policy, then the configs' schemas and resolvers, before the forks
+    import importlib
+
     import graft.runner  # noqa: F401  (torch, transformers, Hydra: the slow part of a start-up)
-    import graft.report.__main__  # noqa: F401
+
+    for module in [*TOOLS.values(), "graft.train.eagle3", "graft.train.dflash"]:
+        importlib.import_module(module)
 
     cases = json.loads(Path(cases_path).read_text())
     results = {}
+    running: dict[int, tuple[dict, Path, Path]] = {}  # pid -> its case and output files
     with tempfile.TemporaryDirectory() as scratch:
-        for case in cases:
-            out, err = Path(scratch) / "out", Path(scratch) / "err"
+        for number, case in enumerate(cases):
+            if len(running) >= PARALLEL:
+                _collect(running, results)
+            out, err = Path(scratch) / f"{number}.out", Path(scratch) / f"{number}.err"
             pid = os.fork()
             if pid == 0:
                 _child(case, out, err)
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            results[case["id"]] = {"code": code, "stdout": out.read_text(), "stderr": err.read_text()}
+            running[pid] = (case, out, err)
+        while running:
+            _collect(running, results)
     Path(results_path).write_text(json.dumps(results, indent=1))
 
 

@@ -68,6 +68,22 @@ def make_drafter(method: str, target, **overrides):
     return build_drafter(method_config(raw, draft_head="random", block_drafter="random"), target)
 
 
+def finish_run(folder: Path) -> Path:
+    """Mark a hand-written run folder finished as graft/runner.py does at its end: summary.json's `complete`
+    names every record of samples.jsonl and their sha1 (the report tools read finished runs only)."""
+    import json
+
+    from graft.records import records_digest
+
+    folder = Path(folder)
+    records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((folder / "summary.json").read_text())
+    plan = {"num_prompts": None, "dataset_num_prompts": None}
+    summary["complete"] = {"plan": plan, "ids": [r["id"] for r in records], "records_sha1": records_digest(records)}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need CUDA; without it they are skipped with the reason."""
     if torch.cuda.is_available():

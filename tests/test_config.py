@@ -1,4 +1,5 @@
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,9 @@ def test_defaults_are_the_embedded_model_on_builtin_prompts():
         (["method=pld", "method.ngram=2"], ["method.ngram", "max_ngram"]),
         (["modle=tiny_llama"], ["unknown override 'modle'", "did you mean 'model'"]),
         (["foo.bar=1"], ["unknown config section 'foo'"]),
+        (["run.out_dir=~/x"], ["at '~' (character 13)", """'run.out_dir="~/x"'"""]),
+        (["model.system_prompt=ça"], ["at 'ç'", """'model.system_prompt="ça"'"""]),
+        (["methods=[ar]"], ["lists ar, the autoregressive baseline", "methods=[pld]"]),
     ],
 )
 def test_bad_overrides_name_the_key_and_what_is_allowed(argv, needles):
@@ -73,6 +77,24 @@ def test_bad_overrides_name_the_key_and_what_is_allowed(argv, needles):
         check_overrides(argv)
     for needle in needles:
         assert needle in str(err.value)
+
+
+def test_a_quoted_home_in_the_output_folder_is_expanded():
+    """Hydra keeps a quoted ~ as it is, and the run would write into ./~/x: run.out_dir expands it, as a shell
+    does; the folder Hydra writes its own files to follows."""
+    home = str(Path("~").expanduser())
+    out = check_overrides(['run.out_dir="~/x"'])
+    assert f'run.out_dir="{home}/x"' in out and f'hydra.run.dir="{home}/x"' in out
+    assert check_overrides(["run.out_dir=a b"])[-1] == "hydra.run.dir=a b"  # spaces: Hydra's grammar takes them
+
+
+def test_hydra_errors_become_one_line():
+    """What Hydra says about a composition, without its search path and with the cause (hydra_problem)."""
+    from graft.config import compose_checked
+
+    with pytest.raises(ConfigError) as err:
+        compose_checked(["model=tiny_llama", "model.arch_config.foo=1"])  # a key of a mapping Hydra keeps closed
+    assert "Key 'foo' is not in struct" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -109,3 +131,11 @@ def test_vicuna_template_renders_fastchat_v1_1():
         "<s>A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
         "detailed, and polite answers to the user's questions. USER: Hi ASSISTANT: Hello!</s>USER: Bye ASSISTANT:"
     )
+
+
+def test_hydras_flags_and_their_values_are_not_read_as_overrides():
+    from graft.config import ConfigError, check_syntax
+
+    check_syntax(["--cfg", "job", "-cn", "config", "--info", "defaults", "--cfg=job", "method=graft"])
+    with pytest.raises(ConfigError, match="character 13"):  # an override after the flags is still checked
+        check_syntax(["--cfg", "job", "run.out_dir=~/x"])

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, finish_run
 from graft.costmodel import CostProfile, Step, interpolate, job_anchor, project, turn_steps
 
 
@@ -72,6 +72,17 @@ def test_a_profile_survives_its_json(tmp_path):
         ("not json at all", "Expecting value"),
         ('{"device": "cpu", "model": "m", "nodes": [1, 8], "contexts": [256]}', "verify_table_ms"),  # incomplete
         ('{"device": "cpu", "model": "m", "contexts": [256]}', "no field 'nodes'"),
+        (
+            '{"device": "cpu", "model": "m", "nodes": [1, 8], "contexts": [256], "verify_table_ms": [[30.0, NaN]], '
+            '"overhead_table_ms": [1.0, 1.0]}',
+            "verify_table_ms[0][1]=nan: expected a finite number of ms > 0",
+        ),
+        (
+            '{"device": "cpu", "model": "m", "nodes": [1, 8.5], "contexts": [256], "verify_table_ms": [[30.0, 40.0]], '
+            '"overhead_table_ms": [1.0, -1.0]}',
+            "nodes[1]=8.5: expected a whole number >= 1",
+        ),
+        ("[1, 2]", "a JSON list, not an object"),
     ],
 )
 def test_a_file_that_is_not_a_profile_is_a_one_line_config_error_naming_it(tmp_path, text, reason):
@@ -178,6 +189,7 @@ def _run_dir(path):
     (path / "summary.json").write_text(json.dumps(summary))
     (path / "run.json").write_text(json.dumps({"config_hash": "x"}))
     (path / "samples.jsonl").write_text(json.dumps(record) + "\n")
+    finish_run(path)
 
 
 @pytest.mark.parametrize("budgets", [False, True])

@@ -134,6 +134,23 @@ def test_malformed_line_names_file_and_line(tmp_path):
         load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}"))
 
 
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        (b'{"turns": ["Hi.", " "]}\n', "q.jsonl:1: turn 2 is empty or only whitespace"),
+        (b'{"turns": ["Hi."]}\n{"turns": ["caf\xe9"]}\n', "q.jsonl:2: not UTF-8 text (byte 0xe9"),
+        (b'{"category": {"a": 1}, "turns": ["Hi."]}\n', "q.jsonl:1: field 'category' is {'a': 1}; expected a string"),
+    ],
+)
+def test_a_file_is_checked_as_it_is_read(tmp_path, body, needle):
+    """Before any model loads: what would be timed as an empty answer, or crash the summary, names file:line."""
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(body)
+    with pytest.raises(DatasetError) as err:
+        load_prompts(dataset_cfg("mt_bench", f"dataset.path={path}"))
+    assert needle in str(err.value)
+
+
 def test_empty_selection_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "question.jsonl", QUESTIONS)
     with pytest.raises(DatasetError, match="categories in 'spec_bench': math, writing"):

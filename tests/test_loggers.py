@@ -68,10 +68,18 @@ def offline_run(wandb_parent: Path) -> dict:
             break
         time.sleep(0.1)
     found = {"dir": runs[0], "files": runs[0] / "files", "artifacts": {}, "summary": set()}
+    found.update(config={}, metrics={}, history=[])
     for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             found["id"], found["name"] = record.run.run_id, record.run.display_name
+            found["group"], found["tags"] = record.run.run_group, list(record.run.tags)
+            found["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+        elif kind == "metric":
+            found["metrics"][record.metric.name or record.metric.glob_name] = record.metric.step_metric
+        elif kind == "history":
+            row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            found["history"].append({k: json.loads(v) for k, v in row.items() if not k.startswith("_")})
         elif kind == "artifact":
             contents = sorted(entry.path for entry in record.artifact.manifest.contents)
             found["artifacts"][record.artifact.name] = (record.artifact.type, contents)
@@ -207,7 +215,7 @@ def test_a_run_logs_its_records_as_an_artifact_and_a_rerun_continues_the_same_ru
     name = "tiny_llama-pld-builtin-temperature-0.7"
     files = ["rows.csv", "run.json", "samples.jsonl", "summaries/pld.json", "summary.json"]
     assert first["artifacts"][name] == ("run-records", files)
-    intervals = table(first["files"], "intervals")
+    intervals = table(first["files"], "tables/intervals")
     assert intervals["columns"] == INTERVAL_COLUMNS == ["method", "category", "metric", "value", "low", "high", "n"]
     rows = {(m, c, metric): (value, n) for m, c, metric, value, low, high, n in intervals["data"]}
     assert set(rows) == {
@@ -215,15 +223,17 @@ def test_a_run_logs_its_records_as_an_artifact_and_a_rerun_continues_the_same_ru
     }
     assert rows[("pld", "all", "tau")] == (2.0, 3) and rows[("pld", "code", "speedup_wall")] == (3.0, 1)
     assert {"tau", "pld/speedup_wall_low", "pld/speedup_wall_high"} <= first["summary"]
-    assert len(table(first["files"], "samples")["data"]) == 3
+    assert len(table(first["files"], "tables/samples")["data"]) == 3
 
     # the same folder again (W&B's files elsewhere this time): the same W&B run, and summary.json's intervals
     given = {"pld": {"all": {"tau": {"value": 2.0, "low": 1.5, "high": 2.5, "n": 3}}, "categories": {}}}
     again = make_logger(LoggerConfig(name="wandb", dir=str(offline / "again")), resolved, str(out), "pld")
-    again.finish({**summary, "intervals": given}, records)
+    from graft.stats import INTERVAL_METHOD  # (recorded the way graft/stats.py computes them: else recomputed)
+
+    again.finish({**summary, "intervals": given, "interval_method": INTERVAL_METHOD}, records)
     second = offline_run(offline / "again")
     assert second["id"] == first["id"] and second["name"] == "tiny_llama/pld/builtin"
-    assert table(second["files"], "intervals")["data"] == [["pld", "all", "tau", 2.0, 1.5, 2.5, 3]]
+    assert table(second["files"], "tables/intervals")["data"] == [["pld", "all", "tau", 2.0, 1.5, 2.5, 3]]
 
     other = offline / "other"  # another folder is another W&B run
     write_run_dir(other, records, summary)
@@ -259,12 +269,27 @@ def test_a_sweep_job_logs_a_run_named_by_its_keys_with_its_tables_figure_and_rec
     files = ["pareto.png", "run.json", "samples.jsonl", "summaries/pld.json", "summary.json"]
     assert run["artifacts"][artifact] == ("run-records", files)
     assert {"pld/tau", "ar/tau", "pld/speedup_wall", "pld/lossless", "pld/tau_low"} <= run["summary"]
-    intervals = table(run["files"], "intervals")
+    intervals = table(run["files"], "tables/intervals")
     assert intervals["columns"] == INTERVAL_COLUMNS
     assert {(row[0], row[1]) for row in intervals["data"]} >= {("pld", "all"), ("ar", "all")}
-    samples = table(run["files"], "samples")
+    samples = table(run["files"], "tables/samples")
     assert samples["columns"][:3] == ["id", "category", "method"] and len(samples["data"]) == 2
     assert list(run["files"].rglob("pareto_*.png"))
+
+    # the comparison's whole config (each method's settings, not the unused default `method: ar`), its provenance,
+    # tags saying what ran where, one group per sweep, and per-prompt keys against prompt_index
+    config = run["config"]
+    assert "method" not in config and list(config["methods"]) == ["pld"] and config["methods"]["pld"]["name"] == "pld"
+    assert "max_ngram" in config["methods"]["pld"]  # every key, defaults resolved
+    recorded = json.loads((job / "run.json").read_text())
+    assert config["provenance"] == json.loads(json.dumps(recorded["provenance"]))
+    assert {"model:tiny_llama", "dataset:builtin_quick"} <= set(run["tags"])
+    assert any(tag.startswith("hardware:") for tag in run["tags"])
+    assert run["group"] == str(sweep)
+    assert run["metrics"]["sample/*"] == run["metrics"]["running/*"] == "prompt_index"
+    per_prompt = [row for row in run["history"] if "sample/pld/tau" in row]
+    assert sorted(row["prompt_index"] for row in per_prompt) == [0, 1]
+    assert all("running/pld/speedup_wall" in row for row in per_prompt)
 
 
 def test_a_failing_job_still_finishes_its_wandb_run(offline, monkeypatch, tiny):
@@ -285,3 +310,38 @@ def test_a_failing_job_still_finishes_its_wandb_run(offline, monkeypatch, tiny):
         runner.run(validate(resolved), resolved)
     assert wandb.run is None  # finished, not left open
     assert list((offline / "wandb").glob("offline-run-*"))
+
+
+def test_per_prompt_keys_step_on_prompt_index_so_a_resumed_run_keeps_them(offline, monkeypatch):
+    """A resumed W&B run's step has moved past the last prompt (the tables and figures logged at the end advance
+    it), and W&B drops a log at an explicit step behind its counter. Per-prompt keys go against `prompt_index`
+    instead: nothing is dropped, and the tables have namespaced keys of their own."""
+    import wandb
+
+    class ResumedRun:  # what W&B's run does with steps: an explicit step behind its counter is dropped
+        def __init__(self, step):
+            self.step, self.logged, self.metrics, self.summary, self.dir = step, [], {}, {}, str(offline)
+
+        def define_metric(self, name, step_metric=None, hidden=None):
+            self.metrics[name] = step_metric
+
+        def log(self, data, step=None):
+            if step is not None and step < self.step:
+                return
+            self.logged.append(data)
+            self.step = (self.step if step is None else step) + 1
+
+        def finish(self, exit_code=0):
+            pass
+
+    run = ResumedRun(step=40)  # prompts 0-9 and the final tables of an earlier, interrupted job
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: run)
+    logger = make_logger(LoggerConfig(name="wandb", mode="offline"), {}, str(offline), job_type="compare")
+    rec = {**record("p3", "chat", 20.0), "index": 10}
+    for name in ("pld", "graft"):
+        logger.log_sample(rec, {"tau": 2.0, "speedup_wall": 2.0}, prefix=f"{name}/")
+    assert run.metrics == {"prompt_index": None, "sample/*": "prompt_index", "running/*": "prompt_index"}
+    assert [row["prompt_index"] for row in run.logged] == [10, 10]
+    assert {"sample/pld/tau", "sample/graft/tau", "running/graft/speedup_wall"} <= set().union(*run.logged)
+    logger.finish({"kind": "run", "method": "pld", "tau": 2.0, "speedup_wall": 2.0}, [rec])
+    assert {"tables/intervals", "tables/samples"} <= set().union(*run.logged)

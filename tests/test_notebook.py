@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, finish_run
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -51,6 +51,7 @@ def _single(path, speedup: float, tau: float):
         "speedup_wall": speedup,
     }
     (path / "samples.jsonl").write_text(json.dumps(record) + "\n")
+    finish_run(path)
 
 
 def test_the_runs_notebook_reads_comparisons_and_single_method_runs(tmp_path, monkeypatch):

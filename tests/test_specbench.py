@@ -3,12 +3,14 @@ Spec-Bench's evaluation/eval.py writes and evaluation/speed.py / equal.py read (
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import finish_run
 from graft.report.__main__ import main as report
 from graft.report.specbench import question_id
 
@@ -55,7 +57,7 @@ def write_run(folder: Path, texts: bool = True) -> Path:
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / "run.json").write_text(json.dumps({"config": {}}))
     (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return folder
+    return finish_run(folder)
 
 
 def read_answers(path: Path) -> list[dict]:
@@ -124,15 +126,44 @@ def test_a_comparison_run_becomes_spec_bench_answer_files(tmp_path, capsys):
     assert tokens_per_s / base_tokens_per_s == pytest.approx(2.5)
 
 
-def test_runs_without_texts_give_empty_turns_and_say_so(tmp_path, capsys):
-    run = write_run(tmp_path / "runs" / "run", texts=False)
-    report(["export", "--format", "spec-bench", str(tmp_path / "runs"), str(tmp_path / "answers")])
-    answers = read_answers(tmp_path / "answers" / "run" / "tiny-graft.jsonl")  # a folder of runs: one subfolder each
-    assert [a["choices"][0]["turns"] for a in answers] == [["", ""], [""]]
-    assert answers[0]["choices"][0]["new_tokens"] == [4, 2]
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
-    assert len(notes) == 2 and "no texts" in notes[0] and "skipped" in notes[1]
-    assert run.is_dir()
+def test_runs_without_texts_are_refused_naming_the_run(tmp_path, capsys):
+    """speed.py counts the baseline's tokens from its texts: empty texts gave it a speedup of -61."""
+    write_run(tmp_path / "runs" / "run", texts=False)
+    with pytest.raises(SystemExit) as exit_:
+        report(["export", "--format", "spec-bench", str(tmp_path / "runs"), str(tmp_path / "answers")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "runs" / "run") in err and "no texts" in err
+    assert not (tmp_path / "answers").exists()
+
+
+def test_categories_are_spec_bench_tasks_and_an_unknown_one_is_named(tmp_path, capsys):
+    run = write_run(tmp_path / "run")
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "dataset": "builtin"}))
+    records[0]["category"], records[1]["category"] = "chat", "math"  # the built-in set's
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    finish_run(run)
+    report(["export", "--format", "spec-bench", str(run), str(tmp_path / "answers")])
+    graft = read_answers(tmp_path / "answers" / "tiny-graft.jsonl")
+    assert [a["category"] for a in graft] == ["chat", "math_reasoning"]  # not MT-Bench's math (speed.py's mt_bench)
+    assert "no Spec-Bench task for chat (1)" in capsys.readouterr().err
+
+    (run / "summary.json").write_text(json.dumps({**summary, "dataset": "mt_bench"}))
+    finish_run(run)
+    report(["export", "--format", "spec-bench", str(run), str(tmp_path / "mt")])
+    assert [a["category"] for a in read_answers(tmp_path / "mt" / "tiny-graft.jsonl")] == ["chat", "math"]
+    capsys.readouterr()
+
+    records[1]["category"] = "4k"
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    finish_run(run)
+    with pytest.raises(SystemExit) as exit_:
+        report(["export", "--format", "spec-bench", str(run), str(tmp_path / "refused")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "4k" in err and "CATEGORIES" in err
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_default_format_is_still_the_records(tmp_path, capsys):
@@ -151,6 +182,7 @@ def test_a_bad_record_is_one_line_and_exit_2(tmp_path, capsys):
     record = json.loads(lines[0])
     del record["methods"]["graft"]["side"]["turns"][1]["wall_s"]
     (run / "samples.jsonl").write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    finish_run(run)
     with pytest.raises(SystemExit) as exit_:
         report(["export", "--format", "spec-bench", str(run), str(tmp_path / "answers")])
     assert exit_.value.code == 2
@@ -178,6 +210,126 @@ def test_colliding_numbers_fall_back_to_the_ids(tmp_path):
     records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     records[0]["id"], records[1]["id"] = "chat-1", "code-1"
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    finish_run(run)
     report(["export", "--format", "spec-bench", str(run), str(tmp_path / "answers")])
     ids = [a["question_id"] for a in read_answers(tmp_path / "answers" / "tiny-graft.jsonl")]
     assert ids == ["chat-1", "code-1"]
+
+
+# --- import: answer files back into a run folder ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished comparison of the tiny model, with its texts: pld and eagle3 against one baseline, 3 prompts."""
+    from conftest import compose
+    from graft.config import validate
+    from graft.runner import run
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    resolved = compose(["model=tiny_llama", "methods=[pld,eagle3]", "run.num_prompts=3", "run.max_new_tokens=8"])
+    resolved["logger"]["name"] = "none"
+    resolved["run"].update(out_dir=str(out), warmup=False, progress=False)
+    run(validate(resolved), resolved)
+    return out
+
+
+def test_an_exported_run_imports_back_with_the_same_taus_and_tokens_per_second(tiny_run, tmp_path, capsys):
+    """Exact, not approximate: the answer files carry every count as an integer and every wall time as the float
+    JSON writes exactly (repr), and import computes tau, tokens/s and speedup as the run's summary does."""
+    answers, imported = tmp_path / "answers", tmp_path / "imported"
+    report(["export", "--format", "spec-bench", str(tiny_run), str(answers)])
+    assert sorted(p.name for p in answers.iterdir()) == [
+        "tiny_llama-eagle3.jsonl",
+        "tiny_llama-pld.jsonl",
+        "tiny_llama-vanilla.jsonl",
+    ]
+    report(["import", "--format", "spec-bench", str(answers), "--out", str(imported), "--dataset", "builtin_quick"])
+    ours = json.loads((tiny_run / "summary.json").read_text())
+    theirs = json.loads((imported / "summary.json").read_text())
+    assert theirs["model"] == "tiny_llama" and theirs["dataset"] == "builtin_quick"
+    assert set(theirs["rows"]) == {"ar", "pld (imported)", "eagle3 (imported)"}
+    for name in ("ar", "pld", "eagle3"):
+        mine, back = ours["rows"][name], theirs["rows"][name if name == "ar" else f"{name} (imported)"]
+        assert back["tau"] == mine["tau"]
+        assert back["tokens_per_s"] == mine["tokens_per_s"]
+        assert back["speedup_wall"] == mine["speedup_wall"]
+    records = [json.loads(line) for line in (imported / "samples.jsonl").read_text().splitlines()]
+    originals = [json.loads(line) for line in (tiny_run / "samples.jsonl").read_text().splitlines()]
+    assert [r["question_id"] for r in records] == [r["id"] for r in originals]  # the built-in ids, as exported
+    mapped = {"chat": "chat", "code": "code", "math": "math_reasoning", "summarisation": "summarization"}
+    assert [r["category"] for r in records] == [mapped[r["category"]] for r in originals]  # Spec-Bench's
+
+    # marked as imported, with the files it came from, and finished (summary.json's `complete` verifies)
+    from graft.records import records_problem
+
+    run = json.loads((imported / "run.json").read_text())
+    assert run["imported"]["format"] == "spec-bench" == theirs["imported"]["format"]
+    files = {f["file"]: f for f in run["imported"]["files"]}
+    assert files["tiny_llama-vanilla.jsonl"]["role"] == "baseline"
+    assert (
+        files["tiny_llama-pld.jsonl"]["sha256"]
+        == hashlib.sha256((answers / "tiny_llama-pld.jsonl").read_bytes()).hexdigest()
+    )
+    complete = theirs["complete"]
+    assert records_problem(records, complete["ids"], complete["records_sha1"]) is None
+
+    # exported again, the same answers (but for each answer's id and time stamp)
+    report(["export", "--format", "spec-bench", str(imported), str(tmp_path / "again")])
+    strip = lambda rows: [{k: v for k, v in a.items() if k not in ("answer_id", "tstamp", "model_id")} for a in rows]  # noqa: E731
+    assert strip(read_answers(tmp_path / "again" / "tiny_llama-pld (imported).jsonl")) == strip(
+        read_answers(answers / "tiny_llama-pld.jsonl")
+    )
+
+
+def test_tables_and_figures_show_imported_runs_beside_ours_marked(tiny_run, tmp_path):
+    answers, imported = tmp_path / "answers", tmp_path / "runs" / "imported"
+    report(["export", "--format", "spec-bench", str(tiny_run), str(answers)])
+    report(["import", str(answers), "--out", str(imported), "--dataset", "builtin_quick"])
+    report(["tables", str(tiny_run), str(imported), "--out", str(tmp_path / "tables")])
+    table = (tmp_path / "tables" / "tables.md").read_text()
+    cells = {row[1].strip(): row[2].strip() for row in (line.split("|") for line in table.splitlines()) if len(row) > 3}
+    assert {"ar", "ar (imported)", "pld", "pld (imported)", "eagle3", "eagle3 (imported)"} <= set(cells)
+    assert cells["pld (imported)"] == cells["pld"] and cells["eagle3 (imported)"] == cells["eagle3"]
+    written = [p.name for p in main_plot(tiny_run, imported, tmp_path / "figures")]
+    assert "speedup_bars.png" in written or any(name.endswith(".png") for name in written)
+
+
+def main_plot(*runs_and_out: Path) -> list[Path]:
+    from graft.report.figures import make_figures
+
+    *runs, out = runs_and_out
+    return make_figures([str(r) for r in runs], out)
+
+
+def test_eagle_answer_files_import_with_steps_from_idxs(tmp_path, capsys):
+    """EAGLE's answers: no category, `idxs` (the loop index of each turn's last step, so steps = idxs + 1) and
+    new_tokens (what the steps committed), no accepted lengths."""
+    folder = tmp_path / "mt_bench"
+    folder.mkdir()
+
+    def answer(qid, new_tokens, idxs, wall):
+        choice = {"index": 0, "turns": ["x"] * len(new_tokens), "idxs": idxs, "new_tokens": new_tokens}
+        return json.dumps(
+            {"question_id": qid, "answer_id": "a", "model_id": "m", "choices": [{**choice, "wall_time": wall}]}
+        )
+
+    (folder / "llama3-ea-temperature-0.0.jsonl").write_text(
+        answer(81, [30, 20], [9, 4], [1.0, 1.0]) + "\n" + answer(82, [12], [3], [0.5]) + "\n"
+    )
+    (folder / "llama3-baseline-temperature-0.0.jsonl").write_text(
+        answer(81, [30, 20], [29, 19], [3.0, 2.0]) + "\n" + answer(82, [12], [11], [1.5]) + "\n"
+    )
+    report(["import", str(folder), "--out", str(tmp_path / "run")])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["model"] == "llama3" and summary["dataset"] == "mt_bench" and summary["temperature"] == 0.0
+    row = summary["rows"]["ea (imported)"]
+    assert row["tau"] == pytest.approx(62 / 19)  # (30 + 20 + 12) tokens over (10 + 5 + 4) steps
+    assert summary["rows"]["ar"]["tau"] == pytest.approx(1.0)
+    assert row["tokens_per_s"] == pytest.approx((25.0 + 24.0) / 2)
+    assert row["speedup_wall"] == pytest.approx(24.5 / 9.0)  # the baseline: 50 tokens in 5 s, 12 in 1.5 s
+    assert summary["imported"]["how"]["ea (imported)"] == "steps from idxs + 1, step tokens from new_tokens"
+
+    with pytest.raises(SystemExit):  # a folder whose baseline cannot be told
+        report(["import", str(tmp_path / "run"), "--out", str(tmp_path / "other")])
+    assert "error:" in capsys.readouterr().err

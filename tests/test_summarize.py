@@ -3,6 +3,7 @@ numbers (not dashes), a single-method run its one row."""
 
 import json
 
+from conftest import finish_run
 from graft.report.summarize import main
 
 HARDWARE = {"device": "cpu", "cpu": "test CPU", "torch_threads": 2}
@@ -52,6 +53,9 @@ def test_a_comparison_gives_a_row_per_method_with_its_numbers(tmp_path, capsys):
     (tmp_path / "compare" / "summary.json").write_text(json.dumps(COMPARISON))
     (tmp_path / "single").mkdir()
     (tmp_path / "single" / "summary.json").write_text(json.dumps(_method("eagle3", 1.5, 2.0, 24)))
+    for run in ("compare", "single"):
+        (tmp_path / run / "samples.jsonl").write_text('{"id": "p1"}\n{"id": "p2"}\n')
+        finish_run(tmp_path / run)
     main([str(tmp_path / "compare" / "summary.json"), str(tmp_path / "single"), "--out", str(tmp_path / "t.md")])
     text = capsys.readouterr().out
     rows = _rows(text)
@@ -63,3 +67,63 @@ def test_a_comparison_gives_a_row_per_method_with_its_numbers(tmp_path, capsys):
     assert "-" not in rows["graft"] and "-" not in rows["pld"]
     assert "Hardware: test CPU (2 threads)" in text
     assert (tmp_path / "t.md").read_text() == text
+
+
+def test_a_run_of_repeats_has_their_mean_and_range_in_a_column(tmp_path, capsys):
+    """run.repeats > 1: each method's summary holds `repeats`; the table adds a column of speedup_wall's mean
+    (min-max) over them, and leaves runs of one pass "-" (a table of such runs alone has no such column)."""
+    spread = {"mean": 1.7, "min": 1.6, "max": 1.8, "values": [1.6, 1.8]}
+    repeated = {
+        **COMPARISON,
+        "methods": {"graft": {**_method("graft", 1.75, 2.5, 60), "repeats": {"R": 2, "speedup_wall": spread}}},
+    }
+    for name, summary in (("repeated", repeated), ("single", _method("eagle3", 1.5, 2.0, 24))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        (tmp_path / name / "samples.jsonl").write_text('{"id": "p1"}\n{"id": "p2"}\n')
+        finish_run(tmp_path / name)
+    main([str(tmp_path / "repeated"), str(tmp_path / "single")])
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].endswith("| lossless | speedup_wall_repeats |")
+    rows = _rows(text)
+    assert rows["graft"][-1] == "1.700 (1.600-1.800), R=2" and rows["eagle3"][-1] == "-"
+    main([str(tmp_path / "single")])
+    assert "speedup_wall_repeats" not in capsys.readouterr().out
+
+
+def _single_run(path, name: str, complete: bool = True):
+    """A single-method run folder (summary, one record with its method side), finished or killed (no `complete`)."""
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({**_method(name, 1.5, 2.0, 24), "n_skipped": 0}))
+    turn = {"tokens_sha256": "0" * 16, "accept_lengths": [2, 1], "nodes": [4, 4]}
+    (path / "samples.jsonl").write_text(json.dumps({"id": "p1", "status": "ok", "method": {"turns": [turn]}}) + "\n")
+    finish_run(path)
+    if not complete:
+        summary = json.loads((path / "summary.json").read_text())
+        del summary["complete"]
+        (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_summarize_and_compare_skip_an_unfinished_run_or_mark_it_partial(tmp_path, capsys):
+    import pytest
+
+    from graft.report.compare import main as compare
+
+    _single_run(tmp_path / "before" / "pld", "pld")
+    _single_run(tmp_path / "before" / "graft", "graft")
+    _single_run(tmp_path / "after" / "pld", "pld")
+    killed = _single_run(tmp_path / "after" / "graft", "graft", complete=False)
+    main([str(tmp_path / "after" / "pld"), str(killed / "summary.json")])
+    out, err = capsys.readouterr()
+    assert list(_rows(out)) == ["pld"]
+    assert f"{killed}: partial (2 prompts, no `complete` record); skipped (pass --partial to show it)" in err
+    main([str(tmp_path / "after" / "pld"), str(killed), "--partial"])
+    assert list(_rows(capsys.readouterr().out)) == ["pld", "graft (partial)"]
+    with pytest.raises(SystemExit) as done:
+        compare([str(tmp_path / "before"), str(tmp_path / "after")])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0 and "| pld |" in out and "graft" not in out and f"{killed}: partial" in err
+    with pytest.raises(SystemExit):
+        compare([str(tmp_path / "before"), str(tmp_path / "after"), "--partial"])
+    assert "| graft (partial) | 2.0000 | 2.0000 | 1/1 | True |" in capsys.readouterr().out

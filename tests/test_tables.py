@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, finish_run
 
 HARDWARE = {"device": "cpu", "cpu": "test CPU"}
 
@@ -46,13 +46,15 @@ def _turn(accepted, stage):
     }
 
 
-def _comparison(path, dataset, numbers, budget=60, thresholds=None):
-    """A finished comparison run directory: numbers = {method: (speedup, tau)}."""
+def _comparison(path, dataset, numbers, budget=60, thresholds=None, model="m", config=None):
+    """A finished comparison run directory: numbers = {method: (speedup, tau)}; `config`: run.json's config."""
     path.mkdir(parents=True)
     methods = {
         m: _method_summary(dataset, m, s, t, budget, {"dense": 0.25, "check@0": 0.75} if m == "graft" else None)
         for m, (s, t) in numbers.items()
     }
+    for summary in methods.values():
+        summary["model"] = model
     if thresholds:
         methods["graft"]["method_config"]["thresholds"] = thresholds
     rows = {
@@ -67,14 +69,14 @@ def _comparison(path, dataset, numbers, budget=60, thresholds=None):
     }
     summary = {
         "kind": "comparison",
-        "model": "m",
+        "model": model,
         "dataset": dataset,
         "hardware": HARDWARE,
         "rows": rows,
         "methods": methods,
     }
     (path / "summary.json").write_text(json.dumps(summary))
-    (path / "run.json").write_text(json.dumps({"config_hash": "x"}))
+    (path / "run.json").write_text(json.dumps({"config_hash": "x", **({"config": config} if config else {})}))
     record = {
         "id": "p1",
         "status": "ok",
@@ -82,6 +84,7 @@ def _comparison(path, dataset, numbers, budget=60, thresholds=None):
         "methods": {m: {"side": {"turns": [_turn([3, 1, 2], "check@0" if m == "graft" else None)]}} for m in numbers},
     }
     (path / "samples.jsonl").write_text(json.dumps(record) + "\n")
+    finish_run(path)
 
 
 def _sweep(tmp_path):
@@ -188,6 +191,7 @@ def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_pro
         for k in range(2)
     ]
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    finish_run(run)
     table = relative_claims(method_rows([run]), pd.read_csv(CLAIMS, dtype={"dataset": str, "model": str}))
     got = {(r.method, r.over): r for r in table.itertuples()}
     assert got[("graft", "eagle3")].ratio == pytest.approx(40 / 20)  # mean tokens/s over the same two prompts
@@ -195,7 +199,7 @@ def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_pro
     assert got[("dflash_graft", "dflash")].ratio == pytest.approx(24 / 20)
     assert got[("graft", "eagle3")].prompts == 2
     graft = got[("graft", "eagle3")]
-    assert graft.low <= graft.ratio <= graft.high
+    assert pd.isna(graft.low) and pd.isna(graft.high)  # two prompts: too few for an interval (graft/stats.py)
     assert (graft.published_low, graft.published_high) == (1.074, 1.218)  # +7.4% to +21.8% over EAGLE-3
     assert got[("dflash_graft", "dflash")].published == pytest.approx(3.71 / 3.40, abs=1e-3)
     assert ("graft_root", "eagle3") not in got  # no run here has Graft(ROOT)
@@ -369,3 +373,64 @@ def test_the_ab_native_table_gives_each_context_and_token_count_old_to_new(tmp_p
         "| 256 | 15.00 -> 14.50 | 23.25 -> 22.00 |",
         "| 4,096 | 26.00 -> 25.00 | 66.00 -> 49.75 |",
     ]
+
+
+def _killed(path, dataset, numbers, planned=3):
+    """A comparison run killed after its first prompt, in the middle of writing its second: summary.json (as the
+    runner rewrites it after each prompt) without `complete`, samples.jsonl ending in a torn line."""
+    _comparison(path, dataset, numbers, config={"run": {"num_prompts": planned}})
+    summary = json.loads((path / "summary.json").read_text())
+    del summary["complete"]
+    (path / "summary.json").write_text(json.dumps({**summary, "n_prompts": 1, "n_skipped": 0}))
+    with open(path / "samples.jsonl", "a") as f:
+        f.write('{"id": "p2", "status": "o')
+    return path
+
+
+def test_an_unfinished_run_is_skipped_and_named_or_shown_marked_partial(tmp_path, capsys):
+    from graft.report.tables import build
+
+    sweep = tmp_path / "sweep"
+    _comparison(sweep / "mt", "mt", {"eagle3": (1.5, 2.5), "graft": (1.8, 3.0)})
+    _killed(sweep / "he", "he", {"eagle3": (2.5, 3.5), "graft": (3.0, 4.2)})
+    markdown, _, rows = build([str(sweep)], "speedup_wall")
+    assert f"{sweep / 'he'}: partial (1 of 3 prompts); skipped (pass --partial to show it)" in capsys.readouterr().err
+    assert set(rows["dataset"]) == {"mt"} and "| he" not in markdown and not rows["partial"].any()
+    markdown, _, rows = build([str(sweep)], "speedup_wall", partial=True)
+    assert f"{sweep / 'he'}: partial (1 of 3 prompts); shown, marked partial" in capsys.readouterr().err
+    graft_partial = next(line for line in markdown.splitlines() if line.startswith("| graft (partial)"))
+    assert "3.00x / 4.20" in graft_partial  # its own row: never averaged with a finished run's
+    assert set(rows[rows["partial"]]["dataset"]) == {"he"}
+
+
+def test_runs_of_one_cell_that_differ_in_a_setting_are_shown_apart_and_the_table_says_why(tmp_path):
+    from graft.report.tables import build
+
+    sweep = tmp_path / "sweep"
+    for tokens, speed in ((64, 1.2), (128, 1.6)):
+        config = {"run": {"max_new_tokens": tokens, "seed": 0}, "dataset": {"name": "mt"}}
+        _comparison(sweep / f"t{tokens}", "mt", {"eagle3": (speed - 0.2, 2.0), "graft": (speed, 3.0)}, config=config)
+    markdown, _, _ = build([str(sweep)], "speedup_wall")
+    lines = markdown.splitlines()
+    assert "1.20x / 3.00" in next(line for line in lines if line.startswith("| graft (max_new_tokens=64)"))
+    assert "1.60x / 3.00" in next(line for line in lines if line.startswith("| graft (max_new_tokens=128)"))
+    assert not any(line.split("|")[1].strip() == "graft" for line in lines if line.startswith("|"))  # no average
+    assert "differ in run.max_new_tokens; shown apart" in markdown
+    # repeats (only the seed differs) stay one setting: averaged, with their range
+    repeats = tmp_path / "repeats"
+    for seed, speed in ((0, 1.2), (1, 1.4)):
+        config = {"run": {"max_new_tokens": 64, "seed": seed}}
+        _comparison(repeats / f"s{seed}", "mt", {"eagle3": (1.0, 2.0), "graft": (speed, 3.0)}, config=config)
+    markdown, _, _ = build([str(repeats)], "speedup_wall")
+    assert "1.30x (1.20-1.40) / 3.00" in markdown and "differ in" not in markdown
+
+
+def test_the_stage_table_keeps_every_model(tmp_path):
+    from graft.report.tables import build
+
+    runs = tmp_path / "runs"
+    _comparison(runs / "a", "mt", {"eagle3": (1.5, 2.5), "graft": (1.8, 3.0)}, model="llama")
+    _comparison(runs / "b", "mt", {"eagle3": (1.2, 2.0), "graft": (1.4, 2.4)}, model="qwen")
+    markdown, _, _ = build([str(runs)], "speedup_wall")
+    stages = markdown.split("Share of steps per pruning stage")[1]
+    assert "| llama / graft / mt" in stages and "| qwen / graft / mt" in stages

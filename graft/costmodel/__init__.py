@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -96,6 +97,33 @@ class CostProfile:
             raise ValueError(f"overhead_table_ms must have one value per node count ({len(self.nodes)})")
         if self.moe and len(self.moe.get("experts_touched", [])) != len(self.nodes):
             raise ValueError(f"moe.experts_touched must have one value per node count ({len(self.nodes)})")
+        self.check_values()
+
+    def check_values(self) -> None:
+        """Every count a whole number >= 1 (contexts >= 0) and every cost a finite number of ms, a forward's > 0:
+        a NaN, infinite, negative or zero verify cost would silently turn a budget choice into plain decoding
+        or the whole cap (graft/methods/auto_budget.py divides by it). The error names the key and the value."""
+
+        def refuse(key: str, value, expected: str) -> None:
+            raise ValueError(f"{key}={value!r}: expected {expected}")
+
+        for key, values, least in (("nodes", self.nodes, 1), ("contexts", self.contexts, 0)):
+            for i, value in enumerate(values):
+                if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                    refuse(f"{key}[{i}]", value, f"a whole number >= {least}")
+        costs = [
+            (f"verify_table_ms[{r}][{c}]", v, True)
+            for r, row in enumerate(self.verify_table_ms)
+            for c, v in enumerate(row)
+        ]
+        costs += [(f"overhead_table_ms[{i}]", v, False) for i, v in enumerate(self.overhead_table_ms)]
+        costs += [("commit_move_ms", self.commit_move_ms, False)]
+        costs += [(f"draft_step_ms[{name!r}]", v, False) for name, v in self.draft_step_ms.items()]
+        costs += [("moe.expert_ms", self.moe["expert_ms"], False)] if "expert_ms" in self.moe else []
+        for key, value, forward in costs:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0 or (forward and value == 0):
+                refuse(key, value, "a finite number of ms > 0" if forward else "a finite number of ms >= 0")
 
     def verify_ms(self, nodes: float, context: float, experts: float | None = None) -> float:
         """Verify forward ms for a tree of `nodes` on `context` cached positions: linear in nodes within
@@ -146,8 +174,9 @@ class CostProfile:
     @classmethod
     def from_json(cls, data: Mapping) -> "CostProfile":
         data = dict(data)
-        data["nodes"] = [int(n) for n in data["nodes"]]
-        data["contexts"] = [int(c) for c in data["contexts"]]
+        whole = lambda n: int(n) if isinstance(n, float) and n.is_integer() else n  # noqa: E731  (4.0 -> 4; 4.5 stays, refused)
+        data["nodes"] = [whole(n) for n in data["nodes"]]
+        data["contexts"] = [whole(c) for c in data["contexts"]]
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def save(self, path: Path) -> None:
@@ -159,7 +188,10 @@ class CostProfile:
     def load(cls, path: Path) -> "CostProfile":
         """The profile in `path`; a file that is not one (torn, not JSON, a field missing) is a one-line error."""
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            raw = json.loads(Path(path).read_text())
+            if not isinstance(raw, dict):
+                raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+            return cls.from_json(raw)
         except (ValueError, KeyError, TypeError) as err:
             reason = f"no field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
             raise ConfigError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from graft.commands import pick
+from graft.commands import one_line_errors, pick
 
 COMMANDS = {  # command -> (module, what it does, whether it times forwards)
     "profile": ("graft.costmodel.profile", "measure a device's cost profile (verify, overhead, drafts)", True),
@@ -27,6 +27,7 @@ def before_torch() -> None:
     prefer_huge_pages()
 
 
+@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/commands.py)
 def main(argv: list[str] | None = None) -> None:
     command, rest = pick(__doc__, COMMANDS, argv)
     module, _, timed = COMMANDS[command]

@@ -234,15 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--head-level", action="store_true", help="also time one EAGLE draft level of 10 nodes")
     args = parser.parse_args(argv)
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from graft.config import compose_checked, validate
 
-    from graft.config import CONFIG_DIR, register_schemas, validate
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        raw = compose(config_name="config", overrides=[*args.overrides, "run.out_dir=unused", "logger=none"])
-    cfg = validate(OmegaConf.to_container(raw, resolve=True))
+    cfg = validate(compose_checked([*args.overrides, "logger=none"]))  # bad overrides: one line (graft/commands.py)
 
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path

@@ -232,7 +232,7 @@ def measure_overhead(target, nodes: list[int], context: int, steps: int, verify_
 def measure_commit_move(target, repeats: int) -> float:
     """Extra ms of a commit whose accepted path must be moved down in the cache (a tree's path off its first
     nodes: every layer's keys and values gathered) over one that keeps only the root, median of repeats."""
-    cache = ContextCache(target, 256, 32)
+    cache = ContextCache(target, max(1, min(256, target.max_context - 40)), 32)  # a short context: what fits
     tree = chain_tree(17, 32, target.vocab_size, target.device)
     target.cache = cache.cache
     target.verify(tree, topology(tree.parents, cache.committed))  # 32 rows to move from
@@ -335,9 +335,29 @@ def cache_path(ident: dict[str, str]) -> Path:
     return cache_dir() / f"{ident['model']}-{digest}.json"
 
 
+def check_fits(target, max_nodes: int) -> None:
+    """Before anything is measured: a tree of `max_nodes` nodes (the method's total_tokens) must fit in the
+    target's context after at least one cached position and the 8 spare ones the measurement keeps; one line
+    naming the value and the allowed range, instead of an empty prefill deep in the measurement."""
+    from graft.schema import ConfigError
+
+    room = target.max_context - 9  # the most nodes a context of max_context positions leaves room for
+    if room < 1:
+        raise ConfigError(
+            f"model.max_context={target.max_context} is too short to measure a cost profile of {target.name} "
+            f"(method.cost_profile=auto); allowed: model.max_context >= {max_nodes + 9} for a budget of {max_nodes}"
+        )
+    if not 1 <= max_nodes <= room:
+        raise ConfigError(
+            f"method.total_tokens={max_nodes} does not fit the context of {target.name} "
+            f"(model.max_context={target.max_context}) with room to measure its costs; allowed: 1..{room}"
+        )
+
+
 def calibrated_profile(target, max_nodes: int, seconds: float = CALIBRATION_SECONDS) -> CostProfile:
     """This target's profile on this machine up to `max_nodes` nodes: from the cache when one there covers
     them, else measured now (a few seconds to `seconds` and more on a slow machine) and cached."""
+    check_fits(target, max_nodes)
     path = cache_path(identity(target))
     if path.is_file():
         try:

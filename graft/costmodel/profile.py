@@ -59,6 +59,9 @@ def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float
     from graft.decode import generate
     from graft.registry import build_drafter
 
+    names = [name for name in names if name != AR]  # the baseline's draft cost is always measured
+    if not names:
+        return {}
     prompt = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[0]
     ids = model.chat.prompt_ids([{"role": "user", "content": prompt.turns[0]}])
     costs = {}
@@ -89,10 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>.json")
     args = parser.parse_args(argv)
 
-    from graft.config import compose, validate
+    from graft.config import compose_checked, validate
     from graft.models import load_model
 
-    cfg = validate(compose([*args.overrides, "logger=none"]))
+    cfg = validate(compose_checked([*args.overrides, "logger=none"]))
     started = time.perf_counter()
     model = load_model(cfg.model, cfg.hardware, progress=False)
     target = model.target

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from graft.analysis import run_dirs
 from graft.costmodel import AR, CostProfile, job_anchor, project, recorded_split, run_steps
+from graft.schema import ConfigError
 
 WITHIN = 0.10  # "agrees" = projected within 10% of measured
 
@@ -220,12 +220,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = projection_rows(args.paths, profile, methods, args.draft, args.anchor)
     except KeyError as err:  # --draft profile, and the profile did not measure a method's drafter
-        sys.exit(
+        if not str(err.args[0]).startswith("the profile has no draft cost"):  # a record without a field it reads
+            raise ConfigError(
+                f"a run under {' '.join(args.paths)} records no {err.args[0]!r} per turn, which a projection reads "
+                "(a record of an older harness?)"
+            ) from None
+        raise ConfigError(
             f"{args.profile}: {err.args[0]}; measure it with python -m graft.costmodel profile --methods, "
             "or use --draft measured"
-        )
+        ) from None
     if not rows:
-        sys.exit(f"no run with recorded steps under {' '.join(args.paths)}")
+        raise ConfigError(f"no run with recorded steps under {' '.join(args.paths)}")
     table = budget_table(rows) if args.budgets else run_table(rows)
     parts = [header(args.profile, profile, args.draft, args.anchor), table, agreement(rows)]
     if args.diagnose:

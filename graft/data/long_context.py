@@ -53,14 +53,23 @@ def longbench(cfg: DatasetConfig, data_root: str | None, chat) -> list[Prompt]:
 
 
 def _read_text(path: Path) -> str:
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or "text" not in data:
-            raise DatasetError(f"{path}: expected a JSON object with a 'text' field")
-        return data["text"]
     if path.suffix in (".jsonl", ".gz"):
         return "\n\n".join(row.get("text", "") for _, row in read_jsonl(path))
-    return path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(
+            f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})"
+        ) from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise DatasetError(f"{path}: expected a JSON object with a 'text' field (a string)")
+        return data["text"]
+    return text
 
 
 def cut_to_length(chat, template: str, text: str, start_char: int, length: int) -> tuple[str, int]:

@@ -22,10 +22,18 @@ QUESTION_FORMAT = "one JSON object a line with question_id, category, turns (a l
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-empty line; a malformed line names the file and line."""
+    """(line number, object) for each non-empty line; a malformed line (not UTF-8, not JSON, not an object) and
+    a .gz file that is not gzip name the file and line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(_lines(f, path), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DatasetError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                    "a dataset file is UTF-8 JSON lines"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -35,6 +43,14 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(record, dict):
                 raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield number, record
+
+
+def _lines(f, path: Path) -> Iterator[bytes]:
+    """The lines of an open file; a compressed one that is not gzip (or is cut short) is a DatasetError."""
+    try:
+        yield from f
+    except (gzip.BadGzipFile, EOFError, OSError) as err:
+        raise DatasetError(f"{path}: not a readable gzip file ({err})") from None
 
 
 def _field(record: dict, key: str, path: Path, number: int, expected: str, kind: type | None = str):
@@ -125,6 +141,14 @@ def question_jsonl(path: Path, name: str) -> list[Prompt]:
         turns = _field(record, "turns", path, number, QUESTION_FORMAT, kind=None)
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise DatasetError(f"{path}:{number}: 'turns' must be a non-empty list of strings")
+        blank = next((i for i, t in enumerate(turns) if not t.strip()), None)
+        if blank is not None:  # the model would be timed answering nothing
+            raise DatasetError(f"{path}:{number}: turn {blank + 1} is empty or only whitespace ({turns[blank]!r})")
+        for key, kinds in (("category", (str,)), ("question_id", (str, int))):
+            value = record.get(key)  # a list or a number as a category would group prompts by its text
+            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+                expected = " or ".join("a string" if k is str else "an integer" for k in kinds)
+                raise DatasetError(f"{path}:{number}: field '{key}' is {value!r}; expected {expected}")
         qid = record.get("question_id", number - 1)
         meta = {"source_line": number}
         if record.get("reference"):
@@ -201,6 +225,8 @@ def gsm8k(cfg: DatasetConfig, data_root: str | None) -> list[Prompt]:
         for number, row in rows:
             for key in ("question", "answer"):
                 _field(row, key, path, number, "GSM8K JSON lines with question and answer")
+            if not row["question"].strip():
+                raise DatasetError(f"{path}:{number}: 'question' is empty or only whitespace")
         rows = [r for _, r in rows]
     else:
         rows = hub_records(cfg, data_root)

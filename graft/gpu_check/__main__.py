@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 import graft.gpu_check
+from graft.commands import one_line_errors
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
 from graft.gpu_check.environment import part_environment
@@ -22,6 +23,7 @@ from graft.gpu_check.lossless import part_lossless, part_lossless_sampled
 from graft.gpu_check.moe import part_head235, part_moe_layers
 from graft.gpu_check.plan import CPU, FULL, QUICK
 from graft.gpu_check.report import Context, Interrupted, Report
+from graft.schema import ConfigError
 from graft.gpu_check.syncs import part_host_syncs
 
 PARTS: dict[int, Callable[[Context, dict], None]] = {
@@ -44,6 +46,7 @@ def parse_parts(text: str) -> list[int]:
     return parts
 
 
+@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/commands.py)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m graft.gpu_check",
@@ -59,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes and few methods (for the CPU test)")
     # without --quick on a CPU: the GPU run's tree sizes, contexts and goals at small shapes (plan.py: CPU)
     args = parser.parse_args(argv)
+    if args.budget_s is not None and not 0 < args.budget_s < float("inf"):
+        raise ConfigError(f"--budget-s {args.budget_s:g} is not allowed; expected seconds > 0 (unset: the parts' sum)")
+    if Path(args.out).is_dir():
+        raise ConfigError(
+            f"--out {args.out} is a folder; the report is a file, e.g. --out {Path(args.out) / 'gpu_check.json'}"
+        )
 
     os.environ.setdefault("WANDB_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network on the node: fail fast instead of retrying the Hub

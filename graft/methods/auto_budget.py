@@ -33,7 +33,7 @@ from graft.config import from_cwd_or_repo
 from graft.costmodel import CostProfile
 from graft.costmodel.measure import calibrated_profile, identity
 from graft.registry import register
-from graft.schema import ConfigError
+from graft.schema import ConfigError, require
 from graft.ops import upload
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,9 @@ def resolve_profile(params: CostParams, target, total_tokens: int) -> CostProfil
 @dataclass
 class AutoParams(CostParams):
     auto_context: int = 512  # the context length whose verify costs the choice reads (cache positions)
+
+    def __post_init__(self):
+        require(self.auto_context >= 1, "method.auto_context", self.auto_context, "an integer >= 1 (cache positions)")
 
 
 def best_budget(probabilities: Tensor, costs_ms: list[float]) -> int:

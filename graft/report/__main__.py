@@ -4,6 +4,7 @@ python -m graft.report tables multirun/cpu_embedded --out results/cpu_embedded  
 python -m graft.report plot multirun/pareto --out results/figures                 # PNG + PDF
 python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs     # records to commit
 python -m graft.report export --format spec-bench multirun/spec_bench answers   # Spec-Bench answer files
+python -m graft.report import --format spec-bench answers --out runs/imported     # and back, or other systems'
 python -m graft.report render [--check] [results/README.md]                       # generated tables
 python -m graft.report compare BEFORE_ROOT AFTER_ROOT [--out FILE.md]             # outputs kept?
 python -m graft.report check-lossless --methods pld,graft --datasets builtin      # one baseline, many methods
@@ -13,14 +14,14 @@ python -m graft.report summarize outputs/**/summary.json [--out table.md]       
 from __future__ import annotations
 
 import importlib
-import sys
 
-from graft.commands import pick
+from graft.commands import one_line_errors, pick
 
 COMMANDS = {  # command -> (module, what it does)
     "tables": ("graft.report.tables", "paper-shaped tables of run or sweep directories"),
     "plot": ("graft.report.figures", "figures of run or sweep directories"),
     "export": ("graft.report.export", "finished run directories without their texts, to commit"),
+    "import": ("graft.report.importer", "Spec-Bench / EAGLE answer files as a run folder the tables and figures read"),
     "render": ("graft.report.render", "rewrite (or --check) the generated tables of results/README.md"),
     "compare": ("graft.report.compare", "two sets of run directories, method by method"),
     "check-lossless": ("graft.report.lossless", "many methods against one greedy baseline per prompt"),
@@ -28,19 +29,13 @@ COMMANDS = {  # command -> (module, what it does)
 }
 
 
+@one_line_errors  # bad input (a record, a file, a config value) is one line and exit 2, as in run.py
 def main(argv: list[str] | None = None) -> None:
     command, rest = pick(__doc__, COMMANDS, argv)
     module = importlib.import_module(COMMANDS[command][0])
     if hasattr(module, "before_torch"):
         module.before_torch()
-    from graft.analysis import RecordError
-
-    try:
-        module.main(rest)
-    except (RecordError, OSError) as err:  # bad input is one line and exit 2, as in run.py
-        message = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    module.main(rest)
 
 
 if __name__ == "__main__":

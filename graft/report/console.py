@@ -6,10 +6,29 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from graft.stats import format_interval
+from graft.stats import MIN_N_FOR_INTERVAL, format_interval, shown
 
 INTERVAL_KEYS = ("tau", "speedup_wall", "speedup_decode")  # the metrics graft/stats.py gives an interval of
-INTERVAL_NOTE = "\\[low, high]: 95% bootstrap interval over prompts (paired resampling, percentile method)"
+INTERVAL_NOTE = f"\\[low, high]: 95% interval over prompts (paired jackknife-t, from {MIN_N_FOR_INTERVAL} prompts; all: by category)"
+NO_INTERVAL_NOTE = f"no 95% interval: fewer than {MIN_N_FOR_INTERVAL} prompts (graft/stats.py)"
+
+
+def interval_note(intervals: dict) -> str | None:
+    """The line under a table that says what its brackets are, or why it has none."""
+    if not intervals:
+        return None
+    entries = [e for found in intervals.values() for scope in found.values() for e in _entries(scope)]
+    return INTERVAL_NOTE if any(shown(e) for e in entries) else NO_INTERVAL_NOTE
+
+
+def _entries(scope: dict):
+    """The interval entries of "all" ({metric: entry}) or of "categories" ({category: {metric: entry}})."""
+    for value in (scope or {}).values():
+        if isinstance(value, dict) and "value" in value:
+            yield value
+        elif isinstance(value, dict):
+            yield from value.values()
+
 
 ROWS = [
     ("n_prompts", "{}"),
@@ -50,6 +69,9 @@ def print_summary(summary: dict, out_dir: str) -> None:
         if key in INTERVAL_KEYS:
             text = with_interval(text, spread.get("all", {}).get(key))
         table.add_row(key, text, definitions.get(key, ""))
+    repeats = summary.get("repeats") or {}
+    for key in INTERVAL_KEYS if repeats else ():
+        table.add_row(f"{key} over repeats", repeat_cell(repeats.get(key), "x" if key != "tau" else ""), REPEATS_NOTE)
     if summary.get("score"):
         sc = summary["score"]
         table.add_row(
@@ -62,8 +84,9 @@ def print_summary(summary: dict, out_dir: str) -> None:
     by_category = category_table(summary.get("intervals") or {}, [summary["method"]])
     if by_category is not None:
         wide_console(by_category).print(by_category)
-    if spread:
-        console.print(f"  {INTERVAL_NOTE}")
+    note = interval_note(summary.get("intervals") or {})
+    if note:
+        console.print(f"  {note}")
     console.print(f"records: {out_dir}/samples.jsonl  summary: {out_dir}/summary.json")
 
 
@@ -77,9 +100,19 @@ def wide_console(*tables: Table | None, least: int = 0) -> Console:
 
 def with_interval(text: str, entry: dict | None) -> str:
     """`text` (a formatted value) followed by the 95% interval where there is one: "1.523x [1.41, 1.63]"."""
-    if entry and entry.get("low") is not None:
+    if shown(entry):
         return f"{text} [{entry['low']:.2f}, {entry['high']:.2f}]"
     return text
+
+
+REPEATS_NOTE = "mean (min-max) over run.repeats passes of every prompt: the machine's noise between runs"
+
+
+def repeat_cell(spread: dict | None, unit: str = "x") -> str:
+    """One ratio over the repeats (summary.json's `repeats`): "1.25x (1.22-1.29)"."""
+    if not spread or spread.get("mean") is None:
+        return "-"
+    return f"{spread['mean']:.3f}{unit} ({spread['min']:.2f}-{spread['max']:.2f})"
 
 
 def category_cell(entry: dict | None) -> str:
@@ -129,6 +162,9 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
     for key, _ in COMPARISON_COLUMNS:
         table.add_column(key, justify="right")
     intervals = summary.get("intervals") or {}
+    repeats = summary.get("repeats") or {}
+    if repeats:
+        table.add_column(f"speedup_wall over {repeats.get('R')} repeats", justify="right")
     for name, row in summary["rows"].items():
         cells = ["-" if row.get(key) is None else fmt.format(row[key]) for key, fmt in COMPARISON_COLUMNS]
         if name != summary["baseline"]:  # the baseline's ratios are 1 by definition
@@ -137,6 +173,9 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
                 with_interval(cell, spread.get(key)) if key in INTERVAL_KEYS else cell
                 for cell, (key, _) in zip(cells, COMPARISON_COLUMNS)
             ]
+        if repeats:
+            found = (repeats.get("methods") or {}).get(name) or {}
+            cells.append("-" if name == summary["baseline"] else repeat_cell(found.get("speedup_wall")))
         table.add_row(f"{name} (baseline)" if name == summary["baseline"] else name, *cells)
     methods = [name for name in summary["rows"] if name != summary["baseline"]]
     by_category = category_table(intervals, methods)
@@ -147,8 +186,11 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
     definitions = summary.get("definitions", {})
     for key, _ in COMPARISON_COLUMNS:
         console.print(f"  {key}: {definitions.get(key, '')}")
-    if intervals:
-        console.print(f"  {INTERVAL_NOTE}")
+    note = interval_note(intervals)
+    if note:
+        console.print(f"  {note}")
+    if repeats:
+        console.print(f"  over repeats: {REPEATS_NOTE}")
     if summary.get("n_skipped"):
         console.print(f"  n_skipped: {summary['n_skipped']} prompts longer than the context allows")
     if wall_s is not None:

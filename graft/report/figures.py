@@ -7,6 +7,8 @@ with the published absolute speedups where a run matches the setting (results/pa
 PNG and PDF; the table behind the last figure as beside_paper.csv.
 
     python -m graft.report plot multirun/pareto [more dirs ...] --out results/figures
+
+Finished runs only; `--partial` draws unfinished ones too (each named on stderr).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ PUBLISHED = PAPER / "published.csv"
 CLAIMS = PAPER / "relative_claims.csv"
 
 
-def make_figures(paths: list[str], out: Path) -> list[Path]:
+def make_figures(paths: list[str], out: Path, partial: bool = False) -> list[Path]:
     import pandas as pd
 
     from graft import plots
     from graft.analysis import RecordError, method_rows, step_rows
 
-    rows, steps = method_rows(paths), step_rows(paths)
+    rows, steps = method_rows(paths, partial=partial), step_rows(paths, partial=partial)
     if rows.empty:
         raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
     if not steps.empty:
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--out", type=Path, default=Path("figures"))
+    parser.add_argument("--partial", action="store_true", help="also unfinished runs")
     args = parser.parse_args(argv)
-    for path in make_figures(args.paths, args.out):
+    for path in make_figures(args.paths, args.out, args.partial):
         print(path)
 
 

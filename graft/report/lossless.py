@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default="results/lossless_check.json")
     args = parser.parse_args(argv)
+    check_arguments(args)  # before anything loads: one line naming a bad name or count
 
-    from graft.config import compose, validate
+    from graft.config import compose_checked, validate
     from graft.logs import to_console
     from graft.data import load_prompts
     from baselines.autoregressive import Autoregressive
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     methods = args.methods.split(",")
     # method=ar: the model and hardware alone, so a model without a draft head does not fail the default comparison
-    base_cfg = validate(compose(["method=ar", "logger=none", *args.base]))
+    base_cfg = validate(compose_checked(["method=ar", "logger=none", *args.base]))
     configs = method_configs(methods, args.base, args.set)
     heads = {name: head_of(method) for name, method in configs.items()}
     for name, head in heads.items():
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     earlier = _earlier_results(Path(args.out), results, methods)
     for dataset in args.datasets.split(","):
-        cfg = validate(compose([f"dataset={dataset}", "logger=none"]))
+        cfg = validate(compose_checked([f"dataset={dataset}", "logger=none"]))
         prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[: args.num_prompts]
         table = {name: {"prompts": 0, "equal": 0, "float_tie": 0, "divergent": []} for name in methods}
         checked = []
@@ -125,13 +126,34 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0 if lossless else 1)
 
 
+def check_arguments(args) -> None:
+    """The method and dataset names (config names under configs/) and the counts, before the model loads."""
+    from graft.config import ConfigError, group_options, suggest
+
+    for flag, group, names in (("--methods", "method", args.methods), ("--datasets", "dataset", args.datasets)):
+        options = group_options(group)
+        for name in names.split(","):
+            if name not in options:
+                raise ConfigError(
+                    f"{flag} names {name!r}, which is no {group} config; available: {', '.join(options)}"
+                    + suggest(name, options)
+                )
+    if "ar" in args.methods.split(","):
+        raise ConfigError("--methods names ar, the baseline every method is checked against; name the others")
+    for flag, value in (("--num-prompts", args.num_prompts), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value} is not allowed; expected an integer >= 1")
+
+
 def method_configs(methods: list[str], base: list[str], overrides: list[str]) -> dict:
     """Each method's validated config, composed as run.py composes `method=<name> <base> <overrides>`: the
     one rule for its draft head is the validated config's (method.head if given, else model.draft_head, so
     `--base model.draft_head=random` and `--set method.head=random` both reach every EAGLE method)."""
-    from graft.config import compose, validate
+    from graft.config import compose_checked, validate
 
-    return {name: validate(compose([f"method={name}", "logger=none", *base, *overrides])).method for name in methods}
+    return {
+        name: validate(compose_checked([f"method={name}", "logger=none", *base, *overrides])).method for name in methods
+    }
 
 
 def head_of(method) -> str | None:

@@ -21,8 +21,20 @@ dataset's own id: a record's `question_id` where it has one, else what follows `
 (an integer where it is one), else the number that ends the id, else the id itself; where those are not
 unique in a run (the built-in set's chat-1, code-1, ...), every record's `id` as it is.
 
-Runs exported without their texts (`python -m graft.report export`) give empty strings as turns: Spec-Bench's
-equal.py then compares nothing, and speed.py, which counts the baseline's tokens by tokenizing its texts, sees 0.
+A run without its texts (as `python -m graft.report export` commits them) is refused, naming the run: speed.py
+counts the baseline's tokens by tokenizing its texts, so empty turns give it a negative baseline speed (one token
+less than nothing per turn) and a meaningless speedup. Even with the texts, speed.py's count of the baseline's
+tokens is not ours: it tokenizes each answer again and takes one token off for a BOS the tokenizer is assumed to
+add (docs/experiments.md gives the size of the difference); the methods' `new_tokens` it reads as written.
+
+`category` is Spec-Bench's, so that speed.py's tasks (mt_bench, translation, summarization, qa, math_reasoning,
+rag) hold what they should: MT-Bench's eight categories stay as they are in an MT-Bench set (speed.py's mt_bench
+task), every other category is mapped by CATEGORIES (the built-in set's and GSM8K's `math` is math_reasoning, not
+MT-Bench's math); a category mapped to None has no Spec-Bench task and is written as it is (speed.py's "overall"
+counts it, no task does: a note says which), and a category CATEGORIES does not name is refused, naming it.
+
+`python -m graft.report import --format spec-bench ANSWER_DIR --out RUN_DIR` reads such files back, from this
+harness or from Spec-Bench / EAGLE (`import_specbench`, below).
 """
 
 from __future__ import annotations
@@ -31,10 +43,38 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 BASELINE = "vanilla"  # Spec-Bench's name for plain autoregressive decoding (evaluation/inference_baseline.py)
 TURN_KEYS = ("new_tokens", "wall_s", "steps", "accept_lengths")
+
+# Spec-Bench's tasks and the categories of its mt_bench task, as its evaluation/speed.py names them
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_SETS = ("mt_bench", "eagle_mt_bench", "spec_bench")  # datasets whose MT-Bench categories are MT-Bench's
+# our category -> Spec-Bench's category (= its task), or None: no Spec-Bench task (written as it is; "overall" only)
+CATEGORIES: dict[str, str | None] = {
+    "translation": "translation",  # spec_bench (WMT14 DE-EN)
+    "summarization": "summarization",  # spec_bench, eagle_cnndm (CNN/DailyMail, as Spec-Bench's)
+    "summarisation": "summarization",  # builtin
+    "qa": "qa",  # spec_bench, eagle_qa (Natural Questions, as Spec-Bench's)
+    "math_reasoning": "math_reasoning",  # spec_bench (GSM8K)
+    "math": "math_reasoning",  # builtin, gsm8k, eagle_gsm8k: word problems, as Spec-Bench's GSM8K task
+    "rag": "rag",  # spec_bench
+    "chat": None,  # builtin: general chat, not MT-Bench's questions
+    "code": None,  # builtin, humaneval, eagle_humaneval: Spec-Bench has no code task
+    "eagle_alpaca": None,  # eagle_alpaca (its questions have no category; the loader names them after the set)
+}
+
+
+def spec_bench_category(dataset: str, category: str) -> str | None:
+    """Spec-Bench's category for one of ours (see the module docstring); None where CATEGORIES does not name it."""
+    if dataset in MT_BENCH_SETS and category in MT_BENCH_CATEGORIES:
+        return category
+    if category not in CATEGORIES:
+        return None
+    return CATEGORIES[category] or category
 
 
 def question_id(record: dict, dataset: str):
@@ -87,9 +127,9 @@ def choice(side: dict, where: str) -> tuple[dict, bool]:
     return picked, texted
 
 
-def run_answers(run: Path) -> tuple[dict[str, list[dict]], bool, int]:
-    """{file name: answer lines} of one run directory, whether all its texts are there, and how many of its
-    prompts were skipped (they have no answers)."""
+def run_answers(run: Path) -> tuple[dict[str, list[dict]], bool, int, dict[str, int]]:
+    """{file name: answer lines} of one run directory, whether all its texts are there, how many of its prompts
+    were skipped (they have no answers), and {category: prompts} of those with no Spec-Bench task."""
     from graft.analysis import RecordError, read_records, read_summary
 
     summary, records = read_summary(run), read_records(run)
@@ -99,15 +139,30 @@ def run_answers(run: Path) -> tuple[dict[str, list[dict]], bool, int]:
     for number, record in enumerate(records, 1):
         if not isinstance(record, dict):
             raise RecordError(f"{run}/samples.jsonl:{number}: not a JSON object")
-    finished = [(number, r) for number, r in enumerate(records, 1) if r.get("status") == "ok"]
+    # the first pass of a run.repeats run: one answer per question, as Spec-Bench's files hold
+    finished = [(n, r) for n, r in enumerate(records, 1) if r.get("status") == "ok" and r.get("repeat", 1) == 1]
     ids = [question_id(record, dataset) for _, record in finished]
     if len(set(map(repr, ids))) < len(ids):  # e.g. the built-in set's chat-1, code-1: its ids are the strings
         ids = [str(record.get("id")) for _, record in finished]
     if len(set(ids)) < len(ids):
         raise RecordError(f"{run}: two records have the same id; Spec-Bench tells answers apart by it")
+    categories = {}
+    for _, record in finished:
+        ours = str(record.get("category") or dataset)
+        categories.setdefault(ours, spec_bench_category(dataset, ours))
+    unknown = sorted(c for c, theirs in categories.items() if theirs is None)
+    if unknown:
+        raise RecordError(
+            f"{run}: dataset {dataset}'s categories {', '.join(unknown)} have no Spec-Bench category; name one (or"
+            " None: no task) for each in graft/report/specbench.py CATEGORIES"
+        )
+    taskless: dict[str, int] = {}
     files: dict[str, list[dict]] = {}
     texted = True
     for (number, record), qid in zip(finished, ids):
+        category = categories[str(record.get("category") or dataset)]
+        if category not in TASKS and category not in MT_BENCH_CATEGORIES:
+            taskless[category] = taskless.get(category, 0) + 1
         for method, side in sides(record, summary).items():
             model_id = f"{model}-{method}"
             picked, has_text = choice(side, f"{run}/samples.jsonl:{number} ({method})")
@@ -115,19 +170,27 @@ def run_answers(run: Path) -> tuple[dict[str, list[dict]], bool, int]:
             files.setdefault(f"{model_id}.jsonl", []).append(
                 {
                     "question_id": qid,
-                    "category": record.get("category") or dataset,
+                    "category": category,
                     "answer_id": hashlib.sha1(f"{model_id}/{record.get('id')}/{tstamp}".encode()).hexdigest()[:22],
                     "model_id": model_id,
                     "choices": [picked],
                     "tstamp": tstamp,
                 }
             )
-    return files, texted, len(records) - len(finished)
+    if not texted:
+        raise RecordError(
+            f"{run}: its records hold no texts (exported without them?); Spec-Bench's speed.py counts the baseline's"
+            " tokens from its texts, so export from the folder the run wrote"
+        )
+    return files, texted, len(records) - len(finished), taskless
 
 
-def export_specbench(source: Path, target: Path) -> tuple[list[Path], list[str]]:
-    """Write the answer files of every finished run under `source` into `target` (other files there are left
-    alone, each answer file replaced whole); returns the files written and one-line notes."""
+def export_specbench(
+    source: Path, target: Path, partial: bool = False, replace: bool = False
+) -> tuple[list[Path], list[str]]:
+    """Write the answer files of every finished run under `source` (with `partial`, unfinished ones too) into
+    `target` (other files there are left alone; an answer file already there is refused unless `replace`, then
+    replaced whole); returns the files written and one-line notes."""
     from graft.analysis import RecordError, run_dirs
 
     from graft.analysis import check_export_paths
@@ -136,10 +199,18 @@ def export_specbench(source: Path, target: Path) -> tuple[list[Path], list[str]]
     if target.exists() and not target.is_dir():
         raise RecordError(f"{target}: is a file, expected a folder for the answer files")
     checked = []  # everything read and checked before anything is written
-    for run in run_dirs([source]):
-        files, texted, skipped = run_answers(run)
+    taskless: dict[str, int] = {}
+    for run in run_dirs([source], partial):
+        files, texted, skipped, outside = run_answers(run)
         checked.append((run, files, texted, skipped))
-    written, untexted, skipped_total = [], 0, 0
+        for category, count in outside.items():
+            taskless[category] = taskless.get(category, 0) + count
+    there = [target / run.relative_to(source) / name for run, files, _, _ in checked for name in files]
+    there = [path for path in there if path.exists()]
+    if there and not replace:
+        more = f" (and {len(there) - 1} more)" if len(there) > 1 else ""
+        raise RecordError(f"{there[0]}: already there{more}; pass --replace to replace the answer files it writes")
+    written, skipped_total = [], 0
     for run, files, texted, skipped in checked:
         out = target / run.relative_to(source) if run != source else target
         out.mkdir(parents=True, exist_ok=True)
@@ -149,14 +220,367 @@ def export_specbench(source: Path, target: Path) -> tuple[list[Path], list[str]]
             partial.write_text("".join(json.dumps(line) + "\n" for line in lines))
             os.replace(partial, path)
             written.append(path)
-        untexted += not texted
         skipped_total += skipped
     notes = []
-    if untexted:
-        notes.append(
-            f"{untexted} of {len(checked)} runs hold no texts (exported without them): their turns are empty"
-            " strings, so Spec-Bench's equal.py cannot compare them and speed.py counts 0 baseline tokens"
-        )
+    if taskless:
+        listed = ", ".join(f"{category} ({count})" for category, count in sorted(taskless.items()))
+        notes.append(f"no Spec-Bench task for {listed}: written as they are, counted only in speed.py's overall")
     if skipped_total:
         notes.append(f"no answers for {skipped_total} prompts the runs skipped (too long for the model)")
     return written, notes
+
+
+# --- import: Spec-Bench / EAGLE answer files as a run folder ----------------------------------------------------
+
+IMPORTED = " (imported)"  # ends every imported method's name, so tables and figures show which rows were imported
+BASELINE_NAMES = ("vanilla", "baseline", "base", "ar")  # a file whose method part is one of these is the baseline
+TEMPERATURE = re.compile(r"-temp(?:erature)?-(\d+(?:\.\d+)?)")
+DTYPES = re.compile(r"-(?:float16|bfloat16|float32|fp16|bf16|fp32)(?=-|$)")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_answer_file(path: Path) -> dict:
+    """{question_id: answer} of one answer file, the last answer of a question kept (as Spec-Bench's and EAGLE's
+    reorg_answer_file keep it), in the order questions first appear."""
+    from graft.analysis import RecordError
+
+    answers: dict = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise RecordError(f"{path}:{number}: not valid JSON") from None
+        if not isinstance(answer, dict) or "question_id" not in answer:
+            raise RecordError(f"{path}:{number}: not an answer (a JSON object with question_id and choices)")
+        choices = answer.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise RecordError(f"{path}:{number}: has no choices")
+        answers[answer["question_id"]] = {**answer, "_line": number}
+    if not answers:
+        raise RecordError(f"{path}: holds no answers")
+    return answers
+
+
+def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
+    """The turns of one answer's first choice as this harness's turn records, and where its steps came from.
+
+    Steps: `decoding_steps` (Spec-Bench) where given, else `idxs` + 1 (EAGLE's loop index of a turn's last step,
+    `for idx in range(max_steps)`), or `idxs` itself where `accept_lengths` holds exactly that many steps.
+    Step tokens: the turn's share of `accept_lengths` (Spec-Bench's one flat list of every step's committed tokens,
+    split by the steps), else `new_tokens` (EAGLE's new_token counts what its steps committed)."""
+    from graft.analysis import RecordError
+
+    picked = answer["choices"][0]
+    try:
+        new_tokens = [int(n) for n in picked["new_tokens"]]
+        wall = [float(s) for s in picked["wall_time"]]
+        texts = picked.get("turns") or [None] * len(new_tokens)
+        lengths = picked.get("accept_lengths")
+        lengths = None if lengths is None else [int(n) for n in lengths]
+        if picked.get("decoding_steps") is not None:
+            steps, source = [int(n) for n in picked["decoding_steps"]], "decoding_steps"
+        elif picked.get("idxs") is not None:
+            idxs = [int(n) for n in picked["idxs"]]
+            if lengths is not None and len(lengths) == sum(idxs) != sum(i + 1 for i in idxs):
+                steps, source = idxs, "idxs"
+            else:
+                steps, source = [i + 1 for i in idxs], "idxs + 1"
+        else:
+            raise RecordError(f"{where}: has neither decoding_steps nor idxs; the steps of its turns are unknown")
+    except KeyError as err:
+        raise RecordError(f"{where}: lacks {err.args[0]}") from None
+    except (TypeError, ValueError) as err:
+        raise RecordError(f"{where}: a turn's new_tokens, wall_time or steps is malformed ({err})") from None
+    if not (len(new_tokens) == len(wall) == len(steps) == len(texts)) or not new_tokens:
+        raise RecordError(f"{where}: new_tokens, wall_time, its steps and turns differ in length")
+    if lengths is not None and len(lengths) != sum(steps):
+        raise RecordError(f"{where}: accept_lengths holds {len(lengths)} steps, its {source} say {sum(steps)}")
+    turns, start = [], 0
+    for n, w, k, text in zip(new_tokens, wall, steps, texts):
+        own = lengths[start : start + k] if lengths is not None else None
+        start += k
+        step_tokens = sum(own) if own is not None else n
+        turns.append(
+            {
+                "prompt_tokens": None,
+                "new_tokens": n,
+                "step_tokens": step_tokens,
+                "steps": k,
+                "tau": step_tokens / k if k else None,
+                "prefill_s": None,
+                "decode_s": None,
+                "wall_s": w,
+                "accept_lengths": own,
+                "text": text if isinstance(text, str) else None,
+            }
+        )
+    return turns, f"steps from {source}, step tokens from {'accept_lengths' if lengths is not None else 'new_tokens'}"
+
+
+def imported_side(turns: list[dict]) -> dict:
+    """A side record with the totals the report tools read, computed as graft/metrics.py's side_totals does;
+    what an answer file does not record (decode and prefill time, tree sizes) is None."""
+    new_tokens = sum(t["new_tokens"] for t in turns)
+    wall = sum(t["wall_s"] for t in turns)
+    totals = {
+        "new_tokens": new_tokens,
+        "step_tokens": sum(t["step_tokens"] for t in turns),
+        "steps": sum(t["steps"] for t in turns),
+        "wall_s": wall,
+        "decode_s": None,
+        "prefill_s": None,
+        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+    }
+    return {"turns": turns, "totals": totals}
+
+
+def _names(stems: list[str]) -> tuple[str, list[str]]:
+    """(the model, each file's method) of answer files named `<model>-<method>[-<dtype>][-temp(erature)-<t>]`: the
+    longest prefix, cut after a '-', that every name shares."""
+    plain = [DTYPES.sub("", TEMPERATURE.sub("", stem)) for stem in stems]
+    prefix = plain[0]
+    for name in plain[1:]:
+        while not name.startswith(prefix):
+            prefix = prefix[:-1]
+    prefix = prefix[: prefix.rfind("-") + 1] if "-" in prefix else ""
+    if len(plain) > 1 and all(len(name) > len(prefix) for name in plain):
+        return prefix.rstrip("-"), [name[len(prefix) :] for name in plain]
+    return "", plain
+
+
+def _summary(records: list[dict], label: str, meta: dict) -> dict:
+    """One imported method's summary: graft/metrics.py's summarize on what answer files record."""
+    import statistics
+
+    from graft.metrics import DEFINITIONS
+
+    method = [r["methods"][label]["side"]["totals"] for r in records]
+    base = [r["baseline"]["totals"] for r in records]
+    tps = statistics.fmean(row["tokens_per_s"] for row in method)
+    base_tps = statistics.fmean(row["tokens_per_s"] for row in base)
+    ratio = lambda a, b: a / b if b else None  # noqa: E731
+    per_prompt = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(method, base) if b["tokens_per_s"]]
+    total = lambda rows, key: sum(row[key] for row in rows)  # noqa: E731
+    unknown = ("speedup_decode", "avg_nodes_per_step", "avg_kept_nodes_per_step", "retrieval_share", "ms_per_step")
+    return {
+        **meta,
+        "method": label,
+        "method_config": {},
+        "n_prompts": len(records),
+        "n_skipped": 0,
+        "tau": ratio(total(method, "step_tokens"), total(method, "steps")),
+        "baseline_tau": ratio(total(base, "step_tokens"), total(base, "steps")),
+        "tokens_per_s": tps,
+        "baseline_tokens_per_s": base_tps,
+        "speedup_wall": ratio(tps, base_tps),
+        "speedup_wall_median": statistics.median(per_prompt) if per_prompt else None,
+        **dict.fromkeys(unknown),
+        "baseline_ms_per_step": None,
+        "lossless": None,
+        "n_divergent": None,
+        "new_tokens": total(method, "new_tokens"),
+        "steps": total(method, "steps"),
+        "time_split": None,
+        "definitions": DEFINITIONS,
+    }
+
+
+def _intervals(records: list[dict]) -> dict:
+    """graft/stats.py's intervals of the imported records, their unknown decode times as NaN (speedup_decode
+    then has no value)."""
+    from graft import stats
+
+    nan = float("nan")
+    copies = [
+        {
+            **r,
+            "baseline": {**r["baseline"], "totals": {**r["baseline"]["totals"], "decode_s": nan}},
+            "methods": {
+                name: {**entry, "side": {**entry["side"], "totals": {**entry["side"]["totals"], "decode_s": nan}}}
+                for name, entry in r["methods"].items()
+            },
+        }
+        for r in records
+    ]
+    return stats.intervals(copies)
+
+
+def import_specbench(
+    answers: Path,
+    out: Path,
+    baseline: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
+    temperature: float | None = None,
+) -> tuple[Path, list[str]]:
+    """Write the run folder `out` (samples.jsonl, summary.json, run.json, summaries/) of the answer files in
+    `answers`: one comparison, the baseline file's answers as its baseline (`ar`) and every other file a method
+    named `<its method part> (imported)`, one record per question that every file answered. Returns `out` and
+    one-line notes. Numbers are the files' own: new_tokens (not speed.py's recount of the baseline's texts),
+    wall_time, steps and accepted lengths; tokens/s, tau and speedup are computed from them as for this harness's
+    runs, so a run exported with `export --format spec-bench` comes back with the same values."""
+    from graft.analysis import RecordError
+    from graft.provenance import code
+    from graft.records import config_hash, records_digest
+
+    answers = Path(answers)
+    if not answers.is_dir():
+        raise RecordError(f"{answers}: not a folder of answer files (<model>-<method>.jsonl)")
+    files = sorted(p for p in answers.glob("*.jsonl") if p.is_file())
+    if len(files) < 2:
+        raise RecordError(f"{answers}: needs a baseline answer file and at least one method's; found {len(files)}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RecordError(f"{out}: exists and is not an empty folder; import into a new one")
+    stems = [p.stem for p in files]
+    found_model, methods = _names(stems)
+    if baseline is not None:
+        chosen = [i for i, p in enumerate(files) if p.name == Path(baseline).name]
+    else:
+        chosen = [i for i, m in enumerate(methods) if any(m == b or m.startswith(f"{b}-") for b in BASELINE_NAMES)]
+    if len(chosen) != 1:
+        raise RecordError(
+            f"{answers}: which file is the baseline? {len(chosen)} of {', '.join(p.name for p in files)} look like"
+            f" one ({'/'.join(BASELINE_NAMES)}); pass --baseline FILE"
+        )
+    (base_index,) = chosen
+    model = model or found_model or "imported"
+    dataset = dataset or (answers.parent.name if answers.name == "model_answer" else answers.name)
+    temperatures = {float(m.group(1)) for stem in stems for m in TEMPERATURE.finditer(stem)}
+    notes = []
+    if temperature is None:
+        if len(temperatures) > 1:
+            raise RecordError(f"{answers}: its files were run at temperatures {sorted(temperatures)}; import one")
+        if not temperatures:
+            notes.append("the file names give no temperature: recorded as 0 (--temperature to set it)")
+        temperature = temperatures.pop() if temperatures else 0.0
+    read = [read_answer_file(p) for p in files]
+    labels = [f"{m}{IMPORTED}" for m in methods]
+    common = [qid for qid in read[base_index] if all(qid in answered for answered in read)]
+    if not common:
+        raise RecordError(f"{answers}: no question is answered in every file")
+    dropped = len(set().union(*map(set, read))) - len(common)
+    if dropped:
+        notes.append(f"{dropped} questions not answered in every file were left out")
+    steps_from: dict[str, str] = {}
+    records = []
+    for index, qid in enumerate(common):
+        base_answer = read[base_index][qid]
+        where = lambda i: f"{files[i]}:{read[i][qid]['_line']}"  # noqa: E731
+        base_turns, how = imported_turns(base_answer, where(base_index))
+        steps_from["ar"] = how
+        baseline_side = imported_side(base_turns)
+        entries = {}
+        for i, label in enumerate(labels):
+            if i == base_index:
+                continue
+            turns, how = imported_turns(read[i][qid], where(i))
+            steps_from[label] = how
+            if len(turns) != len(base_turns):
+                raise RecordError(f"{where(i)}: {len(turns)} turns, the baseline's answer {len(base_turns)}")
+            side = imported_side(turns)
+            b_tps = baseline_side["totals"]["tokens_per_s"]
+            entries[label] = {
+                "side": side,
+                "lossless": {"checked": False, "equal": None, "first_divergence": None},
+                "speedup_wall": side["totals"]["tokens_per_s"] / b_tps if b_tps else None,
+            }
+        records.append(
+            {
+                "id": f"{dataset}-{qid}",
+                "question_id": qid,
+                "category": base_answer.get("category") or dataset,
+                "index": index,
+                "turns": len(base_turns),
+                "status": "ok",
+                "baseline": baseline_side,
+                "methods": entries,
+            }
+        )
+    sources = [
+        {
+            "file": p.name,
+            "sha256": _sha256(p),
+            "role": "baseline" if i == base_index else "method",
+            "method": "ar" if i == base_index else labels[i],
+            "answers": len(read[i]),
+        }
+        for i, p in enumerate(files)
+    ]
+    imported = {
+        "format": "spec-bench",
+        "source": str(answers.resolve()),
+        "files": sources,
+        "how": steps_from,
+        "counts": "new_tokens and wall_time as the files record them (choices[0]); speed.py instead recounts the"
+        " baseline's tokens from its texts",
+    }
+    meta = {
+        "model": model,
+        "dataset": dataset,
+        "temperature": temperature,
+        "hardware": {"device": None, "cpu": "unrecorded (imported)"},
+        "imported": imported,
+    }
+    per_method = {label: _summary(records, label, meta) for i, label in enumerate(labels) if i != base_index}
+    first = next(iter(per_method.values()))
+    ids = [r["id"] for r in records]
+    rows = {
+        "ar": {
+            "tau": first["baseline_tau"],
+            "speedup_wall": 1.0,
+            "speedup_decode": None,
+            "avg_nodes_per_step": None,
+            "tokens_per_s": first["baseline_tokens_per_s"],
+            "lossless": None,
+            "retrieval_share": None,
+            "ms_per_step": None,
+            "n_prompts": len(records),
+        }
+    }
+    keys = ("tau", "speedup_wall", "speedup_decode", "avg_nodes_per_step", "tokens_per_s", "lossless")
+    keys += ("retrieval_share", "ms_per_step", "n_prompts")
+    rows.update({label: {k: s.get(k) for k in keys} for label, s in per_method.items()})
+    summary = {
+        **meta,
+        "kind": "comparison",
+        "method": "compare",
+        "baseline": "ar",
+        "n_prompts": len(records),
+        "n_skipped": 0,
+        "rows": rows,
+        "methods": per_method,
+        "definitions": first["definitions"],
+        "complete": {"plan": {"imported": "spec-bench"}, "ids": ids, "records_sha1": records_digest(records)},
+    }
+    from graft import stats
+
+    if hasattr(stats, "INTERVAL_METHOD"):  # recorded the way graft/stats.py computes them, so readers take them
+        summary["intervals"], summary["interval_method"] = _intervals(records), stats.INTERVAL_METHOD
+    config = {"imported": imported, "model": {"name": model}, "dataset": {"name": dataset}}
+    config["run"] = {"temperature": temperature}
+    run = {
+        "config_hash": config_hash(config),
+        "config": config,
+        "imported": imported,
+        "provenance": {"code": code(), "imported_files": sources},
+    }
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "summaries").mkdir(parents=True)
+    (partial / "samples.jsonl").write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
+    (partial / "run.json").write_text(json.dumps(run, indent=2, default=str))
+    for label, method_summary in per_method.items():
+        name = label.removesuffix(IMPORTED)
+        (partial / "summaries" / f"{name}.json").write_text(json.dumps(method_summary, indent=2, default=str))
+    (partial / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if out.exists():
+        out.rmdir()  # empty, checked above
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial.rename(out)
+    return out, notes

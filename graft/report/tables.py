@@ -1,14 +1,20 @@
 """Tables shaped like the paper's, from run or sweep directories: one table per model and temperature,
 rows = methods, columns = datasets and their mean, cells = speedup / tau; Graft's relative improvement
 over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX. A speedup carries its
-95% bootstrap interval over prompts ("1.52x [1.41, 1.63] / 2.31") where the run's records give one: summary.json's
-`intervals`, else computed from samples.jsonl (graft/stats.py).
+95% interval over prompts ("1.52x [1.41, 1.63] / 2.31") where the run's records give one, from 10 prompts on
+(graft/stats.py: MIN_N_FOR_INTERVAL; fewer: "1.52x (n=8) / 2.31"): summary.json's `intervals`, else computed
+from samples.jsonl. A run of run.repeats > 1 adds a table of each ratio's mean and range over the repeats.
+
+Finished runs only: an unfinished one (no verifying `complete` record in summary.json) is named on stderr and
+skipped, or with `--partial` shown, its rows marked "(partial)". Runs that would share a cell but differ in a
+setting their numbers depend on (run.max_new_tokens, the method's config, the hardware, ...) are not averaged:
+their rows are labelled with it ("graft (max_new_tokens=64)") and a line under the table names it.
 
 `--by category`: also, per model, temperature and dataset, rows = the dataset's categories and "all", columns =
 methods, cells "speedup [low, high] / tau [low, high]"; with --out, categories.csv holds every interval (one row
 per run, method, category and metric: value, low, high, n).
 
-    python -m graft.report tables multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--by category] [--out results/cpu_embedded]
+    python -m graft.report tables multirun/cpu_embedded [more dirs ...] [--metric speedup_wall] [--by category] [--partial] [--out results/cpu_embedded]
 """
 
 from __future__ import annotations
@@ -34,7 +40,16 @@ ORDER = [
 ]
 
 
-def build(paths: list[str], metric: str) -> tuple[str, str, object]:
+def ordered(labels) -> list[str]:
+    """Row labels in ORDER of their method ("graft (max_new_tokens=64)" is graft's), then by label."""
+    import re
+
+    rank = {m: i for i, m in enumerate(ORDER)}
+    numbers = lambda label: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label)]  # noqa: E731  64 < 128
+    return sorted(set(labels), key=lambda label: (rank.get(label.split(" (")[0], len(ORDER)), numbers(label)))
+
+
+def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
     from graft.analysis import (
         RecordError,
         best_settings,
@@ -42,15 +57,20 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
         is_sweep,
         method_rows,
         paper_table,
+        repeat_table,
+        split_settings,
         stage_table,
         sweep_table,
     )
 
-    rows = method_rows(paths, intervals=True)
+    rows = method_rows(paths, intervals=True, partial=partial)
     if rows.empty:
         raise RecordError(f"no run under {', '.join(map(str, paths))} has finished a prompt")
+    rows, notes = split_settings(rows)
+    order = ordered(rows["method"])
     markdown, latex = [], []
     for (model, temperature), group in rows.groupby(["model", "temperature"]):
+        split = [line for line in notes if line.startswith(f"{model}, temperature {temperature:g}:")]
         if is_sweep(group):
             for dataset, runs in group.groupby("dataset"):
                 title = f"{model} / {dataset}, temperature {temperature:g}: {metric} / tau / nodes per step ({runs['hardware'].iloc[0]})"
@@ -61,19 +81,26 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
                 )
                 checked = runs[runs["lossless"].notna()]
                 note += f". Lossless: {int(checked['lossless'].sum())} of {len(checked)} method x setting runs."
-                table = sweep_table(runs, metric, ORDER)
+                table = sweep_table(runs, metric, order)
+                note = " ".join([note, *split])
                 markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
                 latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
             continue
-        table = paper_table(group, metric, ORDER)
+        table = paper_table(group, metric, order)
         title = f"{model}, temperature {temperature:g}: {metric} / tau ({group['hardware'].iloc[0]})"
         gain = improvement(group, "graft", "eagle3", metric)
         note = f"Graft over EAGLE-3 (mean {metric}): {gain:+.1%}. " if gain is not None else ""
         checked = group[group["lossless"].notna()]
         note += f"Lossless (greedy tokens equal the baseline's): {int(checked['lossless'].sum())} of {len(checked)} method x dataset runs."
+        note = " ".join([note, *split])
         markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
         latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
-    stages = stage_table(rows, settings=is_sweep(rows))
+        repeated = repeat_table(group, metric, order)
+        if not repeated.empty:  # runs of run.repeats > 1: the spread between whole runs, beside the intervals
+            title = f"{model}, temperature {temperature:g}: {metric} over repeats, mean (min-max) of the R passes"
+            markdown += [f"### {title}", "", repeated.to_markdown(), ""]
+            latex += [f"% {title}", repeated.to_latex(escape=True), ""]
+    stages = stage_table(rows, settings=any(is_sweep(g) for _, g in rows.groupby(["model", "temperature"])))
     if not stages.empty:
         markdown += [
             "### Share of steps per pruning stage (the stage split: check@<levels> fired, or dense)",
@@ -84,18 +111,19 @@ def build(paths: list[str], metric: str) -> tuple[str, str, object]:
     return "\n".join(markdown), "\n".join(latex), rows
 
 
-def category_tables(paths: list[str], metric: str) -> tuple[str, str, object]:
+def category_tables(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
     """Per (model, temperature, dataset): rows = categories and "all", columns = methods (the baseline left
     out beside others: 1 by definition), cells "speedup [low, high] / tau [low, high]"; and the long table of
     every interval, for categories.csv."""
     import pandas as pd
 
     from graft.analysis import RecordError, category_rows
-    from graft.stats import format_interval
+    from graft.stats import MIN_N_FOR_INTERVAL
 
-    rows = category_rows(paths)
+    rows = category_rows(paths, partial=partial)
     if rows.empty:
         raise RecordError(f"no run under {', '.join(map(str, paths))} has per-prompt records to resample")
+    rows["method"] = [f"{m} (partial)" if p else m for m, p in zip(rows["method"], rows["partial"])]
     markdown, latex = [], []
     for (model, temperature, dataset), group in rows.groupby(["model", "temperature", "dataset"]):
         runs = group[["run", "method"]].drop_duplicates()
@@ -107,21 +135,14 @@ def category_tables(paths: list[str], metric: str) -> tuple[str, str, object]:
             for r, repeated in zip(runs.itertuples(), twice)
         }
         rank = {m: i for i, m in enumerate(ORDER)}
-        columns = sorted(labels, key=lambda key: (rank.get(key[1], len(ORDER)), key[1], key[0]))
+        columns = sorted(labels, key=lambda key: (rank.get(key[1].split(" (")[0], len(ORDER)), key[1], key[0]))
         categories = sorted(set(group["category"]) - {"all"}) + ["all"]
         entries = {
             (r.run, r.method, r.category, r.metric): {k: None if pd.isna(v) else v for k, v in r._asdict().items()}
             for r in group.itertuples()
         }
         cells = {
-            category: {
-                labels[key]: " / ".join(
-                    format_interval(entries.get((*key, category, name)), unit)
-                    for name, unit in ((metric, "x"), ("tau", ""))
-                )
-                for key in columns
-            }
-            for category in categories
+            category: {labels[key]: _cell(entries, key, category, metric) for key in columns} for category in categories
         }
         table = pd.DataFrame.from_dict(cells, orient="index")[[labels[key] for key in columns]]
         table.index.name = "category"
@@ -131,9 +152,21 @@ def category_tables(paths: list[str], metric: str) -> tuple[str, str, object]:
         )
         n = group[(group["metric"] == "tau") & (group["category"] != "all")].groupby("category")["n"].max()
         note = "Prompts per category: " + ", ".join(f"{c} {int(k)}" for c, k in n.items()) + "."
+        note += f" Intervals: jackknife-t over prompts, from {MIN_N_FOR_INTERVAL} prompts on (fewer: the value and n)"
+        note += "; all: stratified by category." if len(n) > 1 else "."
         markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
         latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
     return "\n".join(markdown), "\n".join(latex), rows
+
+
+def _cell(entries: dict, key: tuple, category: str, metric: str) -> str:
+    """ "speedup [low, high] / tau [low, high]", or "speedup / tau (n=4)" below MIN_N_FOR_INTERVAL prompts."""
+    from graft.stats import MIN_N_FOR_INTERVAL, format_interval
+
+    speed, tau = entries.get((*key, category, metric)), entries.get((*key, category, "tau"))
+    text = f"{format_interval(speed, 'x')} / {format_interval(tau, '')}"
+    n = (tau or speed or {}).get("n")
+    return f"{text} (n={int(n)})" if n and n < MIN_N_FOR_INTERVAL else text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,18 +179,19 @@ def main(argv: list[str] | None = None) -> None:
         "--by", choices=["category"], help="also a table per dataset with a row per category (and categories.csv)"
     )
     parser.add_argument("--out", type=Path, help="folder for tables.md, tables.tex and rows.csv")
+    parser.add_argument("--partial", action="store_true", help="also unfinished runs, their rows marked (partial)")
     args = parser.parse_args(argv)
-    markdown, latex, rows = build(args.paths, args.metric)
+    markdown, latex, rows = build(args.paths, args.metric, args.partial)
     categories = None
     if args.by == "category":
-        by_markdown, by_latex, categories = category_tables(args.paths, args.metric)
+        by_markdown, by_latex, categories = category_tables(args.paths, args.metric, args.partial)
         markdown, latex = f"{markdown}\n{by_markdown}", f"{latex}\n{by_latex}"
     print(markdown)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tables.md").write_text(markdown + "\n")
         (args.out / "tables.tex").write_text(latex + "\n")
-        rows.drop(columns=["run"]).to_csv(args.out / "rows.csv", index=False)
+        rows.drop(columns=["run", "settings"]).to_csv(args.out / "rows.csv", index=False)
         written = "tables.md, tables.tex, rows.csv"
         if categories is not None:
             categories.to_csv(args.out / "categories.csv", index=False)

@@ -24,21 +24,28 @@ import torch
 from omegaconf import DictConfig
 
 from graft.backends import HiddenTap
+from graft.commands import one_line_errors
 from graft.config import CONFIG_DIR
+from graft.schema import ConfigError
 from graft.train.features import batch_tensors, load_features, stage_features
-from graft.train.fit import export, fit_loop, setup
+from graft.train.fit import export, fit_loop, load_saved, setup
 from graft.train.generate import stage_generate
 
 
 def conversations_path(cfg, out: Path) -> Path:
     given = cfg.train.data.conversations
-    return Path(given) if given else out / "conversations.jsonl"
+    return Path(given).expanduser() if given else out / "conversations.jsonl"
 
 
 def drafter_config(cfg, target):
     from graft.dflash.checkpoint import block_config_for
 
     d = cfg.train.drafter
+    layers = target.config.num_hidden_layers
+    if d.layer_ids and max(d.layer_ids) >= layers:
+        raise ConfigError(
+            f"train.drafter.layer_ids={list(d.layer_ids)} is not allowed; expected layer ids in 0..{layers - 1}"
+        )
     return block_config_for(
         target.config,
         num_layers=d.num_layers,
@@ -76,7 +83,7 @@ def stage_fit(cfg, plain, out: Path) -> dict:
     embed, lm_head = plain.target.embed, plain.target.lm_head
     init_from = fit.get("init_from")
     if init_from:  # an earlier fit's weights; a drafter with more layers grows from them (grown_state)
-        saved = torch.load(init_from, weights_only=False)
+        saved = load_saved(init_from, weights_only=False)
         init_from = {"model": grown_state(saved.get("model", saved), model)}
 
     def step(batch: list[dict], index: int):
@@ -89,7 +96,7 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         )
         metrics = {"block": block, "expected_tau": expected_accepted(accs)}
         metrics.update({f"acc_{k + 1}": acc for k, acc in enumerate(accs)})
-        return loss, metrics, {"acc1": f"{accs[0]:.2f}", "acc3": f"{accs[2]:.2f}"}
+        return loss, metrics, {"acc1": f"{accs[0]:.2f}", "acc3": f"{accs[min(2, len(accs) - 1)]:.2f}"}  # blocks of 2+
 
     def evaluate() -> dict:
         """Chain acceptance on the held-out conversations at the exported block size, fixed anchors."""
@@ -115,7 +122,7 @@ def stage_fit(cfg, plain, out: Path) -> dict:
         evaluate=evaluate if heldout else None,
     )
     if fit.keep == "best" and (out / "best.pt").exists():
-        saved = torch.load(out / "best.pt", weights_only=False)
+        saved = load_saved(out / "best.pt", weights_only=False)
         model.load_state_dict(saved["model"])
         print(f"kept the weights of step {saved['best']['step']} (held-out tau {saved['best']['score']:.3f})")
     return {"model": model, **fitted}
@@ -128,6 +135,7 @@ def save(model, directory: Path) -> Path:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train_dflash")
+@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/commands.py)
 def main(cfg: DictConfig) -> None:
     from graft.models import load_model
 

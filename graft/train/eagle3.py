@@ -21,9 +21,11 @@ import torch
 from omegaconf import DictConfig
 
 from graft.backends import HiddenTap
+from graft.commands import one_line_errors
 from graft.config import CONFIG_DIR
+from graft.schema import ConfigError
 from graft.train.features import batch_tensors, load_features, stage_features
-from graft.train.fit import export, fit_loop, setup
+from graft.train.fit import export, fit_loop, load_saved, setup
 from graft.train.generate import stage_generate
 
 
@@ -46,7 +48,7 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
 
     fit = cfg.train.fit
     records, soft = load_features(cfg, out)
-    counts = torch.load(out / "token_counts.pt")
+    counts = load_saved(out / "token_counts.pt")
     torch.manual_seed(cfg.train.seed)
     head = new_head(cfg, loaded.target, layer_ids, counts)
     embed = loaded.target.embed
@@ -71,6 +73,7 @@ def save(head, directory: Path) -> Path:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/commands.py)
 def main(cfg: DictConfig) -> None:
     from graft.eagle.checkpoint import default_layer_ids
     from graft.models import load_model
@@ -78,7 +81,14 @@ def main(cfg: DictConfig) -> None:
     model_cfg, hardware_cfg, plain_hardware, out = setup(cfg)
     stage = cfg.train.stage
     loaded = load_model(model_cfg, hardware_cfg)
-    layer_ids = list(cfg.train.head.layer_ids or default_layer_ids(loaded.target.num_layers))
+    vocab, layers = loaded.target.vocab_size, loaded.target.num_layers
+    if cfg.train.head.draft_vocab > vocab:
+        raise ConfigError(
+            f"train.head.draft_vocab={cfg.train.head.draft_vocab} is not allowed; expected 1..{vocab}, the target's vocabulary"
+        )
+    layer_ids = list(cfg.train.head.layer_ids or default_layer_ids(layers))
+    if max(layer_ids) >= layers:
+        raise ConfigError(f"train.head.layer_ids={layer_ids} is not allowed; expected layer ids in 0..{layers - 1}")
     if stage in ("generate", "all"):
         plain = load_model(model_cfg, plain_hardware)  # HF generate needs the unmodified modules
         stage_generate(cfg, plain, out)

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from graft.schema import ConfigError
+from graft.train.fit import load_saved
 from graft.train.generate import jsonl
 
 PER_SHARD = 64
@@ -22,7 +24,7 @@ PER_SHARD = 64
 def stage_features(cfg, target, conversations: Path, out: Path, taps, count_tokens: bool = False):
     """Feature shards of every conversation in `conversations` under out/features; with `count_tokens`,
     returns how often each target id occurs in the answers ([vocab] long: the draft vocabulary's counts)."""
-    convs = jsonl(conversations)
+    convs = conversation_records(conversations)
     shard_dir = out / "features"
     shard_dir.mkdir(exist_ok=True)
     top_k = cfg.train.data.soft_top_k
@@ -34,12 +36,33 @@ def stage_features(cfg, target, conversations: Path, out: Path, taps, count_toke
                 counts += torch.bincount(torch.tensor(c["answer_ids"], dtype=torch.long), minlength=target.vocab_size)
         shard = shard_dir / f"shard_{s:04d}.pt"
         if shard.exists():  # a short last shard, or one without the soft labels asked for, is redone
-            old = torch.load(shard)
+            old = load_saved(shard)
             if len(old) == len(chunk) and (top_k == 0 or "soft_ids" in old[0]):
                 continue
         records = [feature_record(target, c, taps, cfg.train.data.max_len, top_k) for c in chunk]
         torch.save(records, shard)
     return counts
+
+
+def conversation_records(path: Path) -> list[dict]:
+    """The conversations a features stage reads: one JSON object a line with prompt_ids and answer_ids (lists of
+    token ids); a missing or empty file, or a line without them, is one error naming the file (and line)."""
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no such conversations file; the generate stage writes it (train.stage=generate or all)"
+        )
+    records = jsonl(path)
+    for number, record in enumerate(records, 1):
+        for key in ("prompt_ids", "answer_ids"):
+            ids = record.get(key) if isinstance(record, dict) else None
+            whole = isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            if not whole or (key == "prompt_ids" and not ids):
+                raise ConfigError(f"{path}: record {number}: '{key}' is not a list of token ids ({ids!r:.60})")
+    if not records:
+        raise ConfigError(
+            f"{path} holds no conversations; the generate stage writes them (train.stage=generate or all)"
+        )
+    return records
 
 
 def feature_record(target, conversation: dict, taps, max_len: int, top_k: int) -> dict:
@@ -64,7 +87,11 @@ def soft_labels(logits: torch.Tensor, top_k: int) -> dict:
 
 def load_features(cfg, out: Path) -> tuple[list[dict], bool]:
     """Every record of out/features, and whether the fit trains on soft labels (asked for, and recorded)."""
-    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in torch.load(shard)]
+    records = [r for shard in sorted((out / "features").glob("shard_*.pt")) for r in load_saved(shard)]
+    if not records:  # a fit of nothing would divide by zero steps
+        raise ConfigError(
+            f"no feature records under {out / 'features'}: run the features stage first (train.stage=features or all)"
+        )
     asked = cfg.train.fit.soft_labels
     soft = bool(asked and records and "soft_ids" in records[0])
     if asked and not soft:

@@ -21,12 +21,88 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from graft.config import REPO, HardwareConfig, ModelConfig
-from graft.schema import coerce_dataclass
+from graft.schema import ConfigError, coerce_dataclass
+
+
+STAGES = ("generate", "features", "fit", "export", "all")
+
+# a trainer's counts and files, checked before anything loads: key -> (accepts the value, what is allowed);
+# a key the trainer's config lacks (the other trainer's) is skipped
+_whole = lambda least: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least  # noqa: E731
+_positive = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0  # noqa: E731
+_layers = lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(_whole(0)(i) for i in v))  # noqa: E731
+TRAIN_CHECKS = {
+    "train.stage": (lambda v: v in STAGES, "one of " + ", ".join(STAGES)),
+    "train.seed": (_whole(0), "an integer >= 0"),
+    "train.data.max_len": (_whole(2), "an integer >= 2 (tokens of a prompt and its answer)"),
+    "train.data.max_new_tokens": (_whole(1), "an integer >= 1"),
+    "train.data.generate_batch": (_whole(1), "an integer >= 1"),
+    "train.data.soft_top_k": (_whole(0), "an integer >= 0 (0: hard labels only)"),
+    "train.head.draft_vocab": (_whole(1), "an integer >= 1 (token ids the head drafts from)"),
+    "train.head.layer_ids": (_layers, "null or a non-empty list of layer ids >= 0"),
+    "train.drafter.num_layers": (_whole(1), "an integer >= 1"),
+    "train.drafter.num_features": (_whole(1), "an integer >= 1 (target layers the drafter reads)"),
+    "train.drafter.layer_ids": (_layers, "null or a non-empty list of layer ids >= 0"),
+    "train.drafter.block_size": (_whole(2), "an integer >= 2 (the committed token and at least one slot)"),
+    "train.fit.epochs": (_whole(1), "an integer >= 1"),
+    "train.fit.warmup_steps": (_whole(0), "an integer >= 0 (0: no warm-up)"),
+    "train.fit.batch_sequences": (_whole(1), "an integer >= 1"),
+    "train.fit.lr": (_positive, "a number > 0"),
+    "train.fit.grad_clip": (_positive, "a number > 0"),
+    "train.fit.checkpoint_every": (_whole(1), "an integer >= 1 (optimizer steps)"),
+    "train.fit.max_minutes": (lambda v: v is None or _positive(v), "null or a number of minutes > 0"),
+    "train.fit.anneal": (lambda v: v in ("steps", "time"), "steps or time"),
+    "train.fit.ttt_steps": (_whole(1), "an integer >= 1"),
+    "train.fit.block_min": (_whole(2), "an integer >= 2"),
+    "train.fit.anchors": (_whole(1), "an integer >= 1"),
+    "train.fit.gamma": (_positive, "a number > 0"),
+    "train.fit.heldout": (_whole(0), "an integer >= 0 (0: none)"),
+    "train.fit.heldout_pool": (lambda v: v is None or _whole(1)(v), "null or an integer >= 1"),
+    "train.fit.eval_every": (_whole(1), "an integer >= 1 (optimizer steps)"),
+    "train.fit.keep": (lambda v: v in ("best", "last"), "best or last"),
+    "train.fit.init_from": (
+        lambda v: v is None or Path(v).expanduser().is_file(),
+        "null or an existing checkpoint file",
+    ),
+    "train.data.conversations": (
+        lambda v: v is None or Path(v).expanduser().is_file(),
+        "null (generate them) or an existing conversations.jsonl",
+    ),
+}
+
+
+def check_train_config(cfg) -> None:
+    """Every count and file of a trainer's config (TRAIN_CHECKS), before the target loads: one ConfigError
+    naming the key, the value and what is allowed, instead of a division by zero or a stage quietly skipped."""
+    missing = object()
+    for key, (accepts, allowed) in TRAIN_CHECKS.items():
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is not missing and not accepts(value):
+            raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
+    fit = cfg.train.fit
+    if "block_max" in fit and fit.block_max < fit.block_min:
+        raise ConfigError(
+            f"train.fit.block_max={fit.block_max!r} is below train.fit.block_min={fit.block_min}; expected >= it"
+        )
+
+
+def load_saved(path, **kwargs):
+    """torch.load of a trainer's own file (a checkpoint, feature shard, token counts); a torn or foreign one
+    is one error naming the file, instead of the unpickler's or zip reader's message alone."""
+    try:
+        return torch.load(path, **kwargs)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # pickle, zip and EOF errors alike
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"{path}: not a readable PyTorch file ({type(err).__name__}: {detail})") from None
 
 
 def setup(cfg) -> tuple[ModelConfig, HardwareConfig, HardwareConfig, Path]:
-    """(model, hardware, plain hardware, out_dir) of a trainer's config, out_dir made. The plain hardware
-    runs transformers' unmodified modules (autograd and HF generate need them) on as many threads."""
+    """(model, hardware, plain hardware, out_dir) of a trainer's config, checked (check_train_config), out_dir
+    made. The plain hardware runs transformers' unmodified modules (autograd and HF generate need them) on as
+    many threads."""
+    check_train_config(cfg)
     model_cfg = coerce_dataclass(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
     hardware_cfg = coerce_dataclass(HardwareConfig, OmegaConf.to_container(cfg.hardware, resolve=True), "hardware")
     plain = HardwareConfig(name="cpu_plain", fast_path="none", num_threads=hardware_cfg.num_threads)
@@ -49,6 +125,8 @@ def fit_loop(
     held-out data; its figures are logged with a `heldout_` prefix and the best-scoring weights are kept in
     out/best.pt (returned as "best": {"step", "score"})."""
     fit = cfg.train.fit
+    if not records:  # load_features refuses this first; a fit of nothing would divide by zero steps
+        raise ConfigError(f"no records to fit under {out}")
     optimizer = torch.optim.AdamW(
         module.parameters(), lr=fit.lr, betas=(0.9, 0.95), weight_decay=fit.get("weight_decay", 0.0)
     )
@@ -59,20 +137,21 @@ def fit_loop(
 
     def schedule(index: int) -> float:
         done = max(index / total_steps, time_share[0])
-        return min(1.0, (index + 1) / fit.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+        warm = min(1.0, (index + 1) / fit.warmup_steps) if fit.warmup_steps else 1.0  # 0: no warm-up
+        return warm * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt_path = out / "checkpoint.pt"
     state = {"step": 0, "seconds": 0.0}
     if ckpt_path.exists():
-        saved = torch.load(ckpt_path, weights_only=False)
+        saved = load_saved(ckpt_path, weights_only=False)
         module.load_state_dict(saved[key])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
         print(f"resumed at step {state['step']} of {total_steps}")
     elif init_from:  # warm start: weights of an earlier run (its path, or its state loaded), fresh optimizer
-        saved = init_from if isinstance(init_from, dict) else torch.load(init_from, weights_only=False)
+        saved = init_from if isinstance(init_from, dict) else load_saved(init_from, weights_only=False)
         module.load_state_dict(saved[key] if key in saved else saved)
         print(f"warm start from {fit.get('init_from') or init_from}")
     log_path = out / "metrics.jsonl"

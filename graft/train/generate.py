@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from graft.schema import ConfigError
+
 from graft.train.prompts import (
     CODE_FOLLOWUPS,
     CODE_REVIEWS,
@@ -31,7 +33,18 @@ from graft.train.prompts import (
 
 
 def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The JSON lines of `path` ([] when it does not exist); a line that is not JSON names the file and line
+    (a torn last line of a killed run included: delete that line to continue)."""
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+    return records
 
 
 def _chat_ids(chat, text: str) -> list[int]:
@@ -63,8 +76,10 @@ def stage_generate(cfg, loaded, out: Path) -> None:
     jobs = []
     gsm = Path(data.gsm8k_train)
     if gsm.exists():
-        for i, line in enumerate(gsm.read_text().splitlines()[: data.num_gsm8k]):
-            jobs.append((f"gsm8k-train-{i}", json.loads(line)["question"]))
+        for i, row in enumerate(jsonl(gsm)[: data.num_gsm8k]):
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str):
+                raise ConfigError(f"{gsm}: record {i + 1} has no 'question' (GSM8K JSON lines: question, answer)")
+            jobs.append((f"gsm8k-train-{i}", row["question"]))
     else:
         print(f"note: {gsm} not found; training without GSM8K train questions")
     jobs += [(f"composed-{i}", text) for i, text in enumerate(COMPOSED)]
