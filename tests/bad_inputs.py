@@ -31,12 +31,12 @@ TOOLS = {
 }
 
 
-def _child(case: dict, out: Path, err: Path) -> None:
+def _child(case: dict, out: Path, err: Path, shared: bool = True, seconds: int = CASE_SECONDS) -> None:
     for stream, path in ((1, out), (2, err)):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, stream)
-    signal.alarm(CASE_SECONDS)
-    if PARALLEL > 1:
+    signal.alarm(seconds)
+    if shared and PARALLEL > 1:
         import torch
 
         torch.set_num_threads(1)  # the children share the cores
@@ -77,7 +77,7 @@ def _collect(running: dict, results: dict) -> None:
     }
 
 
-def main(cases_path: str, results_path: str) -> None:
+def _start() -> None:
     os.chdir(ROOT)
     from graft.cli import prepare
 
@@ -89,6 +89,23 @@ def main(cases_path: str, results_path: str) -> None:
     for module in [*TOOLS.values(), "graft.train.eagle3", "graft.train.dflash"]:
         importlib.import_module(module)
 
+
+def serve() -> None:
+    """`python tests/bad_inputs.py --serve`: one command at a time, as the suite's run_cli asks for them. Each
+    stdin line is {"case", "out", "err", "seconds"}; once its child exits, one stdout line {"code"} answers.
+    The child has the cores to itself, as a `python run.py` of its own would."""
+    _start()
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(request["case"], Path(request["out"]), Path(request["err"]), False, request["seconds"])
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def main(cases_path: str, results_path: str) -> None:
+    _start()
     cases = json.loads(Path(cases_path).read_text())
     results = {}
     running: dict[int, tuple[dict, Path, Path]] = {}  # pid -> its case and output files
@@ -107,4 +124,4 @@ def main(cases_path: str, results_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    serve() if sys.argv[1:] == ["--serve"] else main(*sys.argv[1:])

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,3 +97,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class RunServer:
+    """`python run.py ARGS` as a child forked from one Python that has already imported the harness
+    (tests/bad_inputs.py --serve): the same script, arguments and exit status, without paying the start-up
+    (4 s of imports) for every command. Started on first use, stopped when the suite ends."""
+
+    proc: subprocess.Popen | None = None
+
+    def __call__(self, args: list[str], timeout: int) -> subprocess.CompletedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "bad_inputs.py"), "--serve"],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            atexit.register(self.proc.stdin.close)  # the server's loop ends with its stdin
+        with tempfile.TemporaryDirectory() as scratch:
+            out, err = Path(scratch) / "out", Path(scratch) / "err"
+            case = {"id": "run", "tool": "run", "args": list(args)}
+            request = {"case": case, "out": str(out), "err": str(err), "seconds": timeout}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the run server (tests/bad_inputs.py --serve) exited with {self.proc.wait()}")
+            code = json.loads(answer)["code"]
+            return subprocess.CompletedProcess(["run.py", *args], code, out.read_text(), err.read_text())
+
+
+run_forked = RunServer()

@@ -1,4 +1,5 @@
-"""The command line, end to end: `python run.py ...` in a subprocess, as a user runs it."""
+"""The command line, end to end: `python run.py ...` as a user runs it, each command in its own process (forked
+from one shared start-up: conftest.RunServer)."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_forked
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {
@@ -27,9 +29,7 @@ SUMMARY_KEYS = {
 
 
 def run_cli(*args, check=True):
-    proc = subprocess.run(
-        [sys.executable, "run.py", *args, "run.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+    proc = run_forked(list(args), timeout=900)  # `python run.py ARGS run.progress=false`, its start-up shared
     if check and proc.returncode != 0:
         raise AssertionError(
             f"run.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

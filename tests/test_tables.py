@@ -228,6 +228,25 @@ def test_a_sweep_gets_one_row_per_setting_not_an_average(tmp_path):
     assert "eagle3 8 nodes at - (0.90x, tau 1.70)" in markdown
 
 
+def test_the_readme_quick_start_table_is_its_committed_run():
+    """README.md's quick-start table is the output of the run it names (results/quick_start/run), to the digits
+    it prints: a re-measured table must come with its run."""
+    readme = (ROOT / "README.md").read_text()
+    assert "results/quick_start/run" in readme
+    rows = json.loads((ROOT / "results" / "quick_start" / "run" / "summary.json").read_text())["rows"]
+    printed = {}
+    for line in readme[readme.index("## Quick start") : readme.index("per category: speedup_wall")].splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == 7 and cells[1][:1].isdigit():
+            printed[cells[0].removesuffix(" (baseline)")] = cells[1:]
+    assert list(printed) == list(rows)
+    for method, (tau, wall, decode, nodes, tps, _) in printed.items():
+        row = rows[method]
+        assert tau == f"{row['tau']:.2f}" and wall == f"{row['speedup_wall']:.3f}x", method
+        assert decode == f"{row['speedup_decode']:.3f}x" and nodes == f"{row['avg_nodes_per_step']:.1f}", method
+        assert tps == f"{row['tokens_per_s']:.1f}", method
+
+
 def test_results_readme_tables_match_their_committed_records():
     proc = subprocess.run(
         [sys.executable, "-m", "graft.report", "render", "--check"],

@@ -129,14 +129,15 @@ def category_table(intervals: dict, methods: list[str]) -> Table | None:
     categories = sorted({c for m in methods for c in (intervals.get(m) or {}).get("categories", {})})
     if len(categories) < 2:
         return None
-    title = "per category: speedup_wall [95% interval] / tau"
+    rows = {c: [(intervals.get(m) or {}).get("categories", {}).get(c) for m in methods] for c in categories}
+    shown = any(e and e["speedup_wall"].get("low") is not None for entries in rows.values() for e in entries)
+    title = f"per category: speedup_wall{' [95% interval]' if shown else ''} / tau"  # none below MIN_N_FOR_INTERVAL
     table = Table(title=title, min_width=len(title))
     table.add_column("category")
     table.add_column("n", justify="right")
     for method in methods:
         table.add_column(method, justify="right")
-    for category in categories:
-        entries = [(intervals.get(m) or {}).get("categories", {}).get(category) for m in methods]
+    for category, entries in rows.items():
         n = next((e["speedup_wall"]["n"] for e in entries if e), None)
         cells = [category_cell(entry) for entry in entries]
         table.add_row(category, "-" if n is None else str(n), *cells)
