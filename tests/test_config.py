@@ -21,9 +21,23 @@ def test_every_config_file_composes_and_validates(group, option):
 
 
 def test_models_and_methods_compose_in_every_pairing():
-    keys_of = {method: validate(compose([f"method={method}"])).method.keys() for method in group_options("method")}
-    for model, method in itertools.product(group_options("model"), group_options("method")):
-        raw = compose([f"model={model}", f"method={method}"])
+    """Every (model, method) pair validates, or is refused naming the file it lacks. Model and method configs
+    write only their own sections (no package directives, no interpolations across groups: checked on sample
+    pairs against Hydra's own compose), so each pair is assembled from one compose per model and per method
+    instead of 266 composes (35 s)."""
+    models = {model: compose([f"model={model}"]) for model in group_options("model")}
+    methods = {method: compose([f"method={method}"]) for method in group_options("method")}
+
+    def pair(model: str, method: str) -> dict:
+        return {**models[model], "method": methods[method]["method"], "methods": methods[method]["methods"]}
+
+    pairs = list(itertools.product(models, methods))
+    sample = [(list(models)[i % len(models)], method) for i, method in enumerate(methods)]  # each of both, once
+    for model, method in sample:
+        assert pair(model, method) == compose([f"model={model}", f"method={method}"]), (model, method)
+    keys_of = {method: validate(raw).method.keys() for method, raw in methods.items()}
+    for model, method in pairs:
+        raw = pair(model, method)
         keys = keys_of[method]
         missing = [  # pretrained (and models without a block drafter): nothing published to default to
             key
