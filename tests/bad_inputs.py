@@ -1,6 +1,6 @@
 """Run many command lines in one Python process: `python tests/bad_inputs.py CASES.json RESULTS.json`.
 
-Each case is {"id", "tool", "args": [...]}, tool one of TOOLS; the parent starts as run.py does and imports the
+Each case is {"id", "tool", "args": [...]}, tool one of TOOLS or "module:NAME" (`python -m NAME ARGS`); the parent starts as run.py does and imports the
 harness and the report tools once (the slow part of a start-up), then forks a child per case (two at a time on
 two cores, each with one torch thread), which runs the
 command as `python run.py ARGS` or `python -m graft.<tool> ARGS` would and exits with its status. The parent
@@ -47,6 +47,12 @@ def _child(case: dict, out: Path, err: Path, shared: bool = True, seconds: int =
 
             sys.argv = [str(ROOT / "run.py"), *case["args"], "run.progress=false"]
             runpy.run_path(sys.argv[0], run_name="__main__")  # as a script, as a user runs it
+        elif case["tool"].startswith("module:"):  # python -m MODULE ARGS
+            import runpy
+
+            module = case["tool"].removeprefix("module:")
+            sys.argv = [module, *case["args"]]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             import importlib
 

@@ -20,6 +20,8 @@ import torch  # noqa: E402
 # Random-weight tiny models drift into subnormal floats on some prompts, which makes x86 math ~25x slower
 # (measured: 108 ms vs 4 ms per tiny decode step). Flushing them changes nothing the tests compare.
 torch.set_flush_denormal(True)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: each computes on its own core
+    torch.set_num_threads(1)
 
 
 def compose(overrides: list[str]) -> dict:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from test_tables import _comparison, _killed
 
+pytestmark = pytest.mark.slow  # 114 commands end to end (about 90 s): `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("model=tiny_llama", "logger=none", "hardware=cpu", "run.num_prompts=1", "run.max_new_tokens=4")
 QUESTION = {"question_id": 81, "category": "writing", "turns": ["Write a haiku about the sea."]}

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run_forked
 
+pytestmark = pytest.mark.slow  # run.py end to end, the embedded model too (2 min): `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {
     "model",

@@ -13,6 +13,8 @@ from graft.decode import generate
 from graft.kv import KVBuffer
 from graft.schema import ConfigError
 
+pytestmark = pytest.mark.slow  # torch.compile on every path (about 75 s): `make test-fast` leaves it out
+
 
 def _kv(*values: float) -> torch.Tensor:
     return torch.tensor(values).view(1, 1, len(values), 1)  # [b, h, n, d]

@@ -361,6 +361,7 @@ def test_dflash_methods_draft_blocks_of_the_configured_size(qwen):
             assert set(out.nodes) == {most}, (method, out.nodes)  # the dense chain: every position verified
 
 
+@pytest.mark.slow
 def test_trainer_runs_every_stage_and_its_drafter_loads(tmp_path):
     """python -m graft.train dflash on a tiny target: generate, features, fit, export, resume; then method=dflash
     runs the exported drafter losslessly."""

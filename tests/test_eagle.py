@@ -201,6 +201,7 @@ def test_tree_equals_the_exhaustive_reference(tiny, kind, draft_vocab, total_tok
     assert int(topology(tree.parents, 0).depth.max()) <= depth + 1
 
 
+@pytest.mark.slow
 def test_trainer_runs_every_stage_and_its_head_loads(tmp_path):
     """python -m graft.train eagle3 on a tiny target: generate, features, fit (TTT), export, then resume."""
     import subprocess

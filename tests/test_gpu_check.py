@@ -109,6 +109,7 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_mode_runs_every_part(quick):
     assert quick["finished"] and quick["quick"] and quick["device"] == "cpu"
     assert sorted(quick["parts"]) == [str(n) for n in range(1, 9)]
@@ -118,6 +119,7 @@ def test_quick_mode_runs_every_part(quick):
     assert quick["elapsed_s"] < quick["budget_s"]
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_environment_and_lossless(quick):
     env = quick["parts"]["1"]["result"]
     assert env["python"].startswith("3.") and env["cpu_count"] >= 1 and env["torch"]
@@ -135,6 +137,7 @@ def test_quick_environment_and_lossless(quick):
     }
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_dense_target_timings(quick):
     dense, plan = quick["parts"]["4"]["result"], QUICK
     assert sorted(dense["verify"], key=int) == [str(c) for c in plan.dense_contexts]
@@ -162,6 +165,7 @@ def test_quick_dense_target_timings(quick):
     assert dense["extend"]["prompt_tokens"] == plan.extend_tokens and _positive(dense["extend"]["head_extend_ms"])
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_moe_layers_touch_more_experts_for_bigger_trees(quick):
     moe, arch = quick["parts"]["5"]["result"], QUICK.moe_arch
     verify = moe["verify"]
@@ -172,6 +176,7 @@ def test_quick_moe_layers_touch_more_experts_for_bigger_trees(quick):
     assert touched[1] <= touched[128] <= arch["num_experts"]
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_head_with_its_own_head_dim_loads_and_runs(quick):
     head = quick["parts"]["6"]["result"]
     assert head["head_dim"] == 32 != head["hidden_over_heads"]
@@ -485,6 +490,7 @@ def test_trees_for_timing_are_valid_trees():
     assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i)
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_compiled_path_is_lossless_and_timed(quick):
     part = quick["parts"]["7"]["result"]
     plan = QUICK
@@ -498,6 +504,7 @@ def test_quick_compiled_path_is_lossless_and_timed(quick):
     assert part["ratios"]["graphs_timed"] == 0 == part["ratios"]["rerecords_timed"]
 
 
+@pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_syncs_and_sampling(quick):
     syncs = quick["parts"]["3"]["result"]
     assert sorted(syncs["dispatcher"]) == [f"{m} temperature {t}" for m in QUICK.sync_models for t in (0, 1)]

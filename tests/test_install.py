@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel (about 30 s): `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ["model=tiny_llama", "method=ar", "run.num_prompts=1", "run.max_new_tokens=4", "logger=none", "hardware=cpu"]
 

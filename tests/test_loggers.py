@@ -241,6 +241,7 @@ def test_a_run_logs_its_records_as_an_artifact_and_a_rerun_continues_the_same_ru
     assert offline_run(other)["id"] != first["id"]
 
 
+@pytest.mark.slow
 def test_a_sweep_job_logs_a_run_named_by_its_keys_with_its_tables_figure_and_records(offline):
     """run.py -m, through Hydra: the job's name carries its overrides (a second temperature would be a second
     name: test_run_names_carry_every_swept_key); one job keeps the test short."""

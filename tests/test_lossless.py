@@ -110,6 +110,7 @@ def _drafters(target, variants: dict | None = None):
             yield f"{method} {params}", make_drafter(method, target, **params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY)
 def test_every_registered_method_is_lossless(tiny, name):
     model = tiny(name)
@@ -123,6 +124,7 @@ def test_every_registered_method_is_lossless(tiny, name):
             assert_lossless(model, out, base, f"{what} on prompt {k}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_every_method_samples_through_the_loop(tiny, name):
     model = tiny(name)

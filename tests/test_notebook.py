@@ -11,6 +11,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 
+@pytest.mark.slow
 def test_the_notebook_regenerates_the_committed_tables_and_figures(tmp_path, monkeypatch):
     if not (ROOT / "results" / "cpu_embedded" / "runs").is_dir():
         pytest.skip("no committed cpu_embedded records")

@@ -15,6 +15,8 @@ from graft.decode import SamplingConfig, generate
 from graft.drafter import Drafter, Proposal, SequenceState
 from graft.tree import DraftTree, NodeSource, topology
 
+pytestmark = pytest.mark.slow  # chi-square tests of 2,000 draws each (about 35 s): `make test-fast` leaves it out
+
 TEMPERATURE, TOP_P, DRAWS = 0.5, 0.95, 2000
 
 

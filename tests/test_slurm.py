@@ -15,6 +15,8 @@ from conftest import ROOT
 from graft.config import CONFIG_DIR, group_options, prepare_overrides, register_schemas
 from graft.hardware import register_resolvers
 
+pytestmark = pytest.mark.slow  # sweeps through submitit's local launcher (about 45 s): `make test-fast` leaves it out
+
 pytest.importorskip(
     "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher (the slurm extra) is not installed"
 )
