@@ -89,15 +89,29 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def throughput(method: list[dict], base: list[dict]) -> dict:
+    """The ratios every summary has, from the per-prompt totals of a method and of its baseline: tau, tokens per
+    second (mean over prompts) and the wall speedup (ratio of the means, and the median of per-prompt ratios)."""
+    total = lambda rows, key: sum(row.get(key, 0) for row in rows)  # noqa: E731
+    tps = statistics.fmean(row["tokens_per_s"] for row in method) if method else 0.0
+    base_tps = statistics.fmean(row["tokens_per_s"] for row in base) if base else 0.0
+    per_prompt = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(method, base) if b["tokens_per_s"]]
+    return {
+        "tau": _ratio(total(method, "step_tokens"), total(method, "steps")),
+        "baseline_tau": _ratio(total(base, "step_tokens"), total(base, "steps")),
+        "tokens_per_s": tps,
+        "baseline_tokens_per_s": base_tps,
+        "speedup_wall": _ratio(tps, base_tps),
+        "speedup_wall_median": statistics.median(per_prompt) if per_prompt else None,
+    }
+
+
 def summarize(records: list[dict], meta: dict) -> dict:
     done = [r for r in records if r.get("status") == "ok"]
     method = [r["method"]["totals"] for r in done]
     base = [(r["baseline"] or r["method"])["totals"] for r in done]
     total = lambda rows, key: sum(row.get(key, 0) for row in rows)  # noqa: E731
     step_time = total(method, "draft_s") + total(method, "verify_s") + total(method, "other_s")
-    tps = statistics.fmean(row["tokens_per_s"] for row in method) if method else 0.0
-    base_tps = statistics.fmean(row["tokens_per_s"] for row in base) if base else 0.0
-    per_prompt = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(method, base) if b["tokens_per_s"]]
     checked = [r["lossless"] for r in done if r["lossless"]["checked"]]
     divergent = [c for c in checked if not c["equal"]]
     summary = {
@@ -105,12 +119,7 @@ def summarize(records: list[dict], meta: dict) -> dict:
         # a later repeat of a prompt (run.repeats; its record has `repeat`) is the same prompt again
         "n_prompts": sum(1 for r in done if not r.get("repeat")),
         "n_skipped": sum(1 for r in records if r.get("status") == "skipped" and not r.get("repeat")),
-        "tau": _ratio(total(method, "step_tokens"), total(method, "steps")),
-        "baseline_tau": _ratio(total(base, "step_tokens"), total(base, "steps")),
-        "tokens_per_s": tps,
-        "baseline_tokens_per_s": base_tps,
-        "speedup_wall": _ratio(tps, base_tps),
-        "speedup_wall_median": statistics.median(per_prompt) if per_prompt else None,
+        **throughput(method, base),
         "speedup_decode": _ratio(
             _ratio(total(base, "decode_s"), total(base, "step_tokens")) or 0.0,
             _ratio(total(method, "decode_s"), total(method, "step_tokens")) or 0.0,

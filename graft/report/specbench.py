@@ -355,16 +355,10 @@ def _names(stems: list[str]) -> tuple[str, list[str]]:
 
 def _summary(records: list[dict], label: str, meta: dict) -> dict:
     """One imported method's summary: graft/metrics.py's summarize on what answer files record."""
-    import statistics
-
-    from graft.metrics import DEFINITIONS
+    from graft.metrics import DEFINITIONS, throughput
 
     method = [r["methods"][label]["side"]["totals"] for r in records]
     base = [r["baseline"]["totals"] for r in records]
-    tps = statistics.fmean(row["tokens_per_s"] for row in method)
-    base_tps = statistics.fmean(row["tokens_per_s"] for row in base)
-    ratio = lambda a, b: a / b if b else None  # noqa: E731
-    per_prompt = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(method, base) if b["tokens_per_s"]]
     total = lambda rows, key: sum(row[key] for row in rows)  # noqa: E731
     unknown = ("speedup_decode", "avg_nodes_per_step", "avg_kept_nodes_per_step", "retrieval_share", "ms_per_step")
     return {
@@ -373,12 +367,7 @@ def _summary(records: list[dict], label: str, meta: dict) -> dict:
         "method_config": {},
         "n_prompts": len(records),
         "n_skipped": 0,
-        "tau": ratio(total(method, "step_tokens"), total(method, "steps")),
-        "baseline_tau": ratio(total(base, "step_tokens"), total(base, "steps")),
-        "tokens_per_s": tps,
-        "baseline_tokens_per_s": base_tps,
-        "speedup_wall": ratio(tps, base_tps),
-        "speedup_wall_median": statistics.median(per_prompt) if per_prompt else None,
+        **throughput(method, base),
         **dict.fromkeys(unknown),
         "baseline_ms_per_step": None,
         "lossless": None,
