@@ -37,7 +37,7 @@ class RecyclingParams:
 )
 class RecyclingRetriever(Retriever):
     reads_at_any_token = True
-    static_read = True  # retrieve(room=None) reads a fixed-size template (fixed-size trees)
+    supports_fixed_size = True  # retrieve(room=None) reads a fixed-size template (fixed-size trees)
 
     def __init__(self, params: RecyclingParams, target, budget: int):
         self.recycler = Recycler(

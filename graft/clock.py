@@ -10,8 +10,26 @@ timing=async uses the host's clock without synchronising (the split between phas
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
+
+
+# a step's marks, in order: start, drafted, topology built, verified, accepted and committed, extended, end
+StepMarks = tuple
+
+
+@dataclass
+class StepTimes:
+    """A sequence's seconds: the prefill, the whole, and per step the split every record carries. Draft is the
+    drafter's two phases (propose, and update after the verification), verify the target's forward, other the
+    rest of the step (topology, acceptance, commit, the loop's own work)."""
+
+    prefill_s: float
+    wall_s: float
+    draft_s: list[float] = field(default_factory=list)
+    verify_s: list[float] = field(default_factory=list)
+    other_s: list[float] = field(default_factory=list)
 
 
 class PhaseClock:
@@ -38,3 +56,16 @@ class PhaseClock:
             return [m - marks[0] for m in marks]
         marks[-1].synchronize()
         return [marks[0].elapsed_time(m) / 1e3 for m in marks]
+
+    def step_times(self, start, prefilled, steps: list[StepMarks], end) -> StepTimes:
+        """The sequence's StepTimes from its marks: `start` before the prefill, `prefilled` after it, each
+        step's seven marks (StepMarks) and `end`; read back once (`seconds`)."""
+        seconds = self.seconds([start, prefilled, *(m for step in steps for m in step), end])
+        times = StepTimes(prefill_s=seconds[1], wall_s=seconds[-1])
+        for i in range(len(steps)):
+            t0, t1, t2, t3, t4, t5, stop = seconds[2 + 7 * i : 9 + 7 * i]
+            draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
+            times.draft_s.append(draft_s)
+            times.verify_s.append(verify_s)
+            times.other_s.append(stop - t0 - draft_s - verify_s)
+        return times

@@ -1,14 +1,15 @@
 """Drafts composed from parts: a draft source, a budget split, retrievers and an attach policy.
 
-One step of a composed drafter, in the words of the Graft paper:
+One step of a composed drafter (`ComposedDrafter.propose`), in the words of the Graft paper:
 
-1. draft (prune) - the source drafts a tree; the split watches its confidence as it is drafted, may stop
-                   it early, and says how many of the `total_tokens` nodes the draft keeps;
+1. draft, prune  - `draft(state) -> Draft`: the source drafts a tree; the split watches its confidence as it
+                   is drafted, may stop it early, and says how many of the `total_tokens` nodes the draft keeps;
 2. retrieve      - each retriever proposes a subtree from what the sequence and earlier verifications
-                   taught it (no model);
-3. graft         - the attach policy hangs the retrieved subtrees on the draft (root, leaves, tail) within
-                   the budget the draft left; duplicates merge and free their slots;
-4. verify        - the decode loop verifies the united tree; update() then lets every part learn from the
+3. and graft       taught it (no model); `retrieve_and_graft(draft, state) -> Proposal`: the attach policy
+                   (`AttachPolicy.place`) asks for them at its anchors (root, leaves, tail) and grafts them
+                   (`Grafted.add_subtree`) within the room the draft left; duplicates merge and free their slots;
+4. trim          - `trimmed(proposal, state) -> Proposal` (beyond the paper, below);
+5. verify        - the decode loop verifies the united tree; update() then lets every part learn from the
                    verification (the head encodes the accepted tokens, the tables refresh).
 
 Beyond the paper, `trim` may cut the united tree before it is verified (trim auto: to the size with the most
@@ -29,9 +30,11 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from graft.backends import TargetBackend
-from graft.drafter import Deferred, Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
-from graft.grafting import Grafted, compact
+from graft.backends.target import TargetBackend
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
+from graft.fixed_size import Deferred
+from graft.grafting import Grafted
+from graft.fixed_size import compact
 from graft.ops import read_count, upload
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
@@ -65,7 +68,10 @@ class Retrieved:
 
 
 class Proposer:
-    """What draft sources and retrievers share: a size for the budget, and the sequence's lifecycle."""
+    """What draft sources and retrievers share: a size for the budget, the sequence's lifecycle, and whether it
+    can run with fixed-size trees (graft/fixed_size.py: every part of a method must, for the method to)."""
+
+    supports_fixed_size = False
 
     @staticmethod
     def capacity_of(params) -> int | None:
@@ -98,12 +104,12 @@ class Split:
     stops when it returns True; keep(candidate scores, total_tokens) -> draft tokens to keep, root
     included; label() names the step's stage for the records (None: nothing to record).
 
-    A split with `decides_on_device` can run with `static = True` (fixed-size trees): stop_after then never
-    stops, keep() returns a 0-d tensor, level_cap() the deepest level whose candidates count, and label()
-    a graft.drafter.Deferred, so that no decision is read back to the host."""
+    A split that `supports_fixed_size` can run with `fixed_size = True` (graft/fixed_size.py): stop_after then
+    never stops, keep() returns a 0-d tensor, level_cap() the deepest level whose candidates count, and label()
+    a graft.fixed_size.Deferred, so that no decision is read back to the host."""
 
-    decides_on_device = False
-    static = False
+    supports_fixed_size = False
+    fixed_size = False
 
     def level_cap(self) -> Tensor | None:
         return None
@@ -140,7 +146,7 @@ class Split:
 
 
 class DenseSplit(Split):
-    decides_on_device = True  # keep() is the whole budget: nothing to decide
+    supports_fixed_size = True  # keep() is the whole budget: nothing to decide
 
     def levels_needed(self, total_tokens: int) -> int:
         return max(total_tokens - 2, 0)
@@ -154,11 +160,10 @@ register("split", "dense", description="keep the best total_tokens - 1 draft nod
 
 class Retriever(Proposer, ABC):
     """Proposes tokens without a model. `reads_at_any_token`: it can read a chain below any draft node (the
-    attach policies that continue the draft's leaves need one). `static_read`: retrieve(room=None) returns
+    attach policies that continue the draft's leaves need one). `supports_fixed_size`: retrieve(room=None) returns
     a subtree whose size does not depend on the data, from device tensors only (fixed-size trees)."""
 
     reads_at_any_token = False
-    static_read = False
     needs = TargetNeeds()  # what it reads from the target beyond the verification logits
 
     @abstractmethod
@@ -178,14 +183,15 @@ class Retriever(Proposer, ABC):
 
 
 class AttachPolicy(ABC):
-    """Where retrieved subtrees join the draft: attach(grafted, retrievers, state) fills grafted.room."""
+    """Where retrieved subtrees join the draft: place(grafted, retrievers, state) asks the retrievers for subtrees
+    at the policy's anchors (the root, the tail, the leaves) and grafts them until grafted.room is spent."""
 
     needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
-    static_ok = False  # it can fill a Grafted in static mode (room a tensor, no host reads)
+    supports_fixed_size = False  # it can fill a fixed-size Grafted (room a tensor, no host reads)
 
     @abstractmethod
-    def attach(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
-        """Graft the retrievers' subtrees onto `grafted` where the policy says."""
+    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+        """Retrieve at the policy's anchors and graft what is found onto `grafted` (Grafted.add_subtree)."""
 
 
 class Trim(ABC):
@@ -310,20 +316,21 @@ class ComposedDrafter(Drafter):
         target.check_taps(self.needs.taps)
         # fixed-size trees when the target asks for them and every part can keep its decisions on the device;
         # otherwise this method reads its decisions back each step (fine on a CPU, a few syncs on a GPU)
-        self.static = (
-            target.static_trees
+        parts = [part for part in (self.source, self.split, self.attach_policy, *self.retrievers) if part is not None]
+        self.fixed_size = (
+            target.fixed_size_trees
             and p.combine == "graft"
-            and (self.split is None or (self.split.decides_on_device and getattr(self.source, "static_ok", False)))
-            and (self.attach_policy is None or self.attach_policy.static_ok)
-            and all(r.static_read for r in self.retrievers)
+            and all(part.supports_fixed_size for part in parts)
             and not p.refill  # the refill reads the room left on the host
             and self.trim is None  # so does a trim
         )
         if self.split is not None:
-            self.split.static = self.static
+            self.split.fixed_size = self.fixed_size
         # a fixed-size tree that pruning emptied is verified at its kept size, rounded up to a bucket (one small
         # read a step): the pruned baseline exists to verify fewer nodes, and on a MoE target each node costs
-        self.bucket = target.tree_bucket if self.static and not isinstance(self.split, (DenseSplit, type(None))) else 0
+        self.bucket = (
+            target.tree_bucket if self.fixed_size and not isinstance(self.split, (DenseSplit, type(None))) else 0
+        )
         # budget=auto measures (or loads) the target's costs: last, so a refused config costs no measuring
         for costed in filter(None, (self.split, self.trim)):
             costed.prepare(target, p.total_tokens)
@@ -338,34 +345,50 @@ class ComposedDrafter(Drafter):
             retriever.reset(prefill)
 
     def propose(self, state: SequenceState) -> Proposal:
-        if self.trim is None:
-            return self._united(state)
-        self.trim.start()
-        proposal = self._united(state)
-        tree = self.trim.cut(proposal.tree, state)
-        note = {**proposal.note, **self.trim.note(), "trimmed_nodes": proposal.tree.num_nodes - tree.num_nodes}
-        return Proposal(tree, note)
-
-    def _united(self, state: SequenceState) -> Proposal:
-        total = self.params.total_tokens
+        """One step's tree, in the paper's steps: draft (the split prunes it as the source drafts), retrieve and
+        graft (the attach policy), then trim (beyond the paper). SAM-Decoding's switch chooses instead of uniting."""
+        if self.trim is not None:
+            self.trim.start()  # the trim times the whole step's drafting
         if self.params.combine == "switch":
-            return self._switch(state)
-        draft = self.source.draft(state, self.split, total) if self.source else Draft(self._bare_root(state))
+            united = self._switch(state)
+        else:
+            united = self.retrieve_and_graft(self.draft(state), state)
+        return self.trimmed(united, state)
+
+    def draft(self, state: SequenceState) -> Draft:
+        """Draft and prune: the source's tree within the budget, cut where the split's confidence checks say (a
+        bare root for the methods without a source)."""
+        if self.source is None:
+            return Draft(self._bare_root(state))
+        return self.source.draft(state, self.split, self.params.total_tokens)
+
+    def retrieve_and_graft(self, draft: Draft, state: SequenceState) -> Proposal:
+        """Retrieve and graft: the attach policy asks the retrievers for subtrees at its anchors and grafts them
+        into the room the draft left; the refill (beyond the paper) fills what retrieval left empty."""
+        total = self.params.total_tokens
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers and not self.params.refill:
             return Proposal(self._bucketed(compact(draft.tree, total) if self.bucket else draft.tree), note)
         started = time.perf_counter()
-        if self.static:
+        if self.fixed_size:
             filled = (draft.tree.tokens >= 0).sum()  # 0-d, on the device
-            grafted = Grafted(draft.tree, total - filled, static=True)
+            grafted = Grafted(draft.tree, total - filled, fixed_size=True)
         else:
             grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
         if self.retrievers:
-            self.attach_policy.attach(grafted, self.retrievers, state)
+            self.attach_policy.place(grafted, self.retrievers, state)
             note.update(self._retrieval_note(draft.tree, grafted, started))
         if self.params.refill:
             note["refilled_nodes"] = self._refill(draft, grafted)
         return Proposal(self._bucketed(grafted.finish(total)), note)
+
+    def trimmed(self, united: Proposal, state: SequenceState) -> Proposal:
+        """Trim: the nodes of the united tree worth verifying on this device (method.trim; none keeps them all)."""
+        if self.trim is None:
+            return united
+        tree = self.trim.cut(united.tree, state)
+        note = {**united.note, **self.trim.note(), "trimmed_nodes": united.tree.num_nodes - tree.num_nodes}
+        return Proposal(tree, note)
 
     def _bucketed(self, tree: DraftTree) -> DraftTree:
         """A compacted fixed-size tree (filled nodes first) cut to the smallest bucket that holds its filled nodes."""
@@ -385,7 +408,7 @@ class ComposedDrafter(Drafter):
         while grafted.room > 0:
             wanted += grafted.room
             wider = draft.widen(wanted)  # [<= wanted + 1] nodes, the kept ones among them
-            grafted.attach(0, wider.tokens, wider.parents, source=NodeSource.DRAFT, scores=wider.scores)
+            grafted.add_subtree(0, wider.tokens, wider.parents, source=NodeSource.DRAFT, scores=wider.scores)
             if wider.num_nodes <= wanted:  # every candidate offered
                 break
         refilled = grafted.added - retrieved
@@ -400,7 +423,7 @@ class ComposedDrafter(Drafter):
         started = time.perf_counter()
         bare = DraftTree.root_only(state.root, self.target.device)
         grafted = Grafted(bare, self.params.total_tokens - 1)
-        self.attach_policy.attach(grafted, self.retrievers, state)
+        self.attach_policy.place(grafted, self.retrievers, state)
         note = self._retrieval_note(bare, grafted, started)
         if grafted.added:
             return Proposal(grafted.tree, {"stage": "retrieval", **note})
@@ -408,7 +431,7 @@ class ComposedDrafter(Drafter):
         return Proposal(draft.tree, {"stage": "draft", **note, "draft_nodes": draft.tree.num_nodes - 1})
 
     def _retrieval_note(self, draft: DraftTree, grafted: Grafted, started: float) -> dict:
-        if grafted.static:
+        if grafted.fixed_size:
             note = {
                 "draft_nodes": Deferred((draft.tokens >= 0).sum() - 1),
                 "retrieved_nodes": Deferred(torch.as_tensor(grafted.added)),

@@ -16,7 +16,6 @@ Definitions used by every record and summary:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,8 +27,9 @@ from graft.acceptance import (
     device_generator,
     sample_token,
 )
-from graft.backends import TargetBackend
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, resolve_deferred
+from graft.backends.target import TargetBackend
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
+from graft.fixed_size import resolve_deferred
 from graft.tree import NodeSource, topology
 
 
@@ -83,31 +83,6 @@ def _top2(logits: torch.Tensor, count: int) -> torch.Tensor:
     return logits.topk(2, dim=-1).values[:count]  # [count, 2], left on the device until the end
 
 
-TIE_ULPS = {torch.float32: 16, torch.bfloat16: 4, torch.float16: 4}
-
-
-def tie_ulps(dtype: torch.dtype, ulps: int | None = None) -> int:
-    """The float-tie tolerance in ulps: `ulps` when the run sets one (run.float_tie_ulps), else the dtype's."""
-    return TIE_ULPS.get(dtype, 16) if ulps is None else ulps
-
-
-def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None = None) -> bool:
-    """A top-2 gap within `ulps` units in the last place of the top logit, in the logits' dtype: a
-    difference that batched and one-row products can produce from the same inputs.
-
-    Why the defaults differ. In float32 one ulp of a logit near 20 is 1.9e-6, and reordered sums move a
-    logit by a few ulps, so 16 ulps (3e-5) covers reordering and nothing else. In bfloat16 the logits are
-    rounded to 8 significant bits: one ulp at 20 is 0.125, so 16 ulps would be 2 logits, enough to excuse
-    a real bug. There the rule is 4 ulps (0.5 at 20, 0.06 at 2). Where the 4 comes from: rounding the two
-    logits themselves can put an exact tie up to 1 ulp apart, and the final hidden state, itself rounded
-    to 8 bits before the LM head, moves each logit by a little more; the largest benign divergence seen in
-    this suite's bfloat16 runs (batched tree verification against one-row decoding, same inputs) was 2 ulps,
-    and 4 is twice that. A larger gap is reported as a divergence for a person to read, never excused; a
-    float32 run of the same prompt settles any doubt."""
-    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(top_logit), 1e-30)))
-    return gap <= tie_ulps(dtype, ulps) * ulp
-
-
 def _count_sources(sources: torch.Tensor) -> torch.Tensor:
     """[len(NodeSource)] nodes per source; a fixed-size scatter, where bincount would sync to size its output."""
     counts = torch.zeros(len(NodeSource), dtype=torch.long, device=sources.device)
@@ -157,7 +132,7 @@ def generate(
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
     prefilled = clock.mark()
-    marks = []  # per step: draft, (mask), verify, accept + commit, extend, end
+    marks = []  # per step the seven marks of graft/clock.py: StepMarks
     done = first in stop_ids or max_new_tokens <= 1
     if first in stop_ids:
         gen.stop_reason = "stop_token"
@@ -224,14 +199,9 @@ def generate(
         gen.nodes.append(tree.num_nodes)
         marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
 
-    seconds = clock.seconds([start, prefilled, *(m for step in marks for m in step), clock.mark()])
-    gen.prefill_s, gen.wall_s = seconds[1], seconds[-1]
-    for i in range(len(marks)):
-        t0, t1, t2, t3, t4, t5, end = seconds[2 + 7 * i : 9 + 7 * i]
-        draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
-        gen.draft_s.append(draft_s)
-        gen.verify_s.append(verify_s)
-        gen.other_s.append(end - t0 - draft_s - verify_s)
+    times = clock.step_times(start, prefilled, marks, clock.mark())
+    gen.prefill_s, gen.wall_s = times.prefill_s, times.wall_s
+    gen.draft_s, gen.verify_s, gen.other_s = times.draft_s, times.verify_s, times.other_s
     resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
     if sources:
         gen.step_sources = torch.stack(sources).tolist()

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from graft.acceptance import Acceptance
-from graft.backends import ForwardOutput, HiddenTap, TargetBackend
+from graft.backends.target import ForwardOutput, HiddenTap, TargetBackend
 from graft.tree import DraftTree, Topology
 from graft.ops import upload
 
@@ -61,30 +61,6 @@ class SequenceState:
         if self.root_id is not None and self.root_id.device == torch.device(device):
             return self.root_id
         return upload([self.root], device)
-
-
-@dataclass
-class Deferred:
-    """A figure of a step's note that stays on the device until the sequence ends (fixed-size trees), so
-    that recording it costs no sync per step: value is a 0-d tensor; with `labels`, the figure is
-    labels[value]. graft.decode reads every deferred figure of a sequence in one copy."""
-
-    value: Tensor
-    labels: tuple[str, ...] | None = None
-
-    def resolve(self, host_value: float):
-        return self.labels[int(host_value)] if self.labels is not None else host_value
-
-
-def resolve_deferred(notes: list[dict]) -> None:
-    """Replace every Deferred in `notes` with its value, read back in one copy."""
-    found = [(note, key) for note in notes for key, value in note.items() if isinstance(value, Deferred)]
-    if not found:
-        return
-    values = torch.stack([note[key].value.reshape(()).double() for note, key in found]).tolist()
-    for (note, key), host in zip(found, values):
-        deferred = note[key]
-        note[key] = deferred.resolve(host if deferred.value.is_floating_point() else int(host))
 
 
 @dataclass

@@ -18,6 +18,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.j
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
+def from_cwd_or_repo(path: str) -> Path:
+    """A user-given path: as given when it exists (or is absolute), else relative to the repository, where
+    the shipped data, heads and cost profiles live."""
+    found = Path(path).expanduser()
+    return found if found.is_absolute() or found.exists() else REPO / found
+
+
+def cache_root() -> Path:
+    """Where this harness keeps what it builds once per machine: the converted embedded model, the native
+    kernels, measured cost profiles ($GRAFT_CACHE, else ~/.cache/graft)."""
+    return Path(os.environ.get("GRAFT_CACHE", Path.home() / ".cache" / "graft")).expanduser()
+
+
 class Unavailable(Exception):
     """A source that cannot be had, in one sentence; `gated` when the Hub refused it for want of access."""
 

@@ -35,7 +35,7 @@ def upload(values: list[int], device: torch.device | str, dtype: torch.dtype = t
 
 
 class DraftLayer(Protocol):
-    """An engine's run of a draft head's decoder layer and its top-k log-probabilities (graft/eagle/head.py)."""
+    """An engine's run of a draft head's decoder layer and its top-k log-probabilities (graft/draft_models/eagle/head.py)."""
 
     def step(self, embeds: Tensor, hidden: Tensor, positions: Tensor, mask: Tensor | None, cache) -> Tensor: ...
 

@@ -27,7 +27,7 @@ class NodeSource(IntEnum):
     DRAFT = 1  # a model drafter (EAGLE head, block drafter)
     RETRIEVAL = 2  # a lookup structure (prompt lookup, token recycling, suffix automaton)
     TEST = 3  # injected by tests
-    EMPTY = 4  # a slot of a fixed-size tree that holds no token (token -1; graft/grafting.py: graft_static)
+    EMPTY = 4  # a slot of a fixed-size tree that holds no token (token -1; graft/grafting.py: graft_fixed)
 
 
 @dataclass
@@ -127,7 +127,7 @@ class Topology:
 
     def tree_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """[1, 1, num_nodes, num_nodes] additive: the tree's own block of attention_mask, for an attention that
-        lets every node see the committed prefix without a mask (graft/nn.py: split_attention)."""
+        lets every node see the committed prefix without a mask (graft/layers.py: split_attention)."""
         return additive_mask(self.ancestors, dtype)
 
     def position_ids(self) -> Tensor:
@@ -259,3 +259,55 @@ class RankTree:
                 heapq.heappush(heap, (-(value * prior[0]), counter, node, 0))
                 counter += 1
         return RankTree.make(parents, ranks, device)
+
+
+# Selecting a draft tree from scored candidates (EAGLE-2's expansion, DFlash's block): the host form; the
+# fixed-size form is graft/fixed_size.py: select_fixed.
+
+
+@dataclass
+class Candidates:
+    """Scored draft candidates of the EAGLE-2 expansion, in generation order (groups of top_k)."""
+
+    tokens: list[Tensor]  # per group [top_k] target ids
+    scores: list[Tensor]  # per group [top_k] cumulative log-probs
+    group_parent: list[Tensor]  # per level: 1-based flat candidate index of each group's parent (0 = root)
+    top_k: int
+    levels: int  # expansion levels done after the root's children (0 .. depth)
+
+    @property
+    def count(self) -> int:
+        return sum(t.shape[0] for t in self.tokens)
+
+
+def best_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top k values and their indices, ties broken by index: a parent comes before a child of equal
+    score (a child's log-prob can round to 0), so the kept set stays ancestor-closed."""
+    order = torch.sort(values, descending=True, stable=True).indices[:k]
+    return values[order], order
+
+
+def parents_among(found: Candidates, chosen: Tensor) -> Tensor:
+    """[c] each chosen candidate's parent as a node of the tree of the chosen ones (chosen [c]: flat
+    candidate indices in candidate order, which is topological; node 0 is the root, node j + 1 chosen[j])."""
+    parent_flat = torch.cat(found.group_parent)[chosen // found.top_k]  # 0 = root, else 1 + parent's flat index
+    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
+    return torch.where(parent_flat == 0, torch.zeros_like(parent_pos), parent_pos)
+
+
+def select(found: Candidates, root: int | Tensor, keep: int) -> DraftTree:
+    """The best `keep` candidates by cumulative log-probability, in candidate order (= topological order),
+    as a tree under `root`; ancestor-closed because scores fall along a path."""
+    all_scores = torch.cat(found.scores)  # [k + levels * k^2]
+    all_tokens = torch.cat(found.tokens)
+    device = all_scores.device
+    keep = max(0, min(keep, all_scores.shape[0]))
+    chosen = torch.sort(best_k(all_scores, keep)[1]).values
+    parents = parents_among(found, chosen)
+    root = root.view(1) if isinstance(root, Tensor) else upload([root], device)
+    return DraftTree.build(
+        torch.cat([root, all_tokens[chosen]]),
+        torch.cat([torch.full((1,), -1, device=device), parents]),
+        NodeSource.DRAFT,
+        torch.cat([torch.zeros(1, device=device), all_scores[chosen]]),
+    )

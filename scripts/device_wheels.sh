@@ -3,7 +3,7 @@
 # at the versions this checkout's .venv runs, into outputs/device_wheels (ignored by git, so the device run
 # must carry it). hydra-core, omegaconf and its parser antlr4-python3-runtime are what `python -m
 # graft.gpu_check` needs; gguf comes along for the harness's other entry points. All are pure Python, so they
-# install on the node's Python 3.12. wandb stays out: the check never imports it (tests/test_gpu_check.py runs
+# install on the node's Python 3.12. wandb stays out: the check never imports it (tests/gpu/test_gpu_check.py runs
 # the check with every import outside the node's image and these wheels refused, wandb included).
 #
 #   bash scripts/device_wheels.sh [DEST]        # DEST defaults to outputs/device_wheels

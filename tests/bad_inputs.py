@@ -85,12 +85,12 @@ def _collect(running: dict, results: dict) -> None:
 
 def _start() -> None:
     os.chdir(ROOT)
-    from graft.cli import prepare
+    from graft.run.cli import prepare
 
     prepare()  # as run.py starts: the OpenMP policy, then the configs' schemas and resolvers, before the forks
     import importlib
 
-    import graft.runner  # noqa: F401  (torch, transformers, Hydra: the slow part of a start-up)
+    import graft.run.runner  # noqa: F401  (torch, transformers, Hydra: the slow part of a start-up)
 
     for module in [*TOOLS.values(), "graft.train.eagle3", "graft.train.dflash"]:
         importlib.import_module(module)

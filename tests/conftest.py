@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
 
 def compose(overrides: list[str]) -> dict:
     """The resolved config dict that `python run.py <overrides>` would see."""
-    from graft.config import compose as compose_config
+    from graft.config.experiment import compose as compose_config
 
     # the suite tests the CPU engine wherever it runs (the default hardware=auto would take a GPU where there is
     # one); tests of other hardware configs, and experiments (which name theirs), say so
@@ -38,8 +38,8 @@ def compose(overrides: list[str]) -> dict:
 @functools.lru_cache(maxsize=None)
 def load_tiny(name: str):
     """A tiny random model; `name:path` selects a fast path (default: transformers' own forward)."""
-    from graft.config import validate
-    from graft.models import load_model
+    from graft.config.experiment import validate
+    from graft.load.models import load_model
 
     name, _, fast_path = name.partition(":")
     cfg = validate(compose([f"model={name}", "logger=none", f"hardware.fast_path={fast_path or 'none'}"]))
@@ -76,11 +76,11 @@ def make_drafter(method: str, target, **overrides):
 
 
 def finish_run(folder: Path) -> Path:
-    """Mark a hand-written run folder finished as graft/runner.py does at its end: summary.json's `complete`
+    """Mark a hand-written run folder finished as graft/run/runner.py does at its end: summary.json's `complete`
     names every record of samples.jsonl and their sha1 (the report tools read finished runs only)."""
     import json
 
-    from graft.records import records_digest
+    from graft.records.writer import records_digest
 
     folder = Path(folder)
     records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]

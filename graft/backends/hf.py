@@ -7,8 +7,8 @@ import inspect
 import torch
 from torch import Tensor
 
-from graft.backends import ForwardOutput, HiddenTap, TargetBackend, compiled, concat_taps
-from graft.nn import ATTENTION_NAME
+from graft.backends.target import ForwardOutput, HiddenTap, TargetBackend, compiled, concat_taps
+from graft.layers import ATTENTION_NAME
 
 
 def decoder_of(model):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from graft.commands import one_line_errors, pick
+from graft.run.commands import one_line_errors, pick
 
 COMMANDS = {  # command -> (module, what it does, whether it times forwards)
     "profile": ("graft.costmodel.profile", "measure a device's cost profile (verify, overhead, drafts)", True),
@@ -27,15 +27,15 @@ def before_torch() -> None:
     prefer_huge_pages()
 
 
-@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/commands.py)
+@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/run/commands.py)
 def main(argv: list[str] | None = None) -> None:
     command, rest = pick(__doc__, COMMANDS, argv)
     module, _, timed = COMMANDS[command]
     if timed:
         before_torch()
-        from graft.logs import to_console
+        from graft.run.logs import to_console
 
-        to_console()  # what loading a model says (graft/logs.py), as a run shows it
+        to_console()  # what loading a model says (graft/run/logs.py), as a run shows it
     importlib.import_module(module).main(rest)
 
 

@@ -41,7 +41,7 @@ class ComputeProbe:
     fma_rate; None without the native build). Sampled once per round beside the bandwidth, as the clock moves."""
 
     def __init__(self, iterations: int = 5_000_000):
-        from graft.cpu import native
+        from graft.cpu.native import build as native
 
         self.module = native.load()
         self.iterations = iterations
@@ -125,7 +125,7 @@ def head_level_ms(
     """One EAGLE draft level as `expand` runs it: `nodes` frontier nodes through the head (attending to a
     `context_len`-position head cache and the tree), the draft LM head, and the per-node top-k; median ms
     per head dtype, on the target's products."""
-    from graft.eagle.checkpoint import load_head, random_head
+    from graft.draft_models.eagle.checkpoint import load_head, random_head
     from graft.tree import additive_mask
 
     results, fmas_per_node = {}, 0
@@ -169,7 +169,7 @@ def head_level_ms(
 
 def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats: int, warmup: int) -> dict:
     """All paths loaded side by side and measured round-robin, so machine noise hits them alike."""
-    from graft.models import load_model
+    from graft.load.models import load_model
 
     timers, info = {}, {}
     for path in paths:
@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--head-level", action="store_true", help="also time one EAGLE draft level of 10 nodes")
     args = parser.parse_args(argv)
 
-    from graft.config import compose_checked, validate
+    from graft.config.experiment import compose_checked, validate
 
-    cfg = validate(compose_checked([*args.overrides, "logger=none"]))  # bad overrides: one line (graft/commands.py)
+    cfg = validate(compose_checked([*args.overrides, "logger=none"]))  # bad overrides: one line (graft/run/commands.py)
 
     paths = args.paths.split(",")
     selected = cfg.hardware.fast_path
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     dot_gmacs = statistics.median(dot_rates) if dot_rates else None
     head_levels = None
     if args.head_level:
-        from graft.models import load_model
+        from graft.load.models import load_model
 
         cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
         cfg.hardware.product_kernel = "auto"

@@ -20,7 +20,7 @@ drafters' step cost.
   2+ tokens also moves its path down in the cache (every layer's keys and values gathered), timed directly.
 - experts (MoE targets): the distinct experts per layer each tree size's verify touched, and verify time at the
   largest size with the routing pinned to a growing number of experts; its slope, expert_ms, is what one more
-  expert read costs in one layer (graft/costmodel/experts.py).
+  expert read costs in one layer (graft/budget/experts.py).
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from graft.costmodel import AR, NODE_COUNTS, CostProfile
-from graft.costmodel.measure import (
+from graft.budget.profile import AR, NODE_COUNTS, CostProfile
+from graft.budget.measure import (
     ContextCache,
     identity,
     measure_commit_move,
@@ -54,8 +54,8 @@ GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
 
 def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float]:
     """{method: mean draft ms per step} in the decode loop on the dataset's first prompt."""
-    from graft.config import compared_methods
-    from graft.data import load_prompts
+    from graft.config.experiment import compared_methods
+    from graft.data.loading import load_prompts
     from graft.decode import generate
     from graft.registry import build_drafter
 
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>.json")
     args = parser.parse_args(argv)
 
-    from graft.config import compose_checked, validate
-    from graft.models import load_model
+    from graft.config.experiment import compose_checked, validate
+    from graft.load.models import load_model
 
     cfg = validate(compose_checked([*args.overrides, "logger=none"]))
     started = time.perf_counter()

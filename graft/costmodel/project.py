@@ -15,13 +15,136 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
-from graft.analysis import run_dirs
-from graft.costmodel import AR, CostProfile, job_anchor, project, recorded_split, run_steps
+from graft.records.reader import run_dirs
+from graft.budget.profile import AR, CostProfile
 from graft.schema import ConfigError
 
 WITHIN = 0.10  # "agrees" = projected within 10% of measured
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verification step of a record: what the cost model needs."""
+
+    accepted: int  # tokens committed (accepted nodes + bonus)
+    nodes: int  # tree nodes verified, root included
+    context: int  # committed cache positions the tree was verified on
+    draft_ms: float  # the drafter's measured ms (propose + update) on the recording device
+    # as recorded, to compare the profile with (`recorded_split`); the projection does not read them
+    verify_ms: float | None = None
+    other_ms: float | None = None
+    experts: float | None = None  # distinct experts per MoE layer the step's tree touched, where recorded
+
+
+def turn_steps(turn: Mapping) -> list[Step]:
+    """A turn record's steps, each with its context rebuilt: the prompt, then every token committed by the
+    earlier steps (the first new token comes from the prefill and is the first step's root, not cached)."""
+    context = turn["prompt_tokens"]
+    steps = []
+    recorded = zip(turn["accept_lengths"], turn["nodes"], turn["draft_ms"], turn["verify_ms"], turn["other_ms"])
+    experts = turn.get("experts_touched") or [None] * len(turn["accept_lengths"])
+    for (accepted, nodes, draft, verify, other), touched in zip(recorded, experts):
+        steps.append(Step(accepted, nodes, context, draft, verify, other, touched))
+        context += accepted
+    return steps
+
+
+def run_steps(run: Path) -> dict[str, list[Step]]:
+    """{method: every step of every prompt} of one run directory, the baseline as `ar`."""
+    from graft.records.reader import run_sides
+
+    steps: dict[str, list[Step]] = {}
+    for _, _, method, side in run_sides(Path(run)):
+        for turn in side["turns"]:
+            steps.setdefault(method, []).extend(turn_steps(turn))
+    return steps
+
+
+def recorded_split(steps: Sequence[Step], profile: CostProfile | None = None) -> dict:
+    """Mean recorded ms per step (draft, verify, other) and per committed token, and with a profile the
+    profile's verify and overhead for the same steps: where a projection departs from a run."""
+    n, tokens = len(steps), sum(s.accepted for s in steps)
+    split = {
+        "draft_ms_per_step": sum(s.draft_ms for s in steps) / n,
+        "verify_ms_per_step": sum(s.verify_ms for s in steps) / n,
+        "other_ms_per_step": sum(s.other_ms for s in steps) / n,
+        "ms_per_token": sum(s.draft_ms + s.verify_ms + s.other_ms for s in steps) / tokens,
+    }
+    if profile is not None:
+        split["profile_verify_ms_per_step"] = sum(profile.verify_ms(s.nodes, s.context) for s in steps) / n
+        split["profile_overhead_ms_per_step"] = sum(profile.overhead_ms(s.nodes, s.accepted) for s in steps) / n
+    return split
+
+
+def ar_ms_per_token(steps: Iterable[Step], profile: CostProfile, draft_ms: float) -> float:
+    """The baseline's ms per token over the same tokens: a step that committed `a` tokens at context c stands
+    for `a` one-node steps at contexts c .. c + a - 1."""
+    total, tokens = 0.0, 0
+    for step in steps:
+        for offset in range(step.accepted):
+            total += draft_ms + profile.verify_ms(1, step.context + offset) + profile.overhead_ms(1)
+        tokens += step.accepted
+    return total / tokens
+
+
+def job_anchor(ar_steps: Sequence[Step], profile: CostProfile) -> float:
+    """How much slower than the profile the job's own baseline ran: its recorded forward + loop ms per AR step
+    over the profile's for the same steps. Scaling the profile by it keeps the profile's shape (how cost
+    grows with nodes and context) and takes the machine's speed of that job from its baseline, which the
+    projected method never reads (a VM's speed drifts by tens of percent over minutes)."""
+    timed = [s for s in ar_steps if s.verify_ms is not None and s.other_ms is not None]
+    recorded = sum(s.verify_ms + s.other_ms for s in timed)
+    profiled = sum(profile.verify_ms(1, s.context) + profile.overhead_ms(1) for s in timed)
+    if not recorded or not profiled:
+        raise ValueError("the job's baseline has no recorded verify times to anchor the profile on")
+    return recorded / profiled
+
+
+def project(
+    steps: Sequence[Step | Mapping],
+    profile: CostProfile,
+    draft_ms: float | None = None,
+    ar_draft_ms: float | None = None,
+) -> dict:
+    """The projected time per committed token of one method's steps and its projected speedup over AR.
+
+    draft_ms: None uses each step's measured draft ms (right when the profile was measured on the device
+    that recorded the run); a number replaces it (a profile's draft cost, to project onto another device).
+    ar_draft_ms: the baseline's draft ms per step (a root-only tree); default the profile's `ar` entry, or 0.
+    """
+    needed = ("accepted", "nodes", "context", "draft_ms")
+    steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in needed}, experts=s.get("experts")) for s in steps]
+    if not steps:
+        raise ValueError("no steps to project")
+    if ar_draft_ms is None:
+        ar_draft_ms = profile.draft_step_ms.get(AR, 0.0)
+    drafts = [s.draft_ms if draft_ms is None else draft_ms for s in steps]
+    verifies = [profile.verify_ms(s.nodes, s.context, s.experts) for s in steps]
+    overheads = [profile.overhead_ms(s.nodes, s.accepted) for s in steps]
+    tokens = sum(s.accepted for s in steps)
+    step_ms = (sum(drafts) + sum(verifies) + sum(overheads)) / len(steps)
+    ms_per_token = step_ms * len(steps) / tokens  # = mean(step time) / mean(accepted)
+    baseline = ar_ms_per_token(steps, profile, ar_draft_ms)
+    return {
+        "kind": "projection",
+        "device": profile.device,
+        "steps": len(steps),
+        "tokens": tokens,
+        "tau": tokens / len(steps),
+        "avg_nodes_per_step": sum(s.nodes for s in steps) / len(steps),
+        "draft": "measured" if draft_ms is None else "profile",
+        "draft_ms_per_step": sum(drafts) / len(steps),
+        "verify_ms_per_step": sum(verifies) / len(steps),
+        "overhead_ms_per_step": sum(overheads) / len(steps),
+        "ms_per_step": step_ms,
+        "ms_per_token": ms_per_token,
+        "baseline_ms_per_token": baseline,
+        "speedup": baseline / ms_per_token,
+    }
 
 
 def method_summaries(summary: dict) -> dict[str, dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graft.cpu import native
+from graft.cpu.native import build as native
 from graft.cpu.products import PackedLinear
 from graft.tree import additive_mask, prefix_causal
 

@@ -1,4 +1,4 @@
-"""What the CPU engine keeps beside a model's weights, for the memory plan (graft/memory.py): the layouts each
+"""What the CPU engine keeps beside a model's weights, for the memory plan (graft/plan/memory.py): the layouts each
 hardware.fast_path builds (graft/cpu/products.py) and the dtype its products run in."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def narrow_panels_expected(hardware) -> bool:
     CPU where oneDNN has none): the native build loads here with them and the config does not rule it out."""
     if hardware.native == "off" or hardware.product_kernel == "onednn":
         return False
-    from graft.cpu import native
+    from graft.cpu.native import build as native
 
     module = native.load()
     return module is not None and bool(getattr(module, "bfloat16_panels_supported", lambda: False)())

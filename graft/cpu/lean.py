@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graft.cpu import native
-from graft.backends import ForwardOutput, TargetBackend, concat_taps
+from graft.cpu.native import build as native
+from graft.backends.target import ForwardOutput, TargetBackend, concat_taps
 from graft.cpu.ops import CpuOps
 from graft.cpu.products import (
     Bf16PackedLinear,
@@ -28,7 +28,7 @@ from graft.cpu.products import (
     choose_product_kernel,
     widened_record,
 )
-from graft.nn import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
+from graft.layers import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 NATIVE_MODES = ("auto", "on", "off")

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from graft.nn import ATTENTION_NAME, graft_mask, grouped_sdpa
+from graft.layers import ATTENTION_NAME, graft_mask, grouped_sdpa
 
 
 def register_attention() -> None:

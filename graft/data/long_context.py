@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graft.config import DatasetConfig
+from graft.config.experiment import DatasetConfig
 from graft.data.prompt import DatasetError, Prompt
 from graft.data.sources import hub_records, local_file, read_jsonl
 

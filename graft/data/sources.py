@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from graft.config import DatasetConfig
+from graft.config.experiment import DatasetConfig
 from graft.data.prompt import DatasetError, Prompt
 
 QUESTION_FORMAT = "one JSON object a line with question_id, category, turns (a list of user turns)"

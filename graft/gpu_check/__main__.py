@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 import graft.gpu_check
-from graft.commands import one_line_errors
+from graft.run.commands import one_line_errors
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
 from graft.gpu_check.environment import part_environment
@@ -46,7 +46,7 @@ def parse_parts(text: str) -> list[int]:
     return parts
 
 
-@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/commands.py)
+@one_line_errors  # bad input is one line and exit 2, as in run.py (graft/run/commands.py)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m graft.gpu_check",

@@ -29,9 +29,9 @@ from graft.gpu_check.report import Context, release_memory
 
 @contextlib.contextmanager
 def graph_counts() -> Iterator[dict]:
-    """Graphs dynamo compiles (graft.backends.compiled_graphs) and CUDA graphs cudagraph trees record
+    """Graphs dynamo compiles (graft.backends.target.compiled_graphs) and CUDA graphs cudagraph trees record
     (each call of CUDAGraphTreeManager.record_function, a first recording or a re-record) in the block."""
-    from graft.backends import compiled_graphs
+    from graft.backends.target import compiled_graphs
 
     counts, graphs = {"graphs": 0, "recordings": 0}, compiled_graphs()
     try:
@@ -109,7 +109,7 @@ def part_compiled(ctx: Context, out: dict) -> None:
             out["verify"]["skipped"] = f"budget spent before the {name} slice"
             return
         target = harness_target(slice_model, hardware, f"llama8b_slice_{name}")
-        target.static_trees, target.compile_mode, target.compile_backend = True, mode, plan.compile_backend
+        target.fixed_size_trees, target.compile_mode, target.compile_backend = True, mode, plan.compile_backend
         target.max_context = plan.decode_context + max(plan.compile_nodes) + 64
         if mode is not None:  # a first pass compiles and records; the timed pass should do neither
             verify_times(target, context, plan.compile_nodes, plan)

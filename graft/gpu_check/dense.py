@@ -52,9 +52,9 @@ def dense_layers(plan: Plan, device: torch.device, remaining_s: float) -> tuple[
 
 
 def save_random_head(target, plan: Plan, directory: Path) -> dict:
-    """A random EAGLE-3 head shaped for `target` (graft.eagle.checkpoint.random_head, draft vocabulary
+    """A random EAGLE-3 head shaped for `target` (graft.draft_models.eagle.checkpoint.random_head, draft vocabulary
     plan.draft_vocab), saved in SpecForge's layout, so methods load it as `method.head=<directory>`."""
-    from graft.eagle.checkpoint import random_head, save_head
+    from graft.draft_models.eagle.checkpoint import random_head, save_head
 
     head = random_head(target, "eagle3", draft_vocab=plan.draft_vocab)
     save_head(head, directory, layout="specforge")
@@ -83,7 +83,7 @@ def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
         "prompt_tokens": len(prompt),
         "max_new_tokens": plan.decode_tokens,
         "clock": target.timing,
-        "static_trees": target.static_trees,
+        "fixed_size_trees": target.fixed_size_trees,
     }
     for temperature in (0.0, 1.0):
         rows = decode[f"temperature_{temperature:g}"] = {}

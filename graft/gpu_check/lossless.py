@@ -1,5 +1,5 @@
 """Part 2 of the device check: every configs/method/*.yaml against the autoregressive baseline on the tiny
-random models, in float32 and bfloat16 (graft/runner.compare decides, with float ties)."""
+random models, in float32 and bfloat16 (graft/run/lossless.py decides, with float ties)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from graft.gpu_check.report import Context, release_memory, traceback_tail
 
 
 def part_lossless(ctx: Context, out: dict) -> None:
-    """Greedy tokens of every method equal the baseline's (graft/runner.compare decides, with float ties)."""
-    from graft.config import group_options
+    """Greedy tokens of every method equal the baseline's (graft/run/lossless.py decides, with float ties)."""
+    from graft.config.experiment import group_options
 
     plan = ctx.plan
     methods = list(plan.lossless_methods or group_options("method"))
@@ -69,7 +69,7 @@ def lossless_row(model, cfg, make_drafter, prompts: list[list[int]], bases: list
     """Equal / checked / divergences / error of one method on `model`'s target against the baseline
     generations `bases` of `prompts`; seconds per prompt (a compiled target's first one compiles)."""
     from graft.decode import generate
-    from graft.runner import compare
+    from graft.run.lossless import compare
 
     target = model.target
     row = {"equal": 0, "checked": 0, "divergent": [], "seconds": []}
@@ -113,7 +113,7 @@ P_VALUE_FLOOR = 1e-3  # below it a method's first two tokens do not follow the t
 
 def nucleus(logits, top_p: float):
     """softmax(logits) at temperature 1 cut to the smallest top set whose mass reaches top_p, renormalised
-    (the rule graft.acceptance samples by; tests/test_sampling_loop.py checks the loop against it)."""
+    (the rule graft.acceptance samples by; tests/core/test_sampling_loop.py checks the loop against it)."""
     import torch
 
     probs = torch.softmax(logits.double(), dim=-1)
@@ -174,7 +174,7 @@ def part_lossless_sampled(ctx: Context, out: dict) -> None:
     """Every method's first two tokens at temperature 1 follow the target's distribution (a chi-square over
     plan.sample_draws draws; few draws catch gross errors only) on tiny_llama in float32."""
     from baselines.autoregressive import Autoregressive
-    from graft.config import group_options
+    from graft.config.experiment import group_options
     from graft.registry import build_drafter
 
     plan = ctx.plan

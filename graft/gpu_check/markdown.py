@@ -138,7 +138,7 @@ def dense(out: dict) -> list[str]:
     for key, title in (("step_ms", "whole step ms"), ("overhead_ms_per_step", "loop overhead per step, ms")):
         rows = per_method(decode, key, "temperature_")
         if rows:
-            clock = f"clock {decode.get('clock')}, fixed-size trees {cell(decode.get('static_trees'))}"
+            clock = f"clock {decode.get('clock')}, fixed-size trees {cell(decode.get('fixed_size_trees'))}"
             lines += [f"Decode loops, {title} ({clock}):", "", *by_columns(rows, "method")]
     extend = out.get("extend", {})
     if "head_extend_ms" in extend:

@@ -85,7 +85,7 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def random_causal_lm(architecture: str, arch: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """A transformers causal LM with random weights, built on `device` in `dtype` directly (graft/models.py
+    """A transformers causal LM with random weights, built on `device` in `dtype` directly (graft/load/models.py
     builds random models on the CPU in float32 first, which for 8B parameters takes minutes and 32 GB)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -194,20 +194,20 @@ def per_step_rate(short: tuple[int, int], long: tuple[int, int]) -> float | None
 
 def method_config_of(name: str, overrides: list[str] = ()):
     """The method `python run.py method=<name> ...` runs, composed by Hydra and validated by the harness."""
-    from graft.config import compose, validate
+    from graft.config.experiment import compose, validate
 
     return validate(compose([f"method={name}", "logger=none", "model=tiny_llama", *overrides])).method
 
 
 def hardware_config(ctx: Context):
-    from graft.config import compose, validate
+    from graft.config.experiment import compose, validate
 
     return validate(compose(["logger=none", *ctx.hardware])).hardware
 
 
 def load_tiny(name: str, dtype: str, ctx: Context, overrides: list[str] = ()):
-    from graft.config import compose, validate
-    from graft.models import load_model
+    from graft.config.experiment import compose, validate
+    from graft.load.models import load_model
 
     cfg = validate(compose([f"model={name}", "logger=none", *ctx.hardware, f"model.dtype={dtype}", *overrides]))
     model = load_model(cfg.model, cfg.hardware, progress=False)
@@ -216,18 +216,18 @@ def load_tiny(name: str, dtype: str, ctx: Context, overrides: list[str] = ()):
 
 
 def harness_target(model, hardware, name: str):
-    """The target graft.models.load_model makes of a loaded model under `hardware`: its attention kernel, an
+    """The target graft.load.models.load_model makes of a loaded model under `hardware`: its attention kernel, an
     HFBackend, prefill chunks, timing mode. Parts 4-5 build their models on the GPU directly (load_model
     builds random models on the CPU in float32: minutes for 8B), so they repeat these steps here."""
-    from graft import models
+    from graft.load import models
     from graft.backends.hf import HFBackend
 
     if getattr(hardware, "attention", None):
         models.use_attention(model, hardware.attention)
     target = HFBackend(model, models.ByteTokenizer(), name=name)
     target.prefill_chunk = getattr(hardware, "prefill_chunk", None)
-    target.static_trees = bool(getattr(hardware, "static_trees", False))  # fixed-size trees: the GPU default
-    # as graft/models.py: CUDA events at the phase boundaries on a GPU (hardware.timing=auto, the GPU default)
+    target.fixed_size_trees = bool(getattr(hardware, "fixed_size_trees", False))  # fixed-size trees: the GPU default
+    # as graft/load/models.py: CUDA events at the phase boundaries on a GPU (hardware.timing=auto, the GPU default)
     timing = getattr(hardware, "timing", "auto")
     target.timing = {"sync": "sync", "async": "host"}.get(timing, "events" if target.device.type == "cuda" else "host")
     return target
@@ -262,12 +262,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def builtin_prompt_ids(model, count: int) -> list[list[int]]:
-    from graft.data import BUILTIN
+    from graft.data.loading import BUILTIN
 
     return [model.chat.prompt_ids([{"role": "user", "content": p.turns[0]}]) for p in BUILTIN[:count]]
 
 
 def as_conversation(gen):
-    from graft.runner import Conversation
+    from graft.run.runner import Conversation
 
     return Conversation(turns=[gen], texts=[""])

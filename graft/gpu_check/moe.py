@@ -28,7 +28,7 @@ from graft.gpu_check.report import Context
 
 
 def part_moe_layers(ctx: Context, out: dict) -> None:
-    from graft.costmodel.experts import ExpertsTouched
+    from graft.budget.experts import ExpertsTouched
 
     plan, arch = ctx.plan, ctx.plan.moe_arch
     out.update(arch=arch, dtype=plan.dtype, context=plan.moe_context, note=RANDOM_NOTE)
@@ -123,7 +123,7 @@ def part_head235(ctx: Context, out: dict) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3MoeConfig
 
-    from graft.eagle.checkpoint import load_head
+    from graft.draft_models.eagle.checkpoint import load_head
     from graft.methods.eagle3 import extend
 
     raw, dtype = ctx.plan.head235, getattr(torch, ctx.plan.dtype)

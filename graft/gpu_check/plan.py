@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from graft.config import CONFIG_DIR
+from graft.config.experiment import CONFIG_DIR
 
 PART_NAMES = {
     1: "environment",
@@ -67,7 +67,7 @@ class Plan:
     # earlier part did not use go to it), and at least for its own budget while the total lasts (so a short
     # total skips the last parts, compile first); the long parts check between their steps. A part with less
     # than half its budget left is skipped, with the reason. FULL's sum (390 s) is what the 8 minutes of
-    # scripts/device_check.sh leave the check (tests/test_gpu_check.py adds them up). Guessed for one H200:
+    # scripts/device_check.sh leave the check (tests/gpu/test_gpu_check.py adds them up). Guessed for one H200:
     # no GPU has run it yet.
     part_budget_s: dict = field(
         default_factory=lambda: {

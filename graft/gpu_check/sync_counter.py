@@ -231,9 +231,9 @@ def table(models: list[str], temperatures: list[float], methods: list[str], toke
     """Syncs per step (mean and worst step) of each method with the GPU settings on this machine's device (host
     paths off): the rows docs/gpu.md's table is made of."""
     from baselines.autoregressive import Autoregressive
-    from graft.config import compose, validate
+    from graft.config.experiment import compose, validate
     from graft.decode import SamplingConfig, generate
-    from graft.models import load_model
+    from graft.load.models import load_model
     from graft.registry import build_drafter, method_config
 
     ops.Ops.on_host = lambda self, t: False  # the device path: a CPU's host paths read on purpose

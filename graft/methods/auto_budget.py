@@ -10,7 +10,7 @@ up to total_tokens. Where a node costs almost nothing (a GPU) that is the whole 
 (a 2-core CPU) it is a small tree on uncertain steps and a larger one when the head is confident.
 
 The profile (`method.cost_profile`): `auto` (the default) measures the loaded target where it runs when the
-drafter is built, or loads that measurement from the cache (graft/costmodel/measure.py); a path reads a
+drafter is built, or loads that measurement from the cache (graft/budget/measure.py); a path reads a
 profile file (python -m graft.costmodel profile), refused when it was measured on another model, dtype,
 machine or engine (`method.cost_profile_mismatch=warn` uses it anyway).
 """
@@ -29,9 +29,9 @@ from torch import Tensor
 from graft.compose import Split, Trim
 from graft.drafter import SequenceState, StepFeedback
 from graft.tree import DraftTree, NodeSource
-from graft.config import from_cwd_or_repo
-from graft.costmodel import CostProfile
-from graft.costmodel.measure import calibrated_profile, identity
+from graft.hub import from_cwd_or_repo
+from graft.budget.profile import CostProfile
+from graft.budget.measure import calibrated_profile, identity
 from graft.registry import register
 from graft.schema import ConfigError, require
 from graft.ops import upload

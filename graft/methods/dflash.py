@@ -1,5 +1,5 @@
 """The block draft source (`source: dflash`): a DFlash-style drafter predicts a whole block in one forward
-(graft/dflash/model.py), and the block becomes a draft tree the rest of the composition treats like any
+(graft/draft_models/dflash/model.py), and the block becomes a draft tree the rest of the composition treats like any
 other: a split prunes it, retrievers graft onto it, the decode loop verifies it.
 
 Per step:
@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from graft.backends import HiddenTap, TargetBackend
+from graft.backends.target import HiddenTap, TargetBackend
 from graft.compose import Draft, DraftSource, Split
-from graft.dflash.checkpoint import load_block_drafter, random_block_drafter
-from graft.dflash.model import BlockDrafter
+from graft.draft_models.dflash.checkpoint import load_block_drafter, random_block_drafter
+from graft.draft_models.dflash.model import BlockDrafter
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
-from graft.methods.eagle3 import Candidates, Checkpoint, _best, select
+from graft.methods.eagle3 import Checkpoint
+from graft.tree import Candidates, best_k, select
 from graft.registry import register
 from graft.tree import DraftTree
 from graft.ops import upload
@@ -70,7 +71,7 @@ def block_candidates(logp: Tensor, top_k: int, checkpoint: Checkpoint | None = N
         found.group_parent.append(frontier_flat + 1)
         found.tokens.append(row_tokens.repeat(top_k))
         found.scores.append(cumulative.view(-1))
-        scores, best = _best(cumulative.view(-1), top_k)
+        scores, best = best_k(cumulative.view(-1), top_k)
         frontier_flat = best + top_k + level * top_k * top_k
         found.levels = level + 1
     return found

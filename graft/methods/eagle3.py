@@ -24,15 +24,16 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from graft.backends import HiddenTap, TargetBackend, capacity_bucket
+from graft.backends.target import HiddenTap, TargetBackend, capacity_bucket
 from graft.compose import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
-from graft.eagle.checkpoint import load_head, random_head
-from graft.eagle.head import DraftHead
+from graft.draft_models.eagle.checkpoint import load_head, random_head
+from graft.draft_models.eagle.head import DraftHead
 from graft.kv import KVBuffer
+from graft.fixed_size import select_fixed
 from graft.registry import register
 from graft.schema import ConfigError
-from graft.tree import DraftTree, NodeSource, RankTree, additive_mask, prefix_causal
+from graft.tree import Candidates, DraftTree, NodeSource, RankTree, additive_mask, best_k, prefix_causal, select
 from graft.ops import upload
 
 
@@ -81,13 +82,6 @@ class EagleStaticParams(HeadParams):
                 raise ValueError(
                     f"static_choices: each path needs its parent path listed and ranks >= 0; bad path {path}"
                 )
-
-
-def _best(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top k values and their indices, ties broken by index: a parent comes before a child of equal
-    score (a child's log-prob can round to 0), so the kept set stays ancestor-closed."""
-    order = torch.sort(values, descending=True, stable=True).indices[:k]
-    return values[order], order
 
 
 # positions the head encodes per forward when it extends over a long prompt: its masks and scores stay
@@ -219,21 +213,6 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
     return DraftTree.build(tokens, shape.parents, NodeSource.DRAFT, scores)
 
 
-@dataclass
-class Candidates:
-    """Scored draft candidates of the EAGLE-2 expansion, in generation order (groups of top_k)."""
-
-    tokens: list[Tensor]  # per group [top_k] target ids
-    scores: list[Tensor]  # per group [top_k] cumulative log-probs
-    group_parent: list[Tensor]  # per level: 1-based flat candidate index of each group's parent (0 = root)
-    top_k: int
-    levels: int  # expansion levels done after the root's children (0 .. depth)
-
-    @property
-    def count(self) -> int:
-        return sum(t.shape[0] for t in self.tokens)
-
-
 Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top_k]) -> stop drafting here
 
 
@@ -278,7 +257,7 @@ def expand(
         found.group_parent.append(frontier_flat + 1)
         top_values, top_indices, _ = head.top_log_probs(out, top_k)  # [k, k] per frontier node
         cumulative = top_values + scores[:, None]  # [k, k]
-        scores, best = _best(cumulative.view(-1), top_k)
+        scores, best = best_k(cumulative.view(-1), top_k)
         rows = best // top_k
         offset = top_k + level * top_k * top_k  # flat index of this level's first candidate
         frontier_flat = best + offset
@@ -290,57 +269,6 @@ def expand(
         tree_mask = torch.cat([tree_mask[rows], eye], dim=1)
     cache.keep(committed, None, 0)  # tree levels are scratch: drop them
     return found
-
-
-def _parents_among(found: Candidates, chosen: Tensor) -> Tensor:
-    """[c] each chosen candidate's parent as a node of the tree of the chosen ones (chosen [c]: flat
-    candidate indices in candidate order, which is topological; node 0 is the root, node j + 1 chosen[j])."""
-    parent_flat = torch.cat(found.group_parent)[chosen // found.top_k]  # 0 = root, else 1 + parent's flat index
-    parent_pos = torch.searchsorted(chosen, parent_flat - 1) + 1
-    return torch.where(parent_flat == 0, torch.zeros_like(parent_pos), parent_pos)
-
-
-def select(found: Candidates, root: int | Tensor, keep: int) -> DraftTree:
-    """The best `keep` candidates by cumulative log-probability, in candidate order (= topological order),
-    as a tree under `root`; ancestor-closed because scores fall along a path."""
-    all_scores = torch.cat(found.scores)  # [k + levels * k^2]
-    all_tokens = torch.cat(found.tokens)
-    device = all_scores.device
-    keep = max(0, min(keep, all_scores.shape[0]))
-    chosen = torch.sort(_best(all_scores, keep)[1]).values
-    parents = _parents_among(found, chosen)
-    root = root.view(1) if isinstance(root, Tensor) else upload([root], device)
-    return DraftTree.build(
-        torch.cat([root, all_tokens[chosen]]),
-        torch.cat([torch.full((1,), -1, device=device), parents]),
-        NodeSource.DRAFT,
-        torch.cat([torch.zeros(1, device=device), all_scores[chosen]]),
-    )
-
-
-def select_static(found: Candidates, root: Tensor, keep: Tensor, size: int, level_cap: Tensor | None) -> DraftTree:
-    """select() with a fixed shape: the best `size` candidates (of levels <= level_cap), of which the best
-    `keep` (a 0-d tensor) are filled and the rest are empty slots (token -1). Filled nodes are the ones
-    select(found, root, keep) would keep, so the verified tokens match the pruned tree's; no host read."""
-    all_scores = torch.cat(found.scores)  # [k + levels * k^2]
-    all_tokens = torch.cat(found.tokens)
-    device = all_scores.device
-    if level_cap is not None:  # candidates of levels the host path would not have drafted
-        level = torch.cat([torch.full_like(s, j, dtype=torch.long) for j, s in enumerate(found.scores)])
-        all_scores = torch.where(level <= level_cap, all_scores, float("-inf"))
-    size = min(size, all_scores.shape[0])
-    best = _best(all_scores, size)[1]  # best first
-    chosen, rank = torch.sort(best)  # candidate order; rank[j]: chosen[j]'s place among the best
-    filled = (rank < keep) & (all_scores[chosen] > float("-inf"))
-    parents = torch.where(filled, _parents_among(found, chosen), 0)
-    minus = torch.full_like(chosen, -1)
-    sources = torch.where(filled, int(NodeSource.DRAFT), int(NodeSource.EMPTY)).to(torch.int8)
-    return DraftTree(
-        tokens=torch.cat([root.view(1), torch.where(filled, all_tokens[chosen], minus)]),
-        parents=torch.cat([minus[:1], parents]),
-        scores=torch.cat([torch.zeros(1, device=device), torch.where(filled, all_scores[chosen], float("-inf"))]),
-        sources=torch.cat([torch.zeros(1, dtype=torch.int8, device=device), sources]),
-    )
 
 
 def head_dtype_for(choice: str | None, target: TargetBackend) -> str | None:
@@ -438,7 +366,7 @@ _SAID_HEAD_DTYPE: set = set()
 @register("source", "eagle", params=EagleParams, description="EAGLE-3 / EAGLE-1/2 head, EAGLE-2/3 dynamic tree")
 class EagleSource(_HeadSource):
     splits = ("dense", "stage", "fixed", "confident", "prefix", "auto")
-    static_ok = True  # drafts fixed-size trees when its split decides on the device
+    supports_fixed_size = True  # drafts fixed-size trees when its split decides on the device
     params: EagleParams
 
     @torch.inference_mode()
@@ -454,7 +382,7 @@ class EagleSource(_HeadSource):
         keep = split.keep(torch.cat(found.scores), total_tokens)
         if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
             root = state.root_on(runner.last.device)
-            return Draft(select_static(found, root, keep - 1, total_tokens - 1, split.level_cap()), split.label())
+            return Draft(select_fixed(found, root, keep - 1, total_tokens - 1, split.level_cap()), split.label())
         root = state.root_on(runner.last.device)
         return Draft(select(found, root, keep - 1), split.label(), widen=lambda n: select(found, root, n))
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from graft.compose import Split
-from graft.drafter import Deferred
+from graft.fixed_size import Deferred
 from graft.registry import register
 
 DENSE = "dense"
@@ -102,12 +102,12 @@ class StageParams:
     description="confidence checkpoints pick how much of the budget the draft keeps",
 )
 class StageSplit(Split):
-    decides_on_device = True
+    supports_fixed_size = True
 
     def __init__(self, params: StageParams):
         self.params = params
         self.fired: int | None = None
-        self.fired_on_device: Tensor | None = None  # static: checkpoint index, len(checkpoints) = none fired
+        self.fired_on_device: Tensor | None = None  # fixed-size: checkpoint index, len(checkpoints) = none fired
         self._tables: dict = {}
 
     def start(self) -> None:
@@ -116,7 +116,7 @@ class StageSplit(Split):
 
     def stop_after(self, level: int, frontier_scores: Tensor) -> bool:
         p = self.params
-        if self.static:  # decide on the device and draft on: level_cap() drops what the host path would not draft
+        if self.fixed_size:  # decide on the device and draft on: level_cap() drops what the host path would not draft
             if level in p.checkpoints:
                 i = p.checkpoints.index(level)
                 none = len(p.checkpoints)
@@ -132,7 +132,7 @@ class StageSplit(Split):
 
     def keep(self, scores: Tensor, total_tokens: int) -> int | Tensor:
         p = self.params
-        if self.static:
+        if self.fixed_size:
             if self.fired_on_device is None:  # no checkpoint within the drafted depth
                 return torch.full((), total_tokens, dtype=torch.long, device=scores.device)
             table = [scaled_split(d, total_tokens, p.reference_budget) for d in p.draft_tokens] + [total_tokens]
@@ -148,7 +148,7 @@ class StageSplit(Split):
 
     def level_cap(self) -> Tensor | None:
         p = self.params
-        if not (self.static and p.prune) or self.fired_on_device is None:
+        if not (self.fixed_size and p.prune) or self.fired_on_device is None:
             return None
         return self._pick([*p.checkpoints, 1 << 30], self.fired_on_device.device)
 
@@ -165,7 +165,7 @@ class StageSplit(Split):
 
     def label(self) -> str | Deferred:
         checks = tuple(f"check@{c}" for c in self.params.checkpoints)
-        if self.static:
+        if self.fixed_size:
             fired = self.fired_on_device
             return DENSE if fired is None else Deferred(fired, (*checks, DENSE))
         return DENSE if self.fired is None else checks[self.fired]
@@ -185,7 +185,7 @@ class FixedParams:
 
 @register("split", "fixed", params=FixedParams, description="a fixed draft / retrieval split, no checkpoints")
 class FixedSplit(Split):
-    decides_on_device = True  # keep() is a constant
+    supports_fixed_size = True  # keep() is a constant
 
     def __init__(self, params: FixedParams):
         self.params = params

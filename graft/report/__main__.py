@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from graft.commands import one_line_errors, pick
+from graft.run.commands import one_line_errors, pick
 
 COMMANDS = {  # command -> (module, what it does)
     "tables": ("graft.report.tables", "paper-shaped tables of run or sweep directories"),

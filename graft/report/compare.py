@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def load(run_dir: Path) -> dict:
-    from graft.analysis import read_json, read_records
+    from graft.records.reader import read_json, read_records
 
     summary = read_json(run_dir / "summary.json")
     records = read_records(run_dir)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--partial", action="store_true", help="also unfinished runs, marked (partial)")
     args = parser.parse_args(argv)
-    from graft.analysis import RecordError, none_finished, run_use
+    from graft.records.reader import RecordError, none_finished, run_use
 
     for root in (args.before, args.after):
         if not root.is_dir():

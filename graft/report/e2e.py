@@ -1,4 +1,4 @@
-"""The side by side of scripts/bench_e2e.py: its systems (transformers `generate`, this project's AR and its
+"""The side by side of graft/bench/e2e.py: its systems (transformers `generate`, this project's AR and its
 speculative methods, some on a second float target), and its summary of the per-prompt records: tokens/s
 per round, ratios to HF generate and to AR, equality with each system's baseline, and where a step's time
 goes. `python -m graft.report render` reads the JSON it writes (render.py: side_by_side, step_split).

@@ -39,7 +39,7 @@ def exported_summary(summary: dict, records: list[dict], unfinished: bool) -> di
     run's marked `partial: true` (a `complete` that does not verify dropped); a finished run's `complete`
     sha1 recomputed over the exported records (the run's own kept as `source_records_sha1`), so that the
     export verifies as the run did."""
-    from graft.runfolder import records_digest
+    from graft.records.folder import records_digest
 
     if unfinished:
         return {**{k: v for k, v in summary.items() if k != "complete"}, "partial": True}
@@ -58,7 +58,7 @@ def export(source: Path, target: Path, partial: bool = False, replace: bool = Fa
     `target`, then each file moved into place, so a bad input leaves `target` as it was. A `target` that holds
     anything is refused unless `replace`, which replaces only what this export writes (EXPORTED and summaries/ in
     the run folders it exports); nothing else in `target` is touched."""
-    from graft.analysis import RecordError, check_export_paths, read_records, read_summary, run_dirs
+    from graft.records.reader import RecordError, check_export_paths, read_records, read_summary, run_dirs
 
     source, target = check_export_paths(source, target)
     unfinished: dict = {}

@@ -24,8 +24,9 @@ CLAIMS = PAPER / "relative_claims.csv"
 def make_figures(paths: list[str], out: Path, partial: bool = False) -> list[Path]:
     import pandas as pd
 
-    from graft import plots
-    from graft.analysis import RecordError, method_rows, step_rows
+    from graft.analysis import plots
+    from graft.records.reader import RecordError
+    from graft.analysis.tables import method_rows, step_rows
 
     rows, steps = method_rows(paths, partial=partial), step_rows(paths, partial=partial)
     if rows.empty:

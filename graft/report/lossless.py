@@ -49,16 +49,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     check_arguments(args)  # before anything loads: one line naming a bad name or count
 
-    from graft.config import compose_checked, validate
-    from graft.logs import to_console
-    from graft.data import load_prompts
+    from graft.config.experiment import compose_checked, validate
+    from graft.run.logs import to_console
+    from graft.data.loading import load_prompts
     from baselines.autoregressive import Autoregressive
     from graft.decode import SamplingConfig
-    from graft.models import load_model
+    from graft.load.models import load_model
     from graft.registry import build_drafter
-    from graft.runner import PromptTooLong, compare, run_conversation
+    from graft.run.lossless import compare
+    from graft.run.runner import PromptTooLong, run_conversation
 
-    to_console()  # what loading the model and the prompts says (graft/logs.py), as a run shows it
+    to_console()  # what loading the model and the prompts says (graft/run/logs.py), as a run shows it
 
     methods = args.methods.split(",")
     # method=ar: the model and hardware alone, so a model without a draft head does not fail the default comparison
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def check_arguments(args) -> None:
     """The method and dataset names (config names under configs/) and the counts, before the model loads."""
-    from graft.config import ConfigError, group_options, suggest
+    from graft.config.experiment import ConfigError, group_options, suggest
 
     for flag, group, names in (("--methods", "method", args.methods), ("--datasets", "dataset", args.datasets)):
         options = group_options(group)
@@ -149,7 +150,7 @@ def method_configs(methods: list[str], base: list[str], overrides: list[str]) ->
     """Each method's validated config, composed as run.py composes `method=<name> <base> <overrides>`: the
     one rule for its draft head is the validated config's (method.head if given, else model.draft_head, so
     `--base model.draft_head=random` and `--set method.head=random` both reach every EAGLE method)."""
-    from graft.config import compose_checked, validate
+    from graft.config.experiment import compose_checked, validate
 
     return {
         name: validate(compose_checked([f"method={name}", "logger=none", *base, *overrides])).method for name in methods

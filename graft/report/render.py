@@ -10,9 +10,9 @@ and its kind says what renders it:
 - `categories <run or sweep dirs>`: their per-category tables with 95% bootstrap intervals (`tables --by category`);
 - `forward_profile <json>`: the verify-time table of `python -m graft.costmodel forward`'s JSON;
 - `lossless <json ...>`: the per-method counts of `python -m graft.report check-lossless`'s JSONs;
-- `side_by_side <json ...>`: scripts/bench_e2e.py's tokens/s tables, side by side;
+- `side_by_side <json ...>`: graft/bench/e2e.py's tokens/s tables, side by side;
 - `step_split <json>`: where a step's time goes (tau, draft / verify / other ms per step) in one of them;
-- `ab_native <json>`: scripts/ab_native.py's verify times, the --ref build against this checkout's.
+- `ab_native <json>`: graft/bench/native_ab.py's verify times, the --ref build against this checkout's.
 
     python -m graft.report render [results/README.md]           # rewrite the blocks
     python -m graft.report render --check [results/README.md]   # exit 1 if a block is stale
@@ -139,7 +139,7 @@ def x_own_ar(run: dict, system: str) -> float | None:
 
 
 def side_by_side(*paths: str) -> str:
-    """scripts/bench_e2e.py's tables, one column group per JSON (before / after); where a run has systems on a
+    """graft/bench/e2e.py's tables, one column group per JSON (before / after); where a run has systems on a
     second float target (packed_bf16), a column of their ratio to that target's own AR."""
     runs = [json.loads((ROOT / p).read_text()) for p in paths]
     systems = []
@@ -170,7 +170,7 @@ def side_by_side(*paths: str) -> str:
 
 
 def step_split(path: str) -> str:
-    """Where a step's time goes in one scripts/bench_e2e.py JSON (systems of this project; runs recorded
+    """Where a step's time goes in one graft/bench/e2e.py JSON (systems of this project; runs recorded
     since the per-phase times were added)."""
     run = json.loads((ROOT / path).read_text())
     ratio = run.get("tau_for")  # bench_e2e --tau-for: the tau each system would need for that ratio to its AR
@@ -190,7 +190,7 @@ def step_split(path: str) -> str:
 
 
 def ab_native(path: str) -> str:
-    """scripts/ab_native.py's JSON: verify ms for k tokens per context, the --ref build -> this checkout's."""
+    """graft/bench/native_ab.py's JSON: verify ms for k tokens per context, the --ref build -> this checkout's."""
     report = json.loads((ROOT / path).read_text())
     tokens = list(next(iter(report["contexts"].values())))
     label = {"1": "1 (decode)"}
@@ -244,7 +244,7 @@ OPEN, CLOSE = "<!-- generated:", "<!-- /generated -->"
 def render(text: str, name: str = "README") -> str:
     """`text` with every generated block rewritten; a block that is never closed, of an unknown kind, or
     whose records cannot be read is a RecordError naming its line."""
-    from graft.analysis import RecordError
+    from graft.records.reader import RecordError
 
     inside = None  # where the block being read opened
     for marker in re.finditer(f"(?m)^(?:{re.escape(OPEN)}|{re.escape(CLOSE)})", text):

@@ -101,7 +101,7 @@ def sides(record: dict, summary: dict) -> dict[str, dict]:
 
 def choice(side: dict, where: str) -> tuple[dict, bool]:
     """Spec-Bench's `choices[0]` of one side, and whether every turn had its text."""
-    from graft.analysis import RecordError
+    from graft.records.reader import RecordError
 
     turns = side.get("turns") if isinstance(side, dict) else None
     if not isinstance(turns, list) or not turns:
@@ -130,7 +130,7 @@ def choice(side: dict, where: str) -> tuple[dict, bool]:
 def run_answers(run: Path) -> tuple[dict[str, list[dict]], bool, int, dict[str, int]]:
     """{file name: answer lines} of one run directory, whether all its texts are there, how many of its prompts
     were skipped (they have no answers), and {category: prompts} of those with no Spec-Bench task."""
-    from graft.analysis import RecordError, read_records, read_summary
+    from graft.records.reader import RecordError, read_records, read_summary
 
     summary, records = read_summary(run), read_records(run)
     model, dataset = str(summary["model"]), str(summary["dataset"])
@@ -191,9 +191,9 @@ def export_specbench(
     """Write the answer files of every finished run under `source` (with `partial`, unfinished ones too) into
     `target` (other files there are left alone; an answer file already there is refused unless `replace`, then
     replaced whole); returns the files written and one-line notes."""
-    from graft.analysis import RecordError, run_dirs
+    from graft.records.reader import RecordError, run_dirs
 
-    from graft.analysis import check_export_paths
+    from graft.records.reader import check_export_paths
 
     source, target = check_export_paths(source, target)
     if target.exists() and not target.is_dir():
@@ -245,7 +245,7 @@ def _sha256(path: Path) -> str:
 def read_answer_file(path: Path) -> dict:
     """{question_id: answer} of one answer file, the last answer of a question kept (as Spec-Bench's and EAGLE's
     reorg_answer_file keep it), in the order questions first appear."""
-    from graft.analysis import RecordError
+    from graft.records.reader import RecordError
 
     answers: dict = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -273,7 +273,7 @@ def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
     `for idx in range(max_steps)`), or `idxs` itself where `accept_lengths` holds exactly that many steps.
     Step tokens: the turn's share of `accept_lengths` (Spec-Bench's one flat list of every step's committed tokens,
     split by the steps), else `new_tokens` (EAGLE's new_token counts what its steps committed)."""
-    from graft.analysis import RecordError
+    from graft.records.reader import RecordError
 
     picked = answer["choices"][0]
     try:
@@ -323,7 +323,7 @@ def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
 
 
 def imported_side(turns: list[dict]) -> dict:
-    """A side record with the totals the report tools read, computed as graft/metrics.py's side_totals does;
+    """A side record with the totals the report tools read, computed as graft/records/metrics.py's side_totals does;
     what an answer file does not record (decode and prefill time, tree sizes) is None."""
     new_tokens = sum(t["new_tokens"] for t in turns)
     wall = sum(t["wall_s"] for t in turns)
@@ -354,8 +354,8 @@ def _names(stems: list[str]) -> tuple[str, list[str]]:
 
 
 def _summary(records: list[dict], label: str, meta: dict) -> dict:
-    """One imported method's summary: graft/metrics.py's summarize on what answer files record."""
-    from graft.metrics import DEFINITIONS, throughput
+    """One imported method's summary: graft/records/metrics.py's summarize on what answer files record."""
+    from graft.records.metrics import DEFINITIONS, throughput
 
     method = [r["methods"][label]["side"]["totals"] for r in records]
     base = [r["baseline"]["totals"] for r in records]
@@ -380,9 +380,9 @@ def _summary(records: list[dict], label: str, meta: dict) -> dict:
 
 
 def _intervals(records: list[dict]) -> dict:
-    """graft/stats.py's intervals of the imported records, their unknown decode times as NaN (speedup_decode
+    """graft/analysis/stats.py's intervals of the imported records, their unknown decode times as NaN (speedup_decode
     then has no value)."""
-    from graft import stats
+    from graft.analysis import stats
 
     nan = float("nan")
     copies = [
@@ -413,9 +413,9 @@ def import_specbench(
     one-line notes. Numbers are the files' own: new_tokens (not speed.py's recount of the baseline's texts),
     wall_time, steps and accepted lengths; tokens/s, tau and speedup are computed from them as for this harness's
     runs, so a run exported with `export --format spec-bench` comes back with the same values."""
-    from graft.analysis import RecordError
-    from graft.provenance import code
-    from graft.records import config_hash, records_digest
+    from graft.records.reader import RecordError
+    from graft.run.provenance import code
+    from graft.records.writer import config_hash, records_digest
 
     answers = Path(answers)
     if not answers.is_dir():
@@ -547,9 +547,11 @@ def import_specbench(
         "definitions": first["definitions"],
         "complete": {"plan": {"imported": "spec-bench"}, "ids": ids, "records_sha1": records_digest(records)},
     }
-    from graft import stats
+    from graft.analysis import stats
 
-    if hasattr(stats, "INTERVAL_METHOD"):  # recorded the way graft/stats.py computes them, so readers take them
+    if hasattr(
+        stats, "INTERVAL_METHOD"
+    ):  # recorded the way graft/analysis/stats.py computes them, so readers take them
         summary["intervals"], summary["interval_method"] = _intervals(records), stats.INTERVAL_METHOD
     config = {"imported": imported, "model": {"name": model}, "dataset": {"name": dataset}}
     config["run"] = {"temperature": temperature}

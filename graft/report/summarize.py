@@ -62,9 +62,9 @@ def table(summaries: list[dict]) -> str:
 def _load(path: Path, partial: bool = False, lines: list | None = None) -> list[dict]:
     """The table's rows of one summary.json (a run directory or the file): the summary of a single-method run,
     or each method's summary of a comparison; each with its verification budget (when the method has one).
-    None of an unfinished run (named in `lines`), unless `partial` (graft/analysis.py: run_use); then its
+    None of an unfinished run (named in `lines`), unless `partial` (graft/records/reader.py: run_use); then its
     methods say so."""
-    from graft.analysis import read_json, run_use
+    from graft.records.reader import read_json, run_use
 
     summary = read_json(path / "summary.json" if path.is_dir() else path)
     use, unfinished = run_use(path if path.is_dir() else path.parent, partial, summary, lines)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--partial", action="store_true", help="also unfinished runs, marked (partial)")
     args = parser.parse_args(argv)
-    from graft.analysis import none_finished
+    from graft.records.reader import none_finished
 
     lines: list[str] = []
     rows = [row for p in args.summaries for row in _load(p, args.partial, lines)]

@@ -2,7 +2,7 @@
 rows = methods, columns = datasets and their mean, cells = speedup / tau; Graft's relative improvement
 over EAGLE-3; the split table (share of steps per pruning stage). Markdown and LaTeX. A speedup carries its
 95% interval over prompts ("1.52x [1.41, 1.63] / 2.31") where the run's records give one, from 10 prompts on
-(graft/stats.py: MIN_N_FOR_INTERVAL; fewer: "1.52x (n=8) / 2.31"): summary.json's `intervals`, else computed
+(graft/analysis/stats.py: MIN_N_FOR_INTERVAL; fewer: "1.52x (n=8) / 2.31"): summary.json's `intervals`, else computed
 from samples.jsonl. A run of run.repeats > 1 adds a table of each ratio's mean and range over the repeats.
 
 Finished runs only: an unfinished one (no verifying `complete` record in summary.json) is named on stderr and
@@ -50,8 +50,8 @@ def ordered(labels) -> list[str]:
 
 
 def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
-    from graft.analysis import (
-        RecordError,
+    from graft.records.reader import RecordError
+    from graft.analysis.tables import (
         best_settings,
         improvement,
         is_sweep,
@@ -117,8 +117,9 @@ def category_tables(paths: list[str], metric: str, partial: bool = False) -> tup
     every interval, for categories.csv."""
     import pandas as pd
 
-    from graft.analysis import RecordError, category_rows
-    from graft.stats import MIN_N_FOR_INTERVAL
+    from graft.records.reader import RecordError
+    from graft.analysis.tables import category_rows
+    from graft.analysis.stats import MIN_N_FOR_INTERVAL
 
     rows = category_rows(paths, partial=partial)
     if rows.empty:
@@ -161,7 +162,7 @@ def category_tables(paths: list[str], metric: str, partial: bool = False) -> tup
 
 def _cell(entries: dict, key: tuple, category: str, metric: str) -> str:
     """ "speedup [low, high] / tau [low, high]", or "speedup / tau (n=4)" below MIN_N_FOR_INTERVAL prompts."""
-    from graft.stats import MIN_N_FOR_INTERVAL, format_interval
+    from graft.analysis.stats import MIN_N_FOR_INTERVAL, format_interval
 
     speed, tau = entries.get((*key, category, metric)), entries.get((*key, category, "tau"))
     text = f"{format_interval(speed, 'x')} / {format_interval(tau, '')}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from graft.commands import one_line_errors, pick
+from graft.run.commands import one_line_errors, pick
 
 COMMANDS = {  # trainer -> (module, what it trains)
     "eagle3": ("graft.train.eagle3", "an EAGLE-3 head"),
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         from graft.cpu.threads import prefer_huge_pages  # imports no torch
 
         prefer_huge_pages()
-    from graft.config import register_schemas
+    from graft.config.experiment import register_schemas
 
     if command == "eagle3":
         from graft.train.eagle3 import main as train
@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> None:
 @one_line_errors
 def check_train_overrides(config_name: str, overrides: list[str]) -> None:
     """The overrides composed once before Hydra runs the trainer: a syntax error, an unknown key or option is one
-    line and exit 2 (graft/commands.py), as run.py's, instead of Hydra's dump. Hydra's own flags and hydra.*
+    line and exit 2 (graft/run/commands.py), as run.py's, instead of Hydra's dump. Hydra's own flags and hydra.*
     keys are left to Hydra."""
     from hydra import compose, initialize_config_dir
 
-    from graft.config import CONFIG_DIR, ConfigError, check_syntax, hydra_problem
+    from graft.config.experiment import CONFIG_DIR, ConfigError, check_syntax, hydra_problem
 
     given = [o for o in overrides if "=" in o and not o.startswith("-") and not o.lstrip("+~").startswith("hydra")]
     check_syntax(given)

@@ -8,7 +8,7 @@ Stages, each resumable (rerun the same command to continue):
   prompts itself, greedily; skipped when train.data.conversations names an existing file;
 - features: one target pass per conversation records the outputs of the drafter's target layers;
 - fit: random anchor blocks of block_min .. block_max positions, loss weights decaying with the position
-  in the block (graft/dflash/train.py), in the shared fit loop (graft/train/fit.py) with held-out
+  in the block (graft/draft_models/dflash/train.py), in the shared fit loop (graft/train/fit.py) with held-out
   evaluations, checkpointing;
 - export: the drafter in the published DFlash layout (config.json + model.safetensors), loadable by
   method=dflash with method.checkpoint=<dir>.
@@ -23,9 +23,9 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from graft.backends import HiddenTap
-from graft.commands import one_line_errors
-from graft.config import CONFIG_DIR
+from graft.backends.target import HiddenTap
+from graft.run.commands import one_line_errors
+from graft.config.experiment import CONFIG_DIR
 from graft.schema import ConfigError
 from graft.train.features import batch_tensors, load_features, stage_features
 from graft.train.fit import export, fit_loop, load_saved, setup
@@ -38,7 +38,7 @@ def conversations_path(cfg, out: Path) -> Path:
 
 
 def drafter_config(cfg, target):
-    from graft.dflash.checkpoint import block_config_for
+    from graft.draft_models.dflash.checkpoint import block_config_for
 
     d = cfg.train.drafter
     layers = target.config.num_hidden_layers
@@ -67,8 +67,14 @@ def split_heldout(records: list[dict], count: int, seed: int, pool: int | None =
 
 
 def stage_fit(cfg, plain, out: Path) -> dict:
-    from graft.dflash.model import BlockDrafter
-    from graft.dflash.train import block_accepted, block_losses, expected_accepted, grown_state, sample_anchors
+    from graft.draft_models.dflash.model import BlockDrafter
+    from graft.draft_models.dflash.train import (
+        block_accepted,
+        block_losses,
+        expected_accepted,
+        grown_state,
+        sample_anchors,
+    )
 
     fit = cfg.train.fit
     records, soft = load_features(cfg, out)
@@ -129,15 +135,15 @@ def stage_fit(cfg, plain, out: Path) -> dict:
 
 
 def save(model, directory: Path) -> Path:
-    from graft.dflash.checkpoint import save_block_drafter
+    from graft.draft_models.dflash.checkpoint import save_block_drafter
 
     return save_block_drafter(model, directory)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train_dflash")
-@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/commands.py)
+@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/run/commands.py)
 def main(cfg: DictConfig) -> None:
-    from graft.models import load_model
+    from graft.load.models import load_model
 
     model_cfg, hardware_cfg, plain_hardware, out = setup(cfg)
     stage = cfg.train.stage

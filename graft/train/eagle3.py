@@ -7,7 +7,7 @@ Stages, each resumable (rerun the same command to continue):
   *train* questions, questions it writes about a list of topics, and code / prose requests composed for
   this project; then second turns: a composed follow-up after its own answer to some of those first turns;
 - features: one target pass per conversation records the fused features (inputs of the head's layers);
-- fit: training-time test over `ttt_steps` unrolled steps (graft/eagle/train.py) in the shared fit loop
+- fit: training-time test over `ttt_steps` unrolled steps (graft/draft_models/eagle/train.py) in the shared fit loop
   (graft/train/fit.py), checkpointing;
 - export: the head in the EAGLE layout (config.json + model.safetensors), loadable by method=eagle3.
 """
@@ -20,9 +20,9 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from graft.backends import HiddenTap
-from graft.commands import one_line_errors
-from graft.config import CONFIG_DIR
+from graft.backends.target import HiddenTap
+from graft.run.commands import one_line_errors
+from graft.config.experiment import CONFIG_DIR
 from graft.schema import ConfigError
 from graft.train.features import batch_tensors, load_features, stage_features
 from graft.train.fit import export, fit_loop, load_saved, setup
@@ -31,9 +31,9 @@ from graft.train.generate import stage_generate
 
 def new_head(cfg, target, layer_ids: list[int], counts: torch.Tensor):
     """A fresh head for `target` whose draft vocabulary is the train.head.draft_vocab most frequent answer ids."""
-    from graft.eagle.checkpoint import head_config_for
-    from graft.eagle.head import DraftHead
-    from graft.eagle.train import draft_vocabulary
+    from graft.draft_models.eagle.checkpoint import head_config_for
+    from graft.draft_models.eagle.head import DraftHead
+    from graft.draft_models.eagle.train import draft_vocabulary
 
     head_cfg = head_config_for(target.config, "eagle3", cfg.train.head.draft_vocab, layer_ids)
     head = DraftHead(head_cfg)
@@ -44,7 +44,7 @@ def new_head(cfg, target, layer_ids: list[int], counts: torch.Tensor):
 
 
 def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
-    from graft.eagle.train import ttt_losses
+    from graft.draft_models.eagle.train import ttt_losses
 
     fit = cfg.train.fit
     records, soft = load_features(cfg, out)
@@ -67,16 +67,16 @@ def stage_fit(cfg, loaded, out: Path, layer_ids: list[int]) -> dict:
 
 
 def save(head, directory: Path) -> Path:
-    from graft.eagle.checkpoint import save_head
+    from graft.draft_models.eagle.checkpoint import save_head
 
     return save_head(head, directory, layout="eagle")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/commands.py)
+@one_line_errors  # a bad count or file: one line and exit 2, as run.py (graft/run/commands.py)
 def main(cfg: DictConfig) -> None:
-    from graft.eagle.checkpoint import default_layer_ids
-    from graft.models import load_model
+    from graft.draft_models.eagle.checkpoint import default_layer_ids
+    from graft.load.models import load_model
 
     model_cfg, hardware_cfg, plain_hardware, out = setup(cfg)
     stage = cfg.train.stage

@@ -20,7 +20,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from graft.config import REPO, HardwareConfig, ModelConfig
+from graft.config.experiment import HardwareConfig, ModelConfig
+from graft.hub import REPO
 from graft.schema import ConfigError, coerce_dataclass
 
 

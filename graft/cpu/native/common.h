@@ -1,4 +1,4 @@
-// The instruction set this build is for, named once from the compiler's macros (graft/cpu/native/__init__.py
+// The instruction set this build is for, named once from the compiler's macros (graft/cpu/native/build.py
 // builds one variant per instruction set with explicit -m flags), and the vector width the kernels are written in.
 #pragma once
 

@@ -16,7 +16,7 @@
 namespace graft {
 namespace {
 
-// A layer's tensors in graft/cpu/native/__init__.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
+// A layer's tensors in graft/cpu/native/build.py's LAYER_FIELDS order: each product as four (packed, small, one_row,
 // bias) from its first index; the EAGLE-3 head's hidden norm appended after them.
 enum LayerField : int {
   kInputNorm = 0,
@@ -29,7 +29,7 @@ enum LayerField : int {
   kHiddenNorm = 19,
 };
 
-// A layer's products in the order of its `prefetch` modes (graft/cpu/native/__init__.py: PRODUCTS).
+// A layer's products in the order of its `prefetch` modes (graft/cpu/native/build.py: PRODUCTS).
 enum LayerProduct : int { kQkvProduct = 0, kOProduct = 1, kGateUpProduct = 2, kDownProduct = 3, kProducts = 4 };
 
 at::Tensor product_of(const at::Tensor& x, const at::Tensor* w, int field, int64_t small_rows, int64_t prefetch) {
@@ -54,11 +54,11 @@ at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, co
 
 }  // namespace
 
-// x [n, hidden] float32; per layer `per_layer` tensors (see graft/cpu/native/__init__.py: LAYER_FIELDS), an empty
+// x [n, hidden] float32; per layer `per_layer` tensors (see graft/cpu/native/build.py: LAYER_FIELDS), an empty
 // tensor standing for an absent one; each layer's cache keys and values [1, kv_heads, capacity, head_dim]; cos,
 // sin [n, head_dim]; mask as attend's; cache rows start..start + n - 1 are written.
 // tap_flags[layer]: 1 capture the layer's input, 2 its output. prefetch: each layer's products' tile prefetch
-// modes, four a layer (panels.h; graft/cpu/native/__init__.py: layer_prefetch). Returns [x, captured...] in
+// modes, four a layer (panels.h; graft/cpu/native/build.py: layer_prefetch). Returns [x, captured...] in
 // layer order.
 std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>& weights, int64_t per_layer,
                                     const std::vector<at::Tensor>& keys_per_layer,

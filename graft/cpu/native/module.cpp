@@ -1,4 +1,4 @@
-// The Python module, built once per instruction-set variant by graft/cpu/native/__init__.py. The other files are
+// The Python module, built once per instruction-set variant by graft/cpu/native/build.py. The other files are
 // compiled into it as one translation unit: parsing the torch headers they share took most of a build when each
 // was compiled apart, and the tests build every variant.
 #include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor casters (lighter than torch/extension.h)

@@ -46,7 +46,7 @@ bool amx_granted() {
   return false;
 #endif
 }
-bool amx_wanted = true;  // a process switch, as the grant is: scripts/bench_e2e.py's system without AMX
+bool amx_wanted = true;  // a process switch, as the grant is: graft/bench/e2e.py's system without AMX
 bool amx_on() { return amx_wanted && amx_granted(); }
 
 #if defined(GRAFT_BF16_DOT)

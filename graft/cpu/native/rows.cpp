@@ -135,7 +135,7 @@ std::vector<at::Tensor> row_topk(const at::Tensor& x, int64_t k) {
 }
 
 // Each row's logsumexp, max + log(sum exp(x - max)), as [n, 1]: a draft level's log-probabilities of its top-k
-// are their logits minus it (graft/eagle/head.py top_log_probs). One pass for the max, one for the sum through
+// are their logits minus it (graft/draft_models/eagle/head.py top_log_probs). One pass for the max, one for the sum through
 // exp_nonpositive (relative error about 1e-7), where ATen's logsumexp writes a temporary exp and checks for infinities. A
 // row whose max is infinite gives it (-inf for an all -inf row); a NaN anywhere gives NaN.
 at::Tensor row_logsumexp(const at::Tensor& x) {

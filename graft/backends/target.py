@@ -1,0 +1,415 @@
+"""The target backend interface: prefill, verify(tree), commit, embed, LM head.
+
+A backend owns the target's weights and its key/value cache (indexed by position, as in gpt-fast):
+verifying a tree writes its nodes after the committed prefix, and committing the accepted path moves
+those rows down to close the gaps, so no step reallocates the cache. Hidden states are captured only
+for the taps a call asks for, so the autoregressive baseline never pays for a drafter's features.
+
+Backends: `HFBackend` (transformers' own forward, any device) and the CPU engine's `LeanBackend`
+(graft/cpu/lean.py: a lean forward over the same weights). `graft.load.models.load_model` picks one from the
+hardware config. A backend's `ops` (graft/ops.py) are the operations an engine may run faster.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from graft.clock import PhaseClock
+from graft.kv import KVBuffer
+from graft.ops import Ops
+from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
+from graft.ops import upload
+
+
+@dataclass(frozen=True)
+class HiddenTap:
+    """A hidden state a drafter asks for: the input or the output of decoder layer `layer`, or the
+    final normalised hidden state ("final", the LM head's input; `layer` is ignored)."""
+
+    layer: int
+    where: Literal["input", "output", "final"] = "input"
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor  # [num_positions, vocab] float32
+    hidden: (
+        Tensor | None
+    )  # [num_positions, num_taps * hidden_size], taps concatenated in request order; None without taps
+    successors: Tensor | None = None  # [num_positions, k] the top-k next tokens at each prompt position (prefill)
+
+
+class PositionalKVLayer(KVBuffer, CacheLayerMixin):
+    """One layer's KVBuffer seen through transformers' cache-layer interface."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, capacity: int, static: bool = False):
+        CacheLayerMixin.__init__(self)
+        KVBuffer.__init__(self, capacity, static)
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self._allocate(key_states, value_states)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self.append(key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.capacity if self.static else self.length + query_length), 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keep(0, None, 0)
+
+    def crop(self, max_length: int) -> None:
+        """transformers' contract: keep the first `max_length` positions; a negative value drops that many."""
+        self.keep(max(0, self.length + max_length if max_length < 0 else min(max_length, self.length)), None, 0)
+
+
+class PositionalKVCache(Cache):
+    def __init__(self, num_layers: int, capacity: int, static: bool = False, ops: Ops | None = None):
+        super().__init__(layers=[PositionalKVLayer(capacity, static) for _ in range(num_layers)])
+        self.static = static
+        self.ops = ops or Ops()
+
+    def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
+        first = self.layers[0]
+        if rows is not None and not self.static and first.keys is not None:
+            tensors = [t for layer in self.layers for t in (layer.keys, layer.values)]
+            if self.ops.move_rows(tensors, committed, rows):
+                rows = None  # in place now: the layers only set their lengths
+        placed = {}  # the rows once per device: a sharded cache's layers sit on several GPUs
+        for layer in self.layers:
+            layer.keep(committed, rows_on(layer, rows, placed), count)
+
+    def reserve(self, needed: int) -> None:
+        for layer in self.layers:
+            layer.reserve(needed)
+
+    def advance(self, count: int) -> None:
+        for layer in self.layers:
+            layer.advance(count)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].capacity
+
+
+def rows_on(layer: KVBuffer, rows: Tensor | None, placed: dict) -> Tensor | None:
+    """`rows` on `layer`'s device, copied there once per commit however many layers that device holds."""
+    if rows is None or layer.keys is None:
+        return rows
+    device = layer.keys.device
+    if device not in placed:
+        placed[device] = rows.to(device, non_blocking=True)
+    return placed[device]
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+class TargetBackend(ABC):
+    """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
+
+    # whether the forward's attention takes compact masks (graft/layers.py: grouped_sdpa): a tree's [n, n] block with
+    # the committed prefix seen unmasked, and no mask for a prompt chunk (causal), instead of [n, S] masks
+    compact_masks = False
+
+    def __init__(self, model, tokenizer, name: str = "target"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = text_config(model.config)
+        self.num_layers: int = self.config.num_hidden_layers
+        self.hidden_size: int = self.config.hidden_size
+        self.vocab_size: int = self.config.vocab_size
+        self.max_context: int = int(getattr(self.config, "max_position_embeddings", 4096))
+        self._embed = model.get_input_embeddings()
+        self._lm_head = model.get_output_embeddings()
+        # Sharded over several GPUs (device_map), the layers sit on cuda:0..k and the LM head on the last.
+        # Drafting happens where the logits appear: trees, draft heads, taps and acceptance all live on the
+        # LM head's device (`device`); token ids are moved to the embeddings' (`input_device`).
+        self.input_device = self._embed.weight.device
+        self.device = self._lm_head.weight.device
+        self._drafting_table: Tensor | None = None  # sharded: the embeddings on `device` (drafting_embeddings)
+        self.dtype = self._lm_head.weight.dtype
+        self.cache: PositionalKVCache | None = None
+        # how the decode loop times its phases (graft/clock.py, hardware.timing): "host", "events" or "sync"
+        self.timing = "host"
+        # prompt positions per prefill forward (hardware.prefill_chunk): long prompts are encoded in chunks so
+        # that no [prompt, prompt] mask or score matrix is built; None encodes the prompt in one forward
+        self.prefill_chunk: int | None = None
+        # fixed-size trees (hardware.fixed_size_trees): empty slots carry token -1, never accepted
+        self.fixed_size_trees = False
+        self.tree_bucket = 8  # hardware.tree_bucket: pruned fixed-size trees are verified in buckets of this many
+        # hardware.compile: the verify (and decode) forward compiled by torch.compile over a static cache, whose
+        # shapes stay fixed for a sequence; "reduce-overhead" replays it as a CUDA graph. None: eager.
+        self.compile_mode: str | None = None
+        self.compile_backend = "inductor"
+        self._compiled = None
+        # static caches: positions added to every capacity asked for, so that a drafter proposing small trees
+        # (AR: one node) gets the bucket of the largest drafter its run compares, and the two share one buffer
+        # (graft/run/runner.py: sized_for_largest); decode asks for the drafter's own max_nodes
+        self.spare_nodes = 0
+        self.attention = "unknown"  # which attention kernel the forward uses, for run.json
+        self.kernels: dict | None = None  # which product kernels the forward chose, for run.json
+        self.devices = sorted({p.device for p in model.parameters()}, key=str)
+        self.ops = Ops()  # plain torch; an engine's backend sets its own
+        self.full_masks = False  # [n, S] masks even where compact ones would do (to compare: graft/bench/memory.py)
+
+    def phase_clock(self) -> PhaseClock:
+        return PhaseClock(self.devices, self.timing, self.device)
+
+    @property
+    def sync_timing(self) -> bool:
+        return self.timing == "sync"
+
+    @sync_timing.setter
+    def sync_timing(self, value: bool) -> None:
+        self.timing = "sync" if value else "host"
+
+    # --- what drafters may use --------------------------------------------------------------
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings [..., hidden] of the target (drafters share them), on the drafting device."""
+        if self.input_device == self.device or type(self._embed) is not torch.nn.Embedding:
+            return self._embed(ids.to(self.input_device)).to(self.device)
+        return torch.nn.functional.embedding(ids.to(self.device), self.drafting_embeddings())
+
+    def drafting_embeddings(self) -> Tensor:
+        """A copy of the embedding table on the LM head's device, made once: drafting embeds there at every
+        level without sending ids to the first GPU and the embeddings back (graft/plan/memory.py plans the copy)."""
+        if self._drafting_table is None:
+            self._drafting_table = self._embed.weight.detach().to(self.device)
+        return self._drafting_table
+
+    def lm_head(self, hidden: Tensor) -> Tensor:
+        """The target's LM head over final hidden states -> logits (EAGLE-1 heads share it)."""
+        return self._lm_head(hidden.to(self.device))
+
+    def check_taps(self, taps: tuple[HiddenTap, ...]) -> None:
+        for tap in taps:
+            if tap.where != "final" and not 0 <= tap.layer < self.num_layers:
+                raise ValueError(f"hidden tap on layer {tap.layer}, but the target has layers 0..{self.num_layers - 1}")
+
+    # --- the sequence -----------------------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return 0 if self.cache is None else self.cache.layers[0].length
+
+    def reset(self, capacity: int) -> None:
+        """Start a new sequence with room for `capacity` positions (the cache grows if exceeded). A static
+        cache (hardware.compile) is sized in buckets and kept while its bucket fits: a compiled graph is
+        specialised to the cache's shape, so sequences of one bucket reuse one graph (and, for CUDA graphs,
+        the same buffers)."""
+        static = self.compile_mode is not None
+        if not static:
+            self.cache = PositionalKVCache(self.num_layers, capacity, ops=self.ops)
+            return
+        capacity = capacity_bucket(capacity + self.spare_nodes)
+        if self.cache is not None and self.cache.static and self.cache.capacity == capacity:
+            self.cache.keep(0, None, 0)
+        else:
+            self.cache = PositionalKVCache(self.num_layers, capacity, static=True, ops=self.ops)
+
+    @torch.inference_mode()
+    def prefill(
+        self, prompt_ids: list[int], taps: tuple[HiddenTap, ...] = (), all_logits: bool = False, successors_k: int = 0
+    ) -> ForwardOutput:
+        """Encode the prompt into the cache; logits for the last position (every position with
+        `all_logits`), the `taps` hidden states for all positions, and with `successors_k` the top-k
+        next tokens at every position (taken chunk by chunk, so no [prompt, vocab] logits are kept)."""
+        assert self.cache is not None, "call reset() first"
+        ids = upload(prompt_ids, self.input_device).unsqueeze(0)
+        positions = torch.arange(len(prompt_ids), device=self.input_device).unsqueeze(0)
+        chunk = self.prefill_chunk or len(prompt_ids)
+        parts, successors = [], []
+        for lo in range(0, len(prompt_ids), chunk):
+            hi = min(lo + chunk, len(prompt_ids))
+            # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
+            mask = None if lo == 0 or self._compact() else self._chunk_mask(hi - lo, lo)
+            keep = 0 if all_logits or successors_k else 1  # else only the last chunk's last logits are used
+            part = self._run(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
+            if successors_k:
+                successors.append(part.logits.topk(successors_k, dim=-1).indices)  # [chunk, k]
+                if not all_logits:
+                    part.logits = part.logits[-1:]
+            parts.append(part)
+        out = ForwardOutput(
+            logits=torch.cat([p.logits for p in parts]) if all_logits else parts[-1].logits,
+            hidden=None if parts[0].hidden is None else torch.cat([p.hidden for p in parts]),
+            successors=torch.cat(successors) if successors_k else None,
+        )
+        if self.cache_len != len(prompt_ids):
+            # a model that ignores the cache argument (a transformers release that renamed it) would
+            # otherwise fail later, at the first verify, with a shape error that names nothing
+            raise RuntimeError(
+                f"{self.name}: after prefilling {len(prompt_ids)} tokens the KV cache holds {self.cache_len}; "
+                f"the model ignored the cache it was given ({self._cache_hint()})"
+            )
+        return out
+
+    def _compact(self) -> bool:
+        """Compact masks for this forward; a static cache keeps [n, capacity] masks that hide its unfilled slots."""
+        return self.compact_masks and not self.full_masks and not self.cache.static
+
+    def _chunk_mask(self, n: int, start: int) -> Tensor:
+        """[1, 1, n, start + n] additive: a prompt chunk sees the cached prefix and is causal within itself."""
+        return additive_mask(prefix_causal(n, start, self.device), self.dtype)
+
+    def _cache_hint(self) -> str:
+        return "check the transformers version"
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree, topo: Topology, taps: tuple[HiddenTap, ...] = ()) -> ForwardOutput:
+        """One forward over every tree node, each seeing the cache and its ancestors; the nodes stay in the
+        cache until `commit`."""
+        ids = tree.tokens.clamp_min(0).unsqueeze(0)  # an empty slot (-1) is verified as token 0, never accepted
+        # fixed-size trees (and one-token steps) reuse one compiled graph; other sizes would each compile anew
+        compiled = self.fixed_size_trees or ids.shape[1] == 1
+        if not self._compact():
+            mask = topo.attention_mask(self.dtype)
+        else:  # the tree's own block; a lone root sees the whole cache, no mask at all
+            mask = topo.tree_mask(self.dtype) if ids.shape[1] > 1 else None
+        return self._run(ids, topo.position_ids(), mask, taps, compiled=compiled)
+
+    def _run(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
+        """One forward; over a static cache the mask covers every slot (the unfilled ones hidden) and the
+        verify forward goes through the compiled module, the prefill's variable chunks stay eager."""
+        if not self.cache.static:
+            return self._forward(ids, positions, mask, taps, logits_to_keep)
+        n, start = ids.shape[1], self.cache_len
+        self.cache.reserve(start + n)
+        if mask is None:
+            mask = self._chunk_mask(n, start)
+        hidden_slots = self.cache.capacity - mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, hidden_slots), value=torch.finfo(mask.dtype).min)
+        if compiled and self._compiled is None:
+            self._compiled = self._compile()
+        out = self._forward(ids, positions, mask, taps, logits_to_keep, compiled=compiled)
+        self.cache.advance(n)
+        return out
+
+    def _compile(self):
+        """The module the compiled forward calls (backends that support hardware.compile override this)."""
+        raise ValueError(f"hardware.compile is not supported by {type(self).__name__}")
+
+    @torch.inference_mode()
+    def commit(self, committed_len: int, path: list[int], path_index: Tensor | None = None) -> None:
+        """Keep the cache up to `committed_len` plus the verified nodes on `path` (root first).
+
+        `path_index` is the same path already on the device, which saves a host-to-device copy."""
+        if path == list(range(len(path))):
+            rows = None
+        else:
+            rows = path_index if path_index is not None else torch.tensor(path, dtype=torch.long, device=self.device)
+        self.cache.keep(committed_len, rows, len(path))
+
+    @abstractmethod
+    def _forward(
+        self, ids: Tensor, positions: Tensor, mask: Tensor | None, taps, logits_to_keep: int = 0, compiled: bool = False
+    ) -> ForwardOutput:
+        """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal), [1, 1, n, capacity] over a
+        static cache, [1, 1, n, n] with compact masks (the cache before the n new positions seen unmasked); `compiled`: through the compiled module (hardware.compile)."""
+
+
+def capacity_bucket(needed: int) -> int:
+    """The static cache size for `needed` positions: 512, then four sizes per doubling (at most 25% unused),
+    so that prompts of similar lengths share one compiled graph."""
+    if needed <= 512:
+        return 512
+    step = 1 << (needed.bit_length() - 3)
+    return -(-needed // step) * step
+
+
+def buckets_between(low: int, high: int) -> list[int]:
+    """Every bucket that a capacity from `low` to `high` positions can land in."""
+    buckets, bucket = [], capacity_bucket(low)
+    while bucket <= capacity_bucket(high):
+        buckets.append(bucket)
+        bucket = capacity_bucket(bucket + 1)
+    return buckets
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has captured in this process (each new cache bucket or tree size adds one)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+_cudagraph_records = [0]  # CUDA graphs recorded in this process (cudagraph trees), first recordings and re-records
+
+
+def _count_cudagraph_record(args) -> None:
+    from torch._dynamo.callback import CallbackTrigger
+
+    if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+        _cudagraph_records[0] += 1
+
+
+def _watch_cudagraph_records() -> None:
+    """cudagraph trees count no recordings, but announce each one to dynamo's compile callbacks."""
+    from torch._dynamo.callback import callback_handler
+
+    if _count_cudagraph_record not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_count_cudagraph_record)
+
+
+def compile_counts() -> dict[str, int]:
+    """What torch.compile did so far in this process: graphs captured, CUDA graphs recorded (cudagraph trees
+    record one per graph, and again whenever a static input, e.g. a reallocated cache, moved), and graphs that
+    cudagraph trees refused and ran without a CUDA graph."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "cudagraph_records": _cudagraph_records[0],
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+    }
+
+
+def uses_cudagraphs(target: TargetBackend) -> bool:
+    """Whether the target's compiled forward replays CUDA graphs (inductor's reduce-overhead or max-autotune on
+    CUDA); elsewhere nothing is recorded and the counts say nothing."""
+    if target.compile_mode is None or target.compile_backend != "inductor" or target.device.type != "cuda":
+        return False
+    import torch._inductor
+
+    mode = None if target.compile_mode == "default" else target.compile_mode
+    return bool(mode and torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
+def compiled(fn, mode: str | None, backend: str = "inductor"):
+    """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor. Every cache
+    bucket and tree size is a graph of its own: past dynamo's default limit of 8 it would fall back to eager."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    _watch_cudagraph_records()
+    if backend != "inductor":
+        return torch.compile(fn, backend=backend, dynamic=False)
+    return torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
+
+
+def concat_taps(captured: dict, taps: tuple[HiddenTap, ...], device: torch.device) -> Tensor | None:
+    """[n, taps * hidden] in request order on `device` (taps of a sharded model come from several GPUs),
+    or None when nothing was asked for."""
+    if not taps:
+        return None
+    return torch.cat([captured[tap][0].to(device, non_blocking=True) for tap in taps], dim=-1)

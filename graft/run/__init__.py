@@ -1,0 +1,1 @@
+"""Running a comparison: the command (cli.py), the interleaved runner (runner.py), sweeps on SLURM (sweeps.py), logging (logs.py), W&B tracking (tracking.py), provenance and the commands' errors (commands.py)."""

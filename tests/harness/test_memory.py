@@ -1,0 +1,361 @@
+"""The memory plan (graft/plan/memory.py): parameter counts against published figures, byte plans against hand
+computations, each part placed on the GPU where it lives, the refusal's figures, and `python run.py
+model=qwen3_235b` refused in seconds on a CPU."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import torch
+from conftest import compose
+from graft.config.experiment import ConfigError, HardwareConfig, validate
+from graft.cpu.layout import narrow_panels_expected
+from graft.config.shapes import check_declared_shape
+from graft.cpu.products import onednn_packs
+from graft.plan.hardware import check_memory
+from graft.plan.memory import (
+    ModelShape,
+    attention_mask_bytes,
+    available_ram,
+    check,
+    count_parameters,
+    cpu_capacity,
+    cuda_capacity,
+    gpus_needed,
+    gpus_needed_like,
+    layer_split,
+    place,
+    plan_memory,
+    random_model_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LLAMA31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json (the fields the plan reads)
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+QWEN3_235B = {  # Qwen/Qwen3-235B-A22B's config.json
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 94,
+    "hidden_size": 4096,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1536,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+}
+
+
+def config(*overrides: str):
+    return validate(compose([*overrides, "logger=none"]))
+
+
+@pytest.mark.parametrize("raw,published", [(LLAMA31_8B, 8.03e9), (QWEN3_235B, 235e9)])
+def test_parameter_counts_match_the_published_figures(raw, published):
+    assert count_parameters(ModelShape.from_hf_config(raw)) == pytest.approx(published, rel=0.01)
+
+
+def test_the_exact_counts_by_hand():
+    # Llama-3.1-8B: embeddings and LM head 128256*4096 each; per layer q,o 4096*4096, k,v 4096*1024,
+    # MLP 3*4096*14336, two norms; the final norm
+    llama = 2 * 128256 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
+    assert count_parameters(ModelShape.from_hf_config(LLAMA31_8B)) == llama == 8_030_261_248
+    # Qwen3-235B: q,o 4096*(64*128), k,v 4096*(4*128), q/k norms 2*128, 128 experts 3*4096*1536, router 4096*128
+    per_layer = 2 * 4096 * 8192 + 2 * 4096 * 512 + 2 * 128 + 128 * 3 * 4096 * 1536 + 4096 * 128 + 2 * 4096
+    qwen = 2 * 151936 * 4096 + 94 * per_layer + 4096
+    assert count_parameters(ModelShape.from_hf_config(QWEN3_235B)) == qwen == 235_093_634_560
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
+def test_counts_equal_the_parameters_transformers_builds(name):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = random_model_config(config(f"model={name}", "method=ar").model)
+    model_type = hf_config.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **hf_config))
+    built = sum(p.numel() for p in model.parameters())
+    assert count_parameters(ModelShape.from_hf_config({**hf_config, "model_type": model_type})) == built
+
+
+def test_the_model_configs_declare_the_published_shapes():
+    for name, raw in [("llama31_8b", LLAMA31_8B), ("qwen3_235b", QWEN3_235B)]:
+        assert config(f"model={name}", "method=ar").model.shape == raw
+    assert config("model=qwen3_235b", "method=ar").model.fp8_path == "Qwen/Qwen3-235B-A22B-FP8"
+
+
+def test_llama31_8b_plan_by_hand():
+    plan = plan_memory(config("model=llama31_8b", "method=graft", "hardware=cpu_plain", "dataset=mt_bench"), "cpu")
+    # the default prompt allowance (MT-Bench states no length) + run.max_new_tokens + graft's 60 tree nodes + 8
+    tokens = 8192 + 64 + 60 + 8
+    assert plan.kv_tokens == tokens and plan.dtype == "bfloat16"
+    assert plan.weights == 8_030_261_248 * 2
+    assert plan.kv_cache == 2 * 32 * 8 * 128 * 2 * tokens  # k and v, layers, kv heads, head_dim, bf16 bytes
+    # EAGLE-3 head at the target's width: fc 3h*h, attention from 2h (32 + 2*8 heads of 128) and o, MLP,
+    # three norms, final norm, lm_head over 32,000 draft tokens; its one layer's KV cache
+    head = 3 * 4096 * 4096 + 8192 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 14336 + 3 * 4096 + 4096 + 4096 * 32000
+    assert plan.draft_head == head * 2 + 2 * 8 * 128 * 2 * tokens
+    assert plan.tree_logits == 60 * 128256 * 4  # [tree nodes, vocab] float32
+    assert plan.prefill_logits == 1 * 128256 * 4  # graft's cold start reads the last position only
+    # one layer's working set over a 4,096-token chunk (hardware.prefill_chunk) of the 8,192-token prompt
+    assert plan.activations == 4096 * (2 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2
+    assert plan.masks == 4096 * tokens * (1 + 2)  # a later chunk's mask: bool + additive bf16, [chunk, context]
+    assert plan.weight_layouts == 0  # cpu_plain: transformers' own forward, no extra layouts
+    parts = plan.weights + plan.kv_cache + plan.draft_head + plan.tree_logits + plan.prefill_logits
+    assert plan.total == parts + plan.activations + plan.masks
+    assert round(plan.total / 1e9, 1) == 18.7
+
+
+def test_qwen3_235b_plan_by_hand():
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=cpu_plain", "dataset=mt_bench"), "cpu")
+    tokens = 8192 + 64 + 60 + 8
+    assert plan.weights == 235_093_634_560 * 2
+    assert plan.kv_cache == 2 * 94 * 4 * 128 * 2 * tokens
+    head = 3 * 4096 * 4096 + 8192 * (64 + 8) * 64 + 4096 * 4096 + 3 * 4096 * 12288 + 3 * 4096 + 4096 + 4096 * 32000
+    assert plan.draft_head == head * 2 + 2 * 4 * 64 * 2 * tokens
+    activations = 4096 * (2 * 4096 + 2 * 8192 + 2 * 512 + 3 * 8 * 1536) * 2  # 8 of 128 experts per token
+    assert plan.activations == activations and plan.tree_logits == 60 * 151936 * 4
+    assert round(plan.total / 1e9, 1) == 473.2
+
+
+def test_the_cpu_fast_path_counts_its_weight_layouts():
+    plan = plan_memory(config("model=llama31_8b", "method=ar", "hardware=cpu"), "cpu")  # fast_path=packed, bf16
+    dense = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 128256 * 4096  # + the LM head
+    if onednn_packs(torch.bfloat16):
+        assert plan.weight_layouts == dense * 2  # one packed bf16 copy beside the model's own weights
+    elif narrow_panels_expected(HardwareConfig()):  # no bf16 products in oneDNN (AVX2): bf16 panels
+        assert plan.weight_layouts == dense * 2 and "bfloat16 panels" in plan.breakdown()
+    else:  # nor panels (no native build): a packed and a small-row copy, both float32
+        assert plan.weight_layouts == dense * 2 * 4 and "float32 copies" in plan.breakdown()
+    off = plan_memory(config("model=llama31_8b", "method=ar", "hardware=cpu", "hardware.native=off"), "cpu")
+    assert off.weight_layouts == dense * 2 * (1 if onednn_packs(torch.bfloat16) else 4)
+    assert plan.tree_nodes == 1 and plan.draft_head == 0  # the baseline alone: no tree, no head
+
+
+# packed: oneDNN's copy and the small-row one the load-time measurements kept (W_t or the panels), and W_t for one
+# row beside the panels where it measured faster there: the plan counts the three
+@pytest.mark.parametrize(
+    "fast_path,copies,most", [("packed", ("small", "packed", "one_row"), 3), ("transposed", ("weight_t",), 1)]
+)
+def test_the_weight_layouts_are_what_the_lean_backend_builds(tiny, fast_path, copies, most):
+    lean = tiny(f"tiny_qwen3:{fast_path}").target.lean  # the model's own weights stay beside these
+    linears = [lean.lm_head, *(m for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+    layouts = [t for m in linears for name in copies if (t := getattr(m, name)) is not None]
+    built = sum(t.numel() * t.element_size() for t in layouts)
+    plan = plan_memory(config("model=tiny_qwen3", "method=ar", f"hardware.fast_path={fast_path}"), "cpu")
+    one_copy = plan.weight_layouts // most
+    kept_or_not = {one_copy * most, one_copy * (most - 1)} if fast_path == "packed" else {one_copy}  # W_t for one row
+    assert built in kept_or_not and built > 0
+
+
+def test_a_comparison_counts_one_head_per_method_that_drafts_with_one():
+    single = plan_memory(config("model=llama31_8b", "method=eagle3", "hardware=cpu_plain"), "cpu")
+    compared = plan_memory(config("model=llama31_8b", "hardware=cpu_plain", "methods=[pld,eagle3,pruned,graft]"), "cpu")
+    assert (single.draft_heads, compared.draft_heads) == (1, 3)
+    assert compared.draft_head == 3 * single.draft_head and "3 draft models" in compared.breakdown()
+
+
+def test_a_block_drafter_is_counted_at_its_size(tiny):
+    """The plan's parameters for method=dflash's random drafter equal the module's, and its cache grows with
+    the context like one KV entry per layer and token."""
+    from graft.draft_models.dflash.checkpoint import random_block_drafter
+    from graft.plan.memory import block_drafter_size, model_shape
+
+    cfg = config("model=tiny_qwen3", "method=dflash", "method.random_layers=2")
+    shape, _ = model_shape(cfg.model)
+    params, kv_per_token, note = block_drafter_size(cfg.method.flat(), shape)
+    built = random_block_drafter(tiny("tiny_qwen3").target, num_layers=2)
+    assert params == sum(p.numel() for p in built.parameters()) and note.startswith("block drafter")
+    assert kv_per_token == 2 * 2 * built.cfg.num_kv_heads * built.cfg.head_dim
+    plan = plan_memory(cfg, "cpu")
+    assert plan.draft_heads == 1 and plan.draft_head == (params + kv_per_token * plan.kv_tokens) * 4
+
+
+def test_the_prompt_allowance_follows_the_dataset_and_the_context():
+    long_cfg = config("model=qwen3_8b", "method=ar", "dataset=long_synthetic", "dataset.lengths=[4096,16384]")
+    long = plan_memory(long_cfg, "cpu")
+    assert long.kv_tokens == 16384 + 64 + 1 + 8 and "dataset.lengths" in long.kv_tokens_note
+    capped = plan_memory(config("model=vicuna_7b", "method=ar", "dataset=mt_bench"), "cpu")  # 2,048-token context
+    assert capped.kv_tokens == (2048 - 64) + 64 + 1 + 8 and "context 2,048" in capped.kv_tokens_note
+
+
+def test_the_builtin_prompts_are_bounded_by_their_bytes():
+    plan = plan_memory(config("model=qwen3_8b", "method=graft"), "cpu")  # builtin_quick, the default
+    longest = 633 + 61 + 64  # sum-2: two user turns of 633 and 61 UTF-8 bytes, one earlier answer of 64 tokens
+    assert plan.kv_tokens == longest + 256 + 64 + 60 + 8 and "built-in" in plan.kv_tokens_note
+
+
+def test_a_refusal_names_what_is_needed_and_offered():
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=cpu_plain", "dataset=mt_bench"), "cpu")
+    with pytest.raises(ConfigError) as refused:
+        check(plan, cpu_capacity(24 * 10**9))
+    message = str(refused.value)
+    assert "model=qwen3_235b needs about 473.2 GB" in message and "GB = 1e9 bytes" in message
+    assert "weights 470.2 GB" in message and "KV cache 1.6 GB for 8,324 tokens" in message
+    assert "this machine offers 24.0 GB (CPU RAM available)" in message
+    assert "4 H200 (150.1 GB) or 7 H100/A100 80GB (85.0 GB)" in message and "model.num_gpus=auto" in message
+    assert "run.skip_memory_check=true" in message and "\n" not in message  # run.py prints one line
+
+
+def test_too_few_gpus_and_too_little_gpu_memory_are_refused():
+    pinned = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "model.num_gpus=4"), "cuda")
+    with pytest.raises(ConfigError, match=r"asks for 4 GPUs .* this machine shows 1 "):
+        check(pinned, cuda_capacity([141 * 10**9], gpus_visible=1))
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    with pytest.raises(ConfigError) as refused:  # 94 layers over 3 GPUs: 32, 31, 31 of 4.98 GB each
+        check(plan, cuda_capacity([141 * 10**9] * 3, gpus_visible=4))
+    message = str(refused.value)
+    assert message.startswith("model=qwen3_235b overflows GPU 0 (of 3 used) by 34.6 GB: it needs 161.5 GB there")
+    assert "32 layers 159.2 GB" in message and "GPU 0 offers 126.9 GB (141.0 GB free less 10% headroom)" in message
+    assert "also over: GPU 1 by 28.4 GB, GPU 2 by 31.7 GB" in message  # GPU 2: the drafting embeddings too
+    assert "It needs about 4 GPUs with 141.0 GB free like this machine's" in message and "\n" not in message
+    check(plan, cuda_capacity([141 * 10**9] * 4, gpus_visible=4))  # 24, 24, 23, 23 layers: 121.7 GB at most
+
+
+def test_the_layers_split_as_accelerate_balances_them():
+    assert layer_split(94, 4) == [24, 24, 23, 23] and layer_split(32, 1) == [32] and layer_split(80, 2) == [40, 40]
+    assert layer_split(32, 3) == [11, 11, 10]
+
+
+def test_each_part_lives_on_its_gpu():
+    """Layers and their cache split over the GPUs, the embeddings on the first, the LM head, draft models and
+    logits on the last, a prefill chunk's activations and the attention mask on each; nothing lost."""
+    plan = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    first, middle, _, last = place(plan, 4)
+    layer = 2 * (2 * 4096 * 8192 + 2 * 4096 * 512 + 2 * 128 + 128 * 3 * 4096 * 1536 + 4096 * 128 + 2 * 4096)
+    assert first.parts["24 layers"] == 24 * layer and last.parts["23 layers"] == 23 * layer
+    assert first.parts["KV cache"] == 24 * 2 * 4 * 128 * 2 * 8324  # its layers' keys and values, bf16
+    assert first.parts["embeddings"] == 151936 * 4096 * 2 and "embeddings" not in last.parts
+    assert last.parts["LM head"] == (4096 + 151936 * 4096) * 2 and "LM head" not in middle.parts
+    assert last.parts["draft model"] == plan.draft_head and last.parts["verification logits"] == 60 * 151936 * 4
+    for share in (first, middle, last):
+        assert share.parts["prefill activations"] == plan.activations and share.parts["attention mask"] == plan.masks
+    assert last.parts["drafting embeddings"] == first.parts["embeddings"]  # drafting embeds on the LM head's GPU
+    assert sum(share.total for share in place(plan, 4)) == plan.total + 3 * (plan.activations + plan.masks) + (
+        plan.embedding_weights
+    )
+    (one,) = place(plan, 1)
+    assert one.total == plan.total  # one GPU holds the whole plan
+
+
+def test_the_mask_and_the_prefill_logits():
+    assert attention_mask_bytes(rows=60, context=1000, dtype_bytes=2) == 60 * 1000 * 3  # bool and bf16 additive
+    plan = plan_memory(config("model=llama31_8b", "method=graft", "dataset=mt_bench", "hardware=gpu"), "cuda")
+    paper = plan_memory(
+        config("model=llama31_8b", "method=graft", "method.cold_start=prefill", "dataset=mt_bench", "hardware=gpu"),
+        "cuda",
+    )
+    assert plan.prefill_logit_rows == 1 and plan.prefill_logits == 128256 * 4
+    assert paper.prefill_logit_rows == 4096 and paper.prefill_logits == 4096 * 128256 * 4  # top-k at every position
+    short = plan_memory(config("model=llama31_8b", "method=graft", "hardware=gpu"), "cuda")  # 1,014-token prompts
+    assert short.prefill_rows == 1014 and short.mask_rows == 60  # one chunk, causal without a mask: the tree's
+
+
+def test_the_gpu_count_is_the_smallest_whose_every_gpu_fits():
+    qwen = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    assert gpus_needed_like(qwen, 141 * 10**9) == 4 and gpus_needed_like(qwen, 80 * 10**9) == 7
+    assert gpus_needed(qwen, [141 * 10**9] * 3) is None  # three are not enough
+    llama = plan_memory(config("model=llama31_8b", "method=graft", "hardware=gpu", "dataset=mt_bench"), "cuda")
+    assert gpus_needed(llama, [80 * 10**9]) == 1
+    check(llama, cuda_capacity([80 * 10**9], gpus_visible=1))
+
+
+def test_the_total_fits_but_the_last_gpu_overflows():
+    """Llama-3.1-8B with three EAGLE-3 heads on two GPUs of 12 GB free (10.8 GB usable each): 20.3 GB in all
+    fits 21.6 GB, but the second GPU holds 16 layers, the LM head, the three heads and the drafting embeddings:
+    12.8 GB (masks: the [60, 60] tree block only)."""
+    cfg = config("model=llama31_8b", "methods=[eagle3,pruned,graft]", "hardware=gpu_multi", "dataset=mt_bench")
+    plan = plan_memory(cfg, "cuda")
+    capacity = cuda_capacity([12 * 10**9] * 2, gpus_visible=2)
+    assert plan.total <= capacity.usable
+    first, last = place(plan, 2)
+    assert first.total <= capacity.usable_on(0) == capacity.usable_on(1) < last.total
+    with pytest.raises(ConfigError, match=r"overflows GPU 1 \(of 2 used\) by 2\.0 GB: it needs 12\.8 GB there"):
+        check(plan, capacity)
+    assert gpus_needed(plan, [12 * 10**9] * 3) == 3  # a third GPU takes layers off the last
+
+
+def test_cuda_capacity_counts_the_gpus_the_model_will_use(monkeypatch):
+    import torch
+
+    from graft.plan.memory import machine_capacity
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: asked.append(i) or (100 * 10**9, 141 * 10**9))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    one, sharded, parallel = (machine_capacity("cuda", p) for p in ("one", "sharded", "tensor_parallel"))
+    assert (one.offered, sharded.offered, parallel.offered) == (100 * 10**9, 200 * 10**9, 400 * 10**9)
+    assert sharded.usable == 180 * 10**9 and sharded.gpus_visible == 2 and sharded.usable_on(1) == 90 * 10**9
+    assert asked == [0, 0, 1, 1]  # tensor parallel: only this process's GPU
+    first = machine_capacity("cuda", "sharded", num_gpus=1)  # model.num_gpus=1: the first GPU only
+    assert first.free_per_gpu == (100 * 10**9,) and first.gpus_visible == 2
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "smollm2_135m"])
+def test_small_models_pass_on_this_machine(name):
+    cfg = config(f"model={name}", "method=graft")
+    plan = check_memory(cfg)  # this machine: no refusal
+    assert plan.known and plan.total < (3e9 if name == "smollm2_135m" else 0.1e9)
+    check(plan, cpu_capacity(3 * 10**9))
+
+
+def test_unknown_shapes_are_not_checked_and_the_escape_hatch_skips_the_check(tmp_path):
+    plan = plan_memory(config("model=pretrained", "methods=[pld]", f"model.path={tmp_path}/none"), "cpu")
+    assert not plan.known and "unknown shape, not checked" in plan.breakdown()
+    check(plan, cpu_capacity(0))
+    assert check_memory(config("model=qwen3_235b", "method=graft", "run.skip_memory_check=true")) is None
+
+
+def test_a_local_checkpoint_config_takes_the_place_of_the_declared_shape(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA31_8B))
+    plan = plan_memory(config("model=qwen3_8b", "method=ar", f"model.path={tmp_path}", "hardware=cpu_plain"), "cpu")
+    assert plan.params == 8_030_261_248 and plan.shape_source.endswith("config.json")
+
+
+def test_a_misspelt_shape_key_is_refused():
+    with pytest.raises(ConfigError, match="did you mean 'num_hidden_layers'"):
+        check_declared_shape({**LLAMA31_8B, "num_hiden_layers": 32})
+    with pytest.raises(ConfigError, match="no vocab_size"):
+        check_declared_shape({k: v for k, v in LLAMA31_8B.items() if k != "vocab_size"})
+
+
+def test_the_cli_refuses_qwen3_235b_in_seconds():
+    available, _ = available_ram()
+    if available is not None and available > 600e9:
+        pytest.skip("this machine has the RAM to load Qwen3-235B: nothing to refuse")
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}  # no download even if the check failed
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "run.py", "model=qwen3_235b", "method=graft", "logger=none", "run.progress=false"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    elapsed = time.perf_counter() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "needs about" in proc.stderr and "GB" in proc.stderr and "Traceback" not in output
+    assert elapsed < 60
