@@ -182,15 +182,31 @@ class Retriever(Proposer, ABC):
         return {}
 
 
+@dataclass
+class Retrieval:
+    """The retrieve step's output: the step's retrievers (in method.retrieval's order) over the sequence as it
+    stands. How much each may add depends on the room the draft and the earlier ones left, so their reads run
+    where the attach policy grafts: `below` a subtree under a token, `chain_below` a chain under a draft node."""
+
+    retrievers: list[Retriever]
+    state: SequenceState
+
+    def below(self, retriever: Retriever, anchor_token, room: int | None, tree_nodes: int) -> Retrieved | None:
+        return retriever.retrieve(self.state, anchor_token, room, tree_nodes)
+
+    def chain_below(self, retriever: Retriever, path: Tensor, length: int) -> Retrieved | None:
+        return retriever.chain_at(self.state, path, length)
+
+
 class AttachPolicy(ABC):
-    """Where retrieved subtrees join the draft: place(grafted, retrievers, state) asks the retrievers for subtrees
-    at the policy's anchors (the root, the tail, the leaves) and grafts them until grafted.room is spent."""
+    """Where retrieved subtrees join the draft: place(grafted, retrieval) reads the retrievers at the policy's
+    anchors (the root, the tail, the leaves) and grafts what they find until grafted.room is spent."""
 
     needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
     supports_fixed_size = False  # it can fill a fixed-size Grafted (room a tensor, no host reads)
 
     @abstractmethod
-    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+    def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         """Retrieve at the policy's anchors and graft what is found onto `grafted` (Grafted.add_subtree)."""
 
 
@@ -352,7 +368,7 @@ class ComposedDrafter(Drafter):
         if self.params.combine == "switch":
             united = self._switch(state)
         else:
-            united = self.retrieve_and_graft(self.draft(state), state)
+            united = self.graft(self.draft(state), self.retrieve(state))
         return self.trimmed(united, state)
 
     def draft(self, state: SequenceState) -> Draft:
@@ -362,9 +378,13 @@ class ComposedDrafter(Drafter):
             return Draft(self._bare_root(state))
         return self.source.draft(state, self.split, self.params.total_tokens)
 
-    def retrieve_and_graft(self, draft: Draft, state: SequenceState) -> Proposal:
-        """Retrieve and graft: the attach policy asks the retrievers for subtrees at its anchors and grafts them
-        into the room the draft left; the refill (beyond the paper) fills what retrieval left empty."""
+    def retrieve(self, state: SequenceState) -> Retrieval:
+        """Retrieve: the retrievers over the sequence as it stands (what earlier verifications taught them)."""
+        return Retrieval(self.retrievers, state)
+
+    def graft(self, draft: Draft, retrieval: Retrieval) -> Proposal:
+        """Graft: the attach policy reads the retrieval at its anchors and grafts what it finds into the room the
+        draft left; the refill (beyond the paper) fills what retrieval left empty."""
         total = self.params.total_tokens
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers and not self.params.refill:
@@ -376,7 +396,7 @@ class ComposedDrafter(Drafter):
         else:
             grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
         if self.retrievers:
-            self.attach_policy.place(grafted, self.retrievers, state)
+            self.attach_policy.place(grafted, retrieval)
             note.update(self._retrieval_note(draft.tree, grafted, started))
         if self.params.refill:
             note["refilled_nodes"] = self._refill(draft, grafted)
@@ -423,7 +443,7 @@ class ComposedDrafter(Drafter):
         started = time.perf_counter()
         bare = DraftTree.root_only(state.root, self.target.device)
         grafted = Grafted(bare, self.params.total_tokens - 1)
-        self.attach_policy.place(grafted, self.retrievers, state)
+        self.attach_policy.place(grafted, self.retrieve(state))
         note = self._retrieval_note(bare, grafted, started)
         if grafted.added:
             return Proposal(grafted.tree, {"stage": "retrieval", **note})

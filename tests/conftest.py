@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # not keywords: those hold folder names (tests/gpu/)
             item.add_marker(skip)
 
 

@@ -101,15 +101,17 @@ def sources_at(commit: str) -> tuple[str, list[str]]:
 
 
 def layer_fields_at(commit: str, folder: str = "graft/cpu/native") -> tuple[str, ...] | None:
-    """The native module's LAYER_FIELDS at `commit` (None where its __init__.py has none)."""
-    shown = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:{folder}/__init__.py"], capture_output=True, text=True
-    )
-    if shown.returncode != 0:
-        return None
-    for node in ast.walk(ast.parse(shown.stdout)):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYER_FIELDS" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
+    """The native module's LAYER_FIELDS at `commit` (None where its build module has none): build.py, or
+    __init__.py before the module moved there."""
+    for name in ("build.py", "__init__.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{commit}:{folder}/{name}"], capture_output=True, text=True
+        )
+        if shown.returncode != 0:
+            continue
+        for node in ast.walk(ast.parse(shown.stdout)):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYER_FIELDS" for t in node.targets):
+                return tuple(ast.literal_eval(node.value))
     return None
 
 

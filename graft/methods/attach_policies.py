@@ -4,7 +4,7 @@ Graft (arXiv 2605.20104) is a composition (configs/method/graft.yaml): the EAGLE
 confidence checkpoints (graft/methods/pruned.py), the Token-Recycling retriever (baselines/recycling.py)
 and the policy below that grafts its subtree at the root, so that one step reads
 
-    prune (source + split) -> retrieve (retrievers) -> graft (attach policy) -> verify (decode loop)
+    draft, pruned (source + split) -> retrieve (retrievers) -> graft (attach policy) -> verify (decode loop)
 
 Policies (method.attach):
 - root:   the paper's form: every retriever's subtree hangs from the root, in the order of method.retrieval;
@@ -21,24 +21,23 @@ from dataclasses import dataclass
 
 import torch
 
-from graft.compose import AttachPolicy, Retriever
-from graft.drafter import SequenceState
+from graft.compose import AttachPolicy, Retrieval
 from graft.grafting import Grafted
 from graft.registry import register
 from graft.tree import topology
 from graft.ops import upload
 
 
-def graft_at(anchor: int, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+def graft_at(anchor: int, grafted: Grafted, retrieval: Retrieval) -> None:
     """Each retriever's subtree below node `anchor`, in order, while there is room."""
-    for retriever in retrievers:
+    for retriever in retrieval.retrievers:
         if grafted.fixed_size:  # the room is on the device: read a fixed-size subtree, graft_fixed caps it
-            found = retriever.retrieve(state, grafted.tree.tokens[anchor], None, grafted.tree.num_nodes)
+            found = retrieval.below(retriever, grafted.tree.tokens[anchor], None, grafted.tree.num_nodes)
             grafted.add_subtree(anchor, found.tokens, found.parents)
             continue
         if grafted.room <= 0:
             break
-        found = retriever.retrieve(state, grafted.tree.tokens[anchor], grafted.room, grafted.tree.num_nodes)
+        found = retrieval.below(retriever, grafted.tree.tokens[anchor], grafted.room, grafted.tree.num_nodes)
         if found is not None:
             grafted.add_subtree(anchor, found.tokens, found.parents, chain=found.chain)
 
@@ -50,17 +49,17 @@ class AtRoot(AttachPolicy):
     def __init__(self, params=None):
         self.params = params
 
-    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
-        graft_at(0, grafted, retrievers, state)
+    def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
+        graft_at(0, grafted, retrieval)
 
 
 @register("attach", "tail", description="retrieved subtrees hang from the deepest draft node (Graft(TAIL))")
 class AtTail(AtRoot):
     supports_fixed_size = False  # finds the deepest node on the host
 
-    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+    def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         deepest = int(torch.argmax(topology(grafted.tree.parents, 0).depth)) if grafted.tree.num_nodes > 1 else 0
-        graft_at(deepest, grafted, retrievers, state)
+        graft_at(deepest, grafted, retrieval)
 
 
 @dataclass
@@ -80,9 +79,7 @@ def best_leaves(tree, count: int) -> list[int]:
     has_child[tree.parents[1:]] = True
     has_child[0] = True  # the root is never a leaf to continue
     scores = tree.scores if tree.scores is not None else torch.zeros(tree.num_nodes, device=tree.tokens.device)
-    leaves = torch.nonzero(~has_child).squeeze(
-        1
-    )  # [num_leaves]  # sync ok: growing trees (fixed-size: graft/fixed_size.py)
+    leaves = torch.nonzero(~has_child).squeeze(1)  # [num_leaves]  # sync ok: host-path trees only
     order = torch.sort(scores[leaves], descending=True, stable=True).indices  # ties: the earlier node first
     return leaves[order[:count]].tolist()
 
@@ -109,12 +106,12 @@ class AtLeaves(AttachPolicy):
     def __init__(self, params: LeafParams):
         self.params = params
 
-    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+    def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         if grafted.tree.num_nodes > 1:
-            self._continue_leaves(grafted, retrievers, state, int(grafted.room * self.share_of_room))
+            self._continue_leaves(grafted, retrieval, int(grafted.room * self.share_of_room))
 
-    def _continue_leaves(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState, share: int) -> None:
-        readers = [r for r in retrievers if r.reads_at_any_token]
+    def _continue_leaves(self, grafted: Grafted, retrieval: Retrieval, share: int) -> None:
+        readers = [r for r in retrieval.retrievers if r.reads_at_any_token]
         tree = grafted.tree  # the draft before any chain: the leaves are the draft's own
         leaves = best_leaves(tree, self.params.leaf_count)
         parents, tokens = tree.parents.tolist(), tree.tokens.tolist()  # paths walked on the host: a few nodes
@@ -130,7 +127,7 @@ class AtLeaves(AttachPolicy):
                 if used >= budget:
                     break
                 # read the whole share below the leaf: nodes an earlier reader already put there merge for free
-                found = reader.chain_at(state, path, budget + 1)
+                found = retrieval.chain_below(reader, path, budget + 1)
                 if found is not None:
                     grafted.add_subtree(leaf, found.tokens, found.parents, room=budget - used)
             left -= room_before - grafted.room
@@ -138,7 +135,7 @@ class AtLeaves(AttachPolicy):
 
 @register("attach", "both", params=LeafParams, description="leaves first (leaf_share of the budget), then the root")
 class AtLeavesAndRoot(AtLeaves):
-    def place(self, grafted: Grafted, retrievers: list[Retriever], state: SequenceState) -> None:
+    def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         if grafted.tree.num_nodes > 1:
-            self._continue_leaves(grafted, retrievers, state, int(grafted.room * self.params.leaf_share))
-        graft_at(0, grafted, retrievers, state)
+            self._continue_leaves(grafted, retrieval, int(grafted.room * self.params.leaf_share))
+        graft_at(0, grafted, retrieval)

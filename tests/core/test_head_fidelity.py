@@ -413,13 +413,16 @@ def _retrievers(names: list[str], vocab: int = 50):
 
 def _leaves(room: int, tokens, parents, scores, retrieval, committed, leaf_count: int = 4):
     from graft.drafter import SequenceState
+    from graft.compose import Retrieval
     from graft.grafting import Grafted
     from graft.methods.attach_policies import AtLeaves, LeafParams
     from graft.tree import DraftTree
 
     draft = DraftTree(torch.tensor(tokens), torch.tensor(parents), scores=torch.tensor(scores))
     grafted = Grafted(draft, room)
-    AtLeaves(LeafParams(leaf_count=leaf_count)).place(grafted, _retrievers(retrieval), SequenceState(committed, 1))
+    AtLeaves(LeafParams(leaf_count=leaf_count)).place(
+        grafted, Retrieval(_retrievers(retrieval), SequenceState(committed, 1))
+    )
     return grafted
 
 
