@@ -25,6 +25,7 @@ class KVBuffer:
         self.values: Tensor | None = None
         self.write_at: Tensor | None = None  # static: [1] int64, the next write position, on the device
         self._offsets: Tensor | None = None  # static: [capacity] int64, 0..capacity-1
+        self.growable = True  # False: a view into a batch's storage (graft/backends/slots.py), which cannot move
 
     def _allocate(self, k: Tensor, v: Tensor) -> None:
         b, h, _, d = k.shape
@@ -39,6 +40,8 @@ class KVBuffer:
             _mark_static(self.keys, self.values, self.write_at, self._offsets)
 
     def _grow(self, needed: int) -> None:
+        if not self.growable:
+            raise RuntimeError(f"this cache is a batch slot of {self.capacity} positions; {needed} were asked for")
         self.capacity = max(needed, 2 * self.capacity)
         for name in ("keys", "values"):
             old = getattr(self, name)

@@ -117,3 +117,20 @@ class HFBackend(TargetBackend):
         if compiled and out.logits.dtype == torch.float32:
             logits = logits.clone()
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _forward_rows(self, ids, positions, mask, taps, cache) -> tuple[Tensor, Tensor | None]:
+        self._hook(taps)
+        self._wanted = frozenset(taps)
+        try:
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                use_cache=True,
+                **{self._cache_keyword: cache},
+            )
+            hidden = torch.cat([self._captured[tap].to(self.device) for tap in taps], dim=-1) if taps else None
+        finally:
+            self._wanted = frozenset()
+            self._captured.clear()
+        return out.logits.float(), hidden

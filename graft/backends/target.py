@@ -290,6 +290,46 @@ class TargetBackend(ABC):
             mask = topo.tree_mask(self.dtype) if ids.shape[1] > 1 else None
         return self._run(ids, topo.position_ids(), mask, taps, compiled=compiled)
 
+    @torch.inference_mode()
+    def verify_rows(
+        self, slots, first: int, trees: list[DraftTree], topos: list[Topology], taps=()
+    ) -> list[ForwardOutput]:
+        """One forward over the trees of slots first .. first + len(trees) - 1 of `slots` (graft/backends/slots.py),
+        each tree after its own slot's committed prefix and seeing only that prefix and its ancestors. Trees are
+        padded to the longest: a padding position is token 0 seeing position 0 alone, written past its slot's
+        length, where the next commit or forward overwrites it. Each tree's logits and taps, as verify() gives."""
+        if self.compile_mode is not None or len(self.devices) > 1:
+            raise ValueError("a batch verifies on one device, eager (not hardware.compile, not sharded)")
+        width, capacity = max(tree.num_nodes for tree in trees), slots.capacity
+        ids = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)  # [rows, width]
+        positions = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)
+        lowest = torch.finfo(self.dtype).min
+        mask = torch.full((len(trees), 1, width, capacity), lowest, dtype=self.dtype, device=self.device)
+        mask[:, :, :, 0] = 0  # padding queries see position 0 (a row of -inf would be NaN); real rows are set below
+        for row, (tree, topo) in enumerate(zip(trees, topos)):
+            n, start = tree.num_nodes, topo.cache_len
+            if start + width > capacity:
+                raise RuntimeError(f"slot {first + row}: {start} + {width} positions exceed its {capacity}")
+            ids[row, :n] = tree.tokens.clamp_min(0)  # an empty slot (-1) is verified as token 0, never accepted
+            positions[row, :n] = topo.position_ids()[0]
+            mask[row, 0, :n, : start + n] = topo.attention_mask(self.dtype)[0, 0]
+        cache = slots.rows(first, [topo.cache_len for topo in topos])
+        logits, hidden = self._forward_rows(ids, positions, mask, taps, cache)
+        return [
+            ForwardOutput(
+                logits=logits[row, : tree.num_nodes], hidden=None if hidden is None else hidden[row, : tree.num_nodes]
+            )
+            for row, tree in enumerate(trees)
+        ]
+
+    def _forward_rows(self, ids, positions, mask, taps, cache) -> tuple[Tensor, Tensor | None]:
+        """ids, positions [rows, n]; mask [rows, 1, n, capacity] additive; `cache` the rows' (RowsKVCache).
+        Logits [rows, n, vocab] float32 and taps [rows, n, taps * hidden] (None without taps)."""
+        raise ValueError(
+            f"{type(self).__name__} verifies one sequence at a time; run.batch_size > 1 needs the transformers "
+            "forward (hardware.fast_path=none)"
+        )
+
     def _run(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         """One forward; over a static cache the mask covers every slot (the unfilled ones hidden) and the
         verify forward goes through the compiled module, the prefill's variable chunks stay eager."""

@@ -1,0 +1,107 @@
+"""Batched decoding (graft/batch.py): every sequence of a batch decodes what it decodes alone.
+
+Greedy, each sequence's tokens equal batch-1 AR's on the same prompt for every method config, and its accept
+lengths equal the method's own batch-1 run (the drafters are per sequence); sequences leave and newcomers take
+their slots; prompts of different lengths share a step; one sequence stops at the context limit while the others
+go on.
+"""
+
+from collections import deque
+
+import pytest
+import torch
+
+from conftest import make_drafter
+from graft.batch import BatchRequest, generate_batch, slot_capacity
+from graft.config.experiment import group_options
+from graft.decode import SamplingConfig, generate
+
+GREEDY = SamplingConfig()
+MAX_NEW = 20
+LENGTHS = (5, 17, 9, 30, 12, 7)  # six prompts over four slots: two newcomers take the slots of finished ones
+
+
+def _prompts(vocab: int, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, min(vocab, 200), (n,), generator=generator).tolist() for n in lengths]
+
+
+def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, stop_ids=frozenset(), **params):
+    """{prompt index: Generation} and the slot each sequence ran in, decoding `prompts` `batch` at a time."""
+    drafters = [make_drafter(method, target, **params) for _ in range(batch)]
+    done, slots = {}, {}
+
+    def finished(request, gen, slot):
+        done[request.tag], slots[request.tag] = gen, slot
+
+    queue = deque(BatchRequest(ids, tag=i) for i, ids in enumerate(prompts))
+    capacity = slot_capacity([len(p) for p in prompts], max_new, drafters[0].max_nodes())
+    steps = generate_batch(target, drafters, queue, max_new, set(stop_ids), GREEDY, capacity, finished)
+    return done, slots, steps
+
+
+# the cost-measuring methods (graft_auto, eagle3_auto) time this machine: their budgets, and so their accept lengths,
+# differ from run to run; their tokens are still checked
+TIMED = {"graft_auto", "eagle3_auto"}
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+def test_every_method_in_a_batch_of_four_decodes_what_it_decodes_alone(tiny, name):
+    target = tiny(name).target
+    prompts = _prompts(target.vocab_size)
+    alone_ar = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
+    for method in group_options("method"):
+        batched, _, _ = run_batch(target, method, prompts, batch=4)
+        alone = make_drafter(method, target)
+        for i, ids in enumerate(prompts):
+            assert batched[i].new_tokens == alone_ar[i].new_tokens, f"{method} on prompt {i}: not AR's tokens"
+            if method not in TIMED:
+                own = generate(target, alone, ids, MAX_NEW, set(), GREEDY)
+                assert batched[i].accept_lengths == own.accept_lengths, f"{method} on prompt {i}"
+
+
+def test_finished_sequences_leave_and_newcomers_take_their_slots(tiny):
+    target = tiny("tiny_llama").target
+    prompts = _prompts(target.vocab_size)
+    done, slots, steps = run_batch(target, "graft", prompts, batch=4)
+    assert sorted(done) == list(range(6))
+    assert set(slots.values()) <= {0, 1, 2, 3}
+    assert sorted(slots[i] for i in range(4)) == [0, 1, 2, 3]  # the first four fill the batch
+    assert {slots[4], slots[5]} <= {slots[i] for i in range(4)}  # the last two take freed slots
+    assert max(len(step["slots"]) for step in steps) == 4
+    assert steps[-1]["slots"] and len(steps[-1]["slots"]) < 4  # the batch drains at the end
+    assert all(step["nodes"] >= len(step["slots"]) for step in steps)
+
+
+def test_one_sequence_stops_at_the_context_limit_while_the_others_go_on(tiny):
+    target = tiny("tiny_llama").target
+    prompts = _prompts(target.vocab_size, lengths=(30, 5, 8))
+    saved = target.max_context
+    target.max_context = 40  # prompt 0 reaches it after 10 tokens, the others never
+    try:
+        alone = [generate(target, make_drafter("graft", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
+        done, _, _ = run_batch(target, "graft", prompts, batch=3)
+    finally:
+        target.max_context = saved
+    assert alone[0].stop_reason == "context" and done[0].stop_reason == "context"
+    assert len(done[0].new_tokens) < MAX_NEW and [len(done[i].new_tokens) for i in (1, 2)] == [MAX_NEW, MAX_NEW]
+    for i in range(3):
+        assert done[i].new_tokens == alone[i].new_tokens, i
+
+
+def test_a_stop_token_ends_one_sequence_and_the_batch_goes_on(tiny):
+    target = tiny("tiny_llama").target
+    prompts = _prompts(target.vocab_size, lengths=(6, 9, 11))
+    alone = [generate(target, make_drafter("pld", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
+    stop = alone[1].new_tokens[5]  # a token prompt 1 produces midway
+    want = [generate(target, make_drafter("pld", target), p, MAX_NEW, {stop}, GREEDY) for p in prompts]
+    done, _, _ = run_batch(target, "pld", prompts, batch=3, stop_ids={stop})
+    assert done[1].stop_reason == "stop_token"
+    for i in range(3):
+        assert (done[i].new_tokens, done[i].stop_reason) == (want[i].new_tokens, want[i].stop_reason), i
+
+
+def test_the_cpu_engine_refuses_a_batch_with_the_path_that_batches(tiny):
+    target = tiny("tiny_llama:packed").target
+    with pytest.raises(ValueError, match="hardware.fast_path=none"):
+        run_batch(target, "ar", _prompts(target.vocab_size, lengths=(4, 5)), batch=2)
