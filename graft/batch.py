@@ -128,6 +128,7 @@ def _admit(target, drafter, slots, slot, request, max_new_tokens, stop_ids, samp
     prefill = target.prefill(ids, drafter.needs.taps, successors_k=drafter.needs.prompt_successors)
     first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, request.generator)
     gen = Generation(prompt_len=len(ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
+    gen.slot = slot
     entry = _Live(request, SequenceState(tokens=list(ids) + [first], prompt_len=len(ids)), gen, admitted)
     if record_gaps:
         entry.top2.append(_top2(prefill.logits[-1:], 1))

@@ -61,6 +61,7 @@ class Generation:
     step_info: list[dict] = field(default_factory=list)  # the drafter's note on each step, where it keeps one
     # per step: [draft nodes, retrieved nodes, accepted draft nodes, accepted retrieved nodes] (root excluded)
     step_sources: list[list[int]] = field(default_factory=list)
+    slot: int | None = None  # the batch slot it decoded in (graft/batch.py); None: alone
 
     @property
     def steps(self) -> int:

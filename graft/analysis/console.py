@@ -87,6 +87,8 @@ def print_summary(summary: dict, out_dir: str) -> None:
     note = interval_note(summary.get("intervals") or {})
     if note:
         console.print(f"  {note}")
+    if summary.get("batch"):
+        console.print(batch_line(summary["batch"]))
     console.print(f"records: {out_dir}/samples.jsonl  summary: {out_dir}/summary.json")
 
 
@@ -194,9 +196,22 @@ def print_comparison(summary: dict, out_dir: str, wall_s: float | None = None) -
         console.print(f"  over repeats: {REPEATS_NOTE}")
     if summary.get("n_skipped"):
         console.print(f"  n_skipped: {summary['n_skipped']} prompts longer than the context allows")
+    if summary.get("batch"):
+        console.print(batch_line(summary["batch"]))
     if wall_s is not None:
         console.print(f"wall time: {wall_s:.0f} s (model load, warm-up and every method included)")
     console.print(
         f"records: {out_dir}/samples.jsonl  summaries: {out_dir}/summary.json, {out_dir}/summaries/<method>.json"
     )
     console.print(f"Pareto figure: {out_dir}/pareto.png")
+
+
+def batch_line(batch: dict) -> str:
+    """A batched run's throughput (new tokens per wall second over the whole batch, prefill included) per role,
+    each method's over batched AR's at the same batch size; the per-prompt columns above are per-sequence."""
+    parts = []
+    for role, row in batch["roles"].items():
+        name = "ar" if role == "baseline" else role
+        ratio = row.get("speedup_throughput")
+        parts.append(f"{name} {row['throughput_tokens_per_s']:.1f}" + (f" ({ratio:.2f}x)" if ratio else ""))
+    return f"batch of {batch['batch_size']}: throughput tokens/s over the batch: " + ", ".join(parts)

@@ -52,6 +52,9 @@ class RunConfig:
     # the whole interleaved comparison R times (every prompt, every method, again); summary.json's `repeats`
     # gives each headline ratio's mean, min and max over them: the machine's noise between runs
     repeats: int = 1
+    # sequences decoded together (graft/batch.py): one verify forward per step for all of them, a finished one's
+    # slot taken by the next prompt; 1: one sequence at a time, as every anchor of the field measures
+    batch_size: int = 1
 
     def __post_init__(self):
         require(self.max_new_tokens >= 1, "run.max_new_tokens", self.max_new_tokens, "an integer >= 1")
@@ -64,6 +67,7 @@ class RunConfig:
             "null or an integer >= 1",
         )
         require(self.repeats >= 1, "run.repeats", self.repeats, "an integer >= 1 (1: the comparison once)")
+        require(self.batch_size >= 1, "run.batch_size", self.batch_size, "an integer >= 1 (1: one sequence at a time)")
 
 
 @dataclass

@@ -174,3 +174,57 @@ def summarize(records: list[dict], meta: dict) -> dict:
             "baseline": side("baseline"),
         }
     return summary
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def batch_summary(records: list[dict], batch_size: int) -> dict:
+    """What a batched run (run.batch_size > 1) measured, per role (the baseline, each method), from the groups
+    its records name (each group's totals counted once): throughput over the whole batch (new tokens per wall
+    second, prefill included; and with the prefill seconds taken out), nodes verified per batched step summed
+    over its sequences, sequences per step, each sequence's tokens/s at p50 and p90, and each method's
+    throughput over the baseline's (speedup_throughput: batched AR at the same batch size, same prompts)."""
+    groups: dict[str, dict] = {}
+    latency: dict[str, list[float]] = {}
+    for record in records:
+        if record.get("status") != "ok" or "batch" not in record:
+            continue
+        totals = groups[record["batch"]["group"]] = record["batch"]["totals"]
+        single = next((role for role in totals if role != "baseline"), None)  # a single-method run's method
+        for role, side in record_sides(record, method=single, baseline="baseline").items():
+            if side["totals"].get("tokens_per_s") is not None:
+                latency.setdefault(role, []).append(side["totals"]["tokens_per_s"])
+    roles: dict[str, dict] = {}
+    for totals in groups.values():
+        for role, t in totals.items():
+            into = roles.setdefault(
+                role, dict.fromkeys(("tokens", "wall_s", "prefill_s", "steps", "nodes", "sequences"), 0)
+            )
+            for key in into:
+                into[key] += t[key]
+    out = {}
+    for role, t in roles.items():
+        decode_s = t["wall_s"] - t["prefill_s"]
+        out[role] = {
+            "throughput_tokens_per_s": _ratio(t["tokens"], t["wall_s"]),
+            "throughput_decode_tokens_per_s": _ratio(t["tokens"], decode_s) if decode_s > 0 else None,
+            "nodes_per_step": _ratio(t["nodes"], t["steps"]),
+            "sequences_per_step": _ratio(t["sequences"], t["steps"]),
+            "latency_tokens_per_s_p50": _percentile(latency.get(role, []), 0.5),
+            "latency_tokens_per_s_p90": _percentile(latency.get(role, []), 0.9),
+            **t,
+        }
+    base = out.get("baseline", {}).get("throughput_tokens_per_s")
+    for role, row in out.items():
+        row["speedup_throughput"] = (
+            _ratio(row["throughput_tokens_per_s"], base) if base and role != "baseline" else None
+        )
+    return {"batch_size": batch_size, "groups": len(groups), "roles": out}

@@ -6,9 +6,12 @@ prompt, after an untimed warm-up of each; check losslessness against the baselin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +21,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from graft.backends.target import buckets_between, capacity_bucket, compile_counts, uses_cudagraphs
 from graft.config.experiment import ExperimentConfig
+from graft.schema import ConfigError
+from graft.batch import BatchRequest, generate_batch
 from graft.data.loading import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, generate
@@ -26,7 +31,7 @@ from baselines.autoregressive import Autoregressive
 from graft.drafter import Drafter
 from graft.run.tracking import logged_config, make_logger, run_tags, sweep_group, task_overrides
 from graft.plan.hardware import check_memory, resolve_hardware
-from graft.records.metrics import side_totals, summarize
+from graft.records.metrics import batch_summary, side_totals, summarize
 from graft.load.models import LoadedModel, load_model
 from graft.analysis.plots import plot_comparison_pareto
 from graft.run.provenance import collect as collect_provenance
@@ -107,6 +112,7 @@ def turn_record(gen: Generation, text: str) -> dict:
         "step_sources": gen.step_sources,
         "tokens_sha256": token_hash(gen.new_tokens),
         "text": text,
+        **({"slot": gen.slot} if gen.slot is not None else {}),
     }
 
 
@@ -154,6 +160,117 @@ def measure_prompt(
                 before_turn=guard,
             )
     return results
+
+
+def batched_hardware(hardware, batch_size: int):
+    """The hardware a batch runs on: the transformers forward (the CPU engine verifies one sequence at a time;
+    said in one line), eager and on one device (refused otherwise, before the model loads)."""
+    if batch_size == 1:
+        return hardware
+    if hardware.compile != "off" or hardware.tensor_parallel or hardware.device_map:
+        raise ConfigError(
+            f"run.batch_size={batch_size} decodes on one device, eager; not with hardware.compile={hardware.compile}, "
+            f"tensor_parallel={hardware.tensor_parallel} or device_map={hardware.device_map} (run.batch_size=1 runs those)"
+        )
+    if hardware.fast_path != "none":
+        log.info(
+            "run.batch_size=%d: batches verify on the transformers forward (hardware.fast_path=none); the CPU "
+            "engine (fast_path=%s) verifies one sequence at a time",
+            batch_size,
+            hardware.fast_path,
+        )
+        return dataclasses.replace(hardware, fast_path="none")
+    return hardware
+
+
+def conversation_capacity(model: LoadedModel, prompts: list[Prompt], max_new_tokens: int, max_nodes: int) -> int:
+    """Positions a batch slot needs for the longest conversation: every user turn (with empty answers in the chat
+    template), each answer at most max_new_tokens (and a few tokens of template), and the widest tree."""
+    longest = 0
+    for prompt in prompts:
+        messages = [
+            m
+            for turn in prompt.turns
+            for m in ({"role": "user", "content": turn}, {"role": "assistant", "content": ""})
+        ]
+        longest = max(longest, len(model.chat.prompt_ids(messages[:-1])) + len(prompt.turns) * (max_new_tokens + 16))
+    return min(longest, model.target.max_context) + max_nodes + 8
+
+
+def run_conversations(
+    model: LoadedModel,
+    drafters: list[Drafter],
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int,
+    record_gaps: bool,
+) -> tuple[dict, dict]:
+    """Every prompt's turns decoded len(drafters) at a time (graft/batch.py), each turn with the generator
+    run_conversation gives it; a conversation's next turn joins the queue when its answer is done. Returns
+    ({position in `prompts`: Conversation, or PromptTooLong}, the batch's totals: tokens, wall and prefill seconds, steps,
+    nodes verified and sequences per step summed over them)."""
+    limit = model.target.max_context - max_new_tokens
+    talks = [([], [], []) for _ in prompts]  # per prompt: messages, generations, texts
+    results: dict = {}
+    queue: deque[BatchRequest] = deque()
+
+    def ask(at: int, number: int) -> None:
+        prompt = prompts[at]
+        messages = talks[at][0]
+        messages.append({"role": "user", "content": prompt.turns[number]})
+        ids = model.chat.prompt_ids(messages)
+        if len(ids) > limit:
+            results[at] = PromptTooLong(
+                f"turn {number + 1} has {len(ids)} prompt tokens; the model's context {model.target.max_context} "
+                f"minus run.max_new_tokens {max_new_tokens} leaves {limit}"
+            )
+            return
+        generator = torch.Generator().manual_seed(seed + zlib.crc32(f"{prompt.id}/{number}".encode()))
+        queue.append(BatchRequest(ids, generator, (at, number)))
+
+    def answered(request: BatchRequest, gen: Generation, slot: int) -> None:
+        at, number = request.tag
+        messages, gens, texts = talks[at]
+        text = model.chat.decode(gen.new_tokens)
+        gens.append(gen)
+        texts.append(text)
+        messages.append({"role": "assistant", "content": text})
+        if number + 1 < len(prompts[at].turns):
+            ask(at, number + 1)
+        else:
+            results[at] = Conversation(gens, texts)
+
+    for at in range(len(prompts)):
+        ask(at, 0)
+    capacity = conversation_capacity(model, prompts, max_new_tokens, max(d.max_nodes() for d in drafters))
+    started = time.perf_counter()
+    steps = generate_batch(
+        model.target, drafters, queue, max_new_tokens, model.stop_ids, sampling, capacity, answered, record_gaps
+    )
+    gens = [g for _, generations, _ in talks for g in generations]
+    totals = {
+        "tokens": sum(len(g.new_tokens) for g in gens),
+        "wall_s": time.perf_counter() - started,
+        "prefill_s": sum(g.prefill_s for g in gens),
+        "steps": len(steps),
+        "nodes": sum(step["nodes"] for step in steps),
+        "sequences": sum(len(step["slots"]) for step in steps),
+    }
+    return results, totals
+
+
+def measure_group(
+    model, slot_drafters: dict, prompts: list[Prompt], index: int, run_cfg, sampling
+) -> tuple[dict, dict]:
+    """Every role (the baseline and each contender, each with one drafter per slot) over the group's prompts in
+    batches, the roles in rotating order -> ({role: {position: Conversation}}, {role: the batch's totals})."""
+    results, totals = {}, {}
+    for role, drafters in rotation(list(slot_drafters.items()), index):
+        results[role], totals[role] = run_conversations(
+            model, drafters, prompts, run_cfg.max_new_tokens, sampling, run_cfg.seed, record_gaps=(role == "baseline")
+        )
+    return results, totals
 
 
 def outcome(
@@ -357,7 +474,8 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
 def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, plan: dict, sampling) -> dict:
     """The run proper, in its locked folder: load the model, measure every prompt not yet recorded, summarise."""
     run_cfg = cfg.run
-    model = load_model(cfg.model, cfg.hardware, progress=run_cfg.progress)
+    hardware_cfg = batched_hardware(cfg.hardware, run_cfg.batch_size)
+    model = load_model(cfg.model, hardware_cfg, progress=run_cfg.progress)
     prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
     if run_cfg.num_prompts:
         if run_cfg.num_prompts > len(prompts):
@@ -442,10 +560,12 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         if todo and run_cfg.warmup:
             warm.start(list({p.id: p for _, _, p in todo}.values()))  # each prompt once, however many repeats
         counts = compile_counts()
-        bar = tqdm(todo, desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
-        with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
-            for repeat, index, prompt in bar:
-                record = prompt_record(
+        bar = tqdm(total=len(todo), desc=f"{label} on {cfg.dataset.name}", unit="prompt", disable=not run_cfg.progress)
+        measured = (
+            measure_batched(model, cfg, contenders, baseline, todo, sampling, comparison)
+            if run_cfg.batch_size > 1
+            else (
+                prompt_record(
                     model,
                     contenders,
                     baseline,
@@ -457,6 +577,11 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
                     warm if run_cfg.warmup else None,
                     repeat=repeat,
                 )
+                for repeat, index, prompt in todo
+            )
+        )
+        with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
+            for record in measured:
                 rundir.append(record)
                 records.append(record)
                 summary = summaries()
@@ -466,6 +591,7 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
                         logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
                 else:
                     logger.log_sample(record, summary)
+                bar.update(1)
                 bar.set_postfix(done=len(records))
         bar.close()
         summary["peak_memory"] = peak_memory(model.target.devices)
@@ -481,6 +607,8 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         named = records if comparison else [{**r, "_method": cfg.method.name} for r in records]
         summary["intervals"] = intervals(named)
         summary["interval_method"] = INTERVAL_METHOD
+        if run_cfg.batch_size > 1:  # throughput over the whole batch, per-sequence latency, nodes per batched step
+            summary["batch"] = batch_summary(records, run_cfg.batch_size)
         if run_cfg.repeats > 1:  # each headline ratio per repeat: the machine's noise between runs
             add_repeats(summary, records, run_cfg.repeats, list(contenders) if comparison else None)
         rundir.write_summary(summary)
@@ -493,6 +621,44 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         return summary
     finally:
         logger.finish(summary, records, figures, failed=failed)
+
+
+def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool):
+    """The records of `todo` measured run.batch_size sequences at a time: groups of twice the batch size (so
+    that finished sequences hand their slots to newcomers), every role over a group in rotating order, after an
+    untimed warm-up of every role on the first prompts; a group's records are written when it is done."""
+    run_cfg, size = cfg.run, cfg.run.batch_size
+    slot_drafters = {} if baseline is None else {"baseline": [Autoregressive(model.target) for _ in range(size)]}
+    methods = {m.name: m for m in cfg.compared}
+    for name, drafter in contenders.items():
+        slot_drafters[name] = [drafter] + [build_drafter(methods[name], model.target) for _ in range(size - 1)]
+    if run_cfg.warmup and todo:
+        first = [prompt for _, _, prompt in todo[:size]]
+        for drafters in slot_drafters.values():
+            run_conversations(model, drafters, first, run_cfg.warmup_tokens, sampling, run_cfg.seed, False)
+    group = 2 * size
+    for start in range(0, len(todo), group):
+        chunk = todo[start : start + group]
+        results, totals = measure_group(
+            model, slot_drafters, [p for _, _, p in chunk], start // group, run_cfg, sampling
+        )
+        name = f"{repeat_id(chunk[0][2].id, chunk[0][0])}+{len(chunk)}"  # the group: its first record and size
+        batch = {"size": size, "group": name, "totals": totals}
+        for at, (repeat, index, prompt) in enumerate(chunk):
+            own = {role: results[role][at] for role in results}
+            yield prompt_record(
+                model,
+                contenders,
+                baseline,
+                prompt,
+                index,
+                run_cfg,
+                sampling,
+                comparison,
+                repeat=repeat,
+                measured=own,
+                batch=batch,
+            )
 
 
 def repeat_id(prompt_id: str, repeat: int) -> str:
@@ -537,9 +703,13 @@ def prompt_record(
     comparison: bool,
     warm=None,
     repeat: int = 1,
+    measured: dict | None = None,
+    batch: dict | None = None,
 ) -> dict:
     """One prompt measured for every contender and the baseline, as the line samples.jsonl keeps; a later
-    `repeat` (run.repeats) is its own record (repeat_id), naming its prompt, in an order rotated one further."""
+    `repeat` (run.repeats) is its own record (repeat_id), naming its prompt, in an order rotated one further.
+    `measured`: the prompt's {role: Conversation or PromptTooLong} of a batched group (measure_group), and
+    `batch` what the record says of that group."""
     record = {
         "id": repeat_id(prompt.id, repeat),
         "category": prompt.category,
@@ -548,9 +718,17 @@ def prompt_record(
     }
     if repeat > 1:
         record.update(prompt_id=prompt.id, repeat=repeat)
+    if batch is not None:
+        record["batch"] = batch
     try:
         order = index + repeat - 1  # each repeat puts every method at another place in the rotation
-        results = measure_prompt(model, contenders, baseline, prompt, order, run_cfg, sampling, warm)
+        if measured is None:
+            results = measure_prompt(model, contenders, baseline, prompt, order, run_cfg, sampling, warm)
+        else:
+            for result in measured.values():
+                if isinstance(result, PromptTooLong):
+                    raise result
+            results = measured
     except PromptTooLong as err:
         log.warning("skipped prompt %s: %s", prompt.id, err)
         return {**record, "status": "skipped", "reason": str(err)}

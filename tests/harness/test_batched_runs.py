@@ -1,0 +1,99 @@
+"""run.batch_size: a comparison decoded B sequences at a time writes the records a batch-1 run writes (the same
+tokens), plus the slot of every turn and its group's totals; summary.json's `batch` gives throughput against
+batched AR; an interrupted batched run resumes without lost or duplicated records."""
+
+import json
+
+import pytest
+
+from conftest import compose
+from graft.config.experiment import validate
+from graft.run import runner
+
+OVERRIDES = ["model=tiny_llama", "methods=[pld,graft]", "run.max_new_tokens=8", "logger=none", "dataset=builtin"]
+QUIET = ["run.warmup=false", "run.progress=false"]
+
+
+def run_in(path, *extra):
+    resolved = compose([*OVERRIDES, *QUIET, *extra])
+    resolved["run"]["out_dir"] = str(path)
+    return runner.run(validate(resolved), resolved)
+
+
+def records(path) -> list[dict]:
+    return [json.loads(line) for line in (path / "samples.jsonl").read_text().splitlines()]
+
+
+def tokens(record) -> dict:
+    sides = {"baseline": record["baseline"], **{m: e["side"] for m, e in record["methods"].items()}}
+    return {role: [turn["tokens_sha256"] for turn in side["turns"]] for role, side in sides.items()}
+
+
+@pytest.fixture(scope="module")
+def alone_and_batched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batched")
+    alone = run_in(root / "b1", "run.num_prompts=6")
+    batched = run_in(root / "b3", "run.num_prompts=6", "run.batch_size=3")
+    return root, alone, batched
+
+
+def test_a_batched_comparison_writes_the_tokens_of_a_batch_1_run(alone_and_batched):
+    root, _, batched = alone_and_batched
+    one, three = records(root / "b1"), records(root / "b3")
+    assert [r["id"] for r in three] == [r["id"] for r in one]
+    assert [tokens(r) for r in three] == [tokens(r) for r in one]
+    assert batched["methods"]["pld"]["lossless"] and batched["methods"]["graft"]["lossless"]
+    for record in three:
+        assert record["batch"]["size"] == 3
+        assert all(0 <= turn["slot"] < 3 for turn in record["baseline"]["turns"])
+    assert all("batch" not in r and "slot" not in r["baseline"]["turns"][0] for r in one)
+
+
+def test_summary_gives_throughput_against_batched_ar(alone_and_batched):
+    _, alone, batched = alone_and_batched
+    assert "batch" not in alone
+    table = batched["batch"]
+    assert table["batch_size"] == 3 and table["groups"] == 1  # six prompts: one group of twice the batch
+    roles = table["roles"]
+    assert set(roles) == {"baseline", "pld", "graft"}
+    assert roles["baseline"]["speedup_throughput"] is None
+    for role, row in roles.items():
+        assert row["throughput_tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"])
+        assert row["throughput_decode_tokens_per_s"] > row["throughput_tokens_per_s"]
+        assert 1 <= row["sequences_per_step"] <= 3
+        assert row["latency_tokens_per_s_p50"] <= row["latency_tokens_per_s_p90"]
+        if role != "baseline":
+            want = row["throughput_tokens_per_s"] / roles["baseline"]["throughput_tokens_per_s"]
+            assert row["speedup_throughput"] == pytest.approx(want)
+    assert roles["baseline"]["nodes_per_step"] == roles["baseline"]["sequences_per_step"]  # AR: one node each
+
+
+def test_an_interrupted_batched_run_resumes_without_lost_or_duplicated_records(
+    alone_and_batched, tmp_path, monkeypatch
+):
+    root, _, _ = alone_and_batched
+    real, calls = runner.measure_group, []
+
+    def cut_after_the_first_group(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "measure_group", cut_after_the_first_group)
+    with pytest.raises(KeyboardInterrupt):
+        run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")  # groups of four: cut after the first
+    assert len(records(tmp_path / "cut")) == 4
+    monkeypatch.setattr(runner, "measure_group", real)
+    summary = run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")
+    resumed = records(tmp_path / "cut")
+    assert sorted(r["id"] for r in resumed) == sorted(r["id"] for r in records(root / "b1"))  # none lost, none twice
+    assert {r["id"]: tokens(r) for r in resumed} == {r["id"]: tokens(r) for r in records(root / "b1")}
+    assert summary["batch"]["groups"] == 2 and summary["n_prompts"] == 6
+
+
+def test_a_batch_refuses_what_it_cannot_run_before_the_model_loads(tmp_path):
+    with pytest.raises(Exception, match="run.batch_size=2 decodes on one device"):
+        run_in(tmp_path / "c", "run.batch_size=2", "hardware.fast_path=none", "hardware.compile=default")
+    with pytest.raises(Exception, match="run.batch_size=0 is not allowed"):
+        run_in(tmp_path / "z", "run.batch_size=0")
