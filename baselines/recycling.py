@@ -24,6 +24,9 @@ class RecyclingParams:
     # the last prompt token) or "prefill" (the target's top-k after every prompt position, from the
     # prefill's logits: the paper's form; costs the LM head over the whole prompt)
     cold_start: Literal["bigrams", "prefill"] = "bigrams"
+    # per_sequence: a fresh table for every sequence; shared: one table for the run (with run.batch_size > 1, for
+    # the whole batch), seeded by every new prompt and learning from every verification, never cleared
+    table: Literal["per_sequence", "shared"] = "per_sequence"
 
     def __post_init__(self):
         if not 1 <= self.table_k <= len(self.rank_prior) or self.template_depth < 1:
@@ -44,13 +47,20 @@ class RecyclingRetriever(Retriever):
             target.vocab_size, params.table_k, params.template_depth, params.rank_prior, target.device, target.ops
         )
         self.read_limit = 2 * budget + 1  # merges free slots, so read further than the room, within reason
+        self.shared = params.table == "shared"
         if params.cold_start == "prefill":
             self.needs = TargetNeeds(prompt_successors=params.table_k)
 
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         state = prefill.state
-        self.recycler.reset(state.tokens[: state.prompt_len], prefill.forward.logits, prefill.forward.successors)
+        self.recycler.reset(
+            state.tokens[: state.prompt_len], prefill.forward.logits, prefill.forward.successors, clear=not self.shared
+        )
+
+    def share_with(self, first: Retriever) -> None:
+        if self.shared:  # the batch's slots read and teach one table
+            self.recycler = first.recycler
 
     def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved:
         size = self.read_limit if room is None else min(room + tree_nodes, self.read_limit)

@@ -85,6 +85,10 @@ class Proposer:
     def update(self, step: StepFeedback) -> None:
         pass
 
+    def share_with(self, first: "Proposer") -> None:
+        """In a batch, slot b's part and slot 0's (the same method): a part whose state the batch shares takes
+        slot 0's (Token Recycling with table: shared); nothing by default, so each sequence keeps its own."""
+
 
 class DraftSource(Proposer, ABC):
     """Drafts a tree from a model. `splits` names the budget splits it can honour."""
@@ -353,6 +357,12 @@ class ComposedDrafter(Drafter):
 
     def max_nodes(self) -> int:
         return self.params.total_tokens
+
+    def share_with(self, first: Drafter) -> None:
+        for mine, theirs in zip(self.retrievers, first.retrievers):
+            mine.share_with(theirs)
+        if self.source is not None:
+            self.source.share_with(first.source)
 
     def reset(self, prefill: PrefillInfo) -> None:
         if self.source:

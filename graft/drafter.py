@@ -113,3 +113,7 @@ class Drafter(ABC):
 
     def update(self, step: StepFeedback) -> None:
         pass
+
+    def share_with(self, first: "Drafter") -> None:
+        """In a batch (graft/batch.py), called on slot b's drafter with slot 0's: state the method shares across
+        the batch is taken from it; by default every sequence keeps its own."""

@@ -107,12 +107,15 @@ class Recycler:
                 )
         return self._templates[key]
 
-    def reset(self, prompt: list[int], last_logits: Tensor | None = None, successors: Tensor | None = None) -> None:
-        """A fresh table per sequence. With `successors` (the prefill's top-k at every prompt position: the
+    def reset(
+        self, prompt: list[int], last_logits: Tensor | None = None, successors: Tensor | None = None, clear: bool = True
+    ) -> None:
+        """A fresh table per sequence (`clear`; else the prompt is added to what the table holds). With `successors` (the prefill's top-k at every prompt position: the
         paper's cold start) every prompt token's row is the target's own prediction after it; without, the
         prompt's bigrams, then the target's top-k after the last prompt token."""
         prompt_tokens = upload(prompt, self.table.rows.device)
-        self.table.clear()
+        if clear:
+            self.table.clear()
         if successors is not None:
             self.table.seed_successors(prompt_tokens, successors)
             return

@@ -632,6 +632,8 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
     methods = {m.name: m for m in cfg.compared}
     for name, drafter in contenders.items():
         slot_drafters[name] = [drafter] + [build_drafter(methods[name], model.target) for _ in range(size - 1)]
+        for other in slot_drafters[name][1:]:
+            other.share_with(drafter)  # state the method shares across the batch (recycling's table: shared)
     if run_cfg.warmup and todo:
         first = [prompt for _, _, prompt in todo[:size]]
         for drafters in slot_drafters.values():

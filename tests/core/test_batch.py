@@ -29,6 +29,8 @@ def _prompts(vocab: int, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
 def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, stop_ids=frozenset(), **params):
     """{prompt index: Generation} and the slot each sequence ran in, decoding `prompts` `batch` at a time."""
     drafters = [make_drafter(method, target, **params) for _ in range(batch)]
+    for other in drafters[1:]:
+        other.share_with(drafters[0])  # as the runner does: a no-op unless the method shares state
     done, slots = {}, {}
 
     def finished(request, gen, slot):
@@ -37,7 +39,7 @@ def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, 
     queue = deque(BatchRequest(ids, tag=i) for i, ids in enumerate(prompts))
     capacity = slot_capacity([len(p) for p in prompts], max_new, drafters[0].max_nodes())
     steps = generate_batch(target, drafters, queue, max_new, set(stop_ids), GREEDY, capacity, finished)
-    return done, slots, steps
+    return done, slots, steps, drafters
 
 
 # the cost-measuring methods (graft_auto, eagle3_auto) time this machine: their budgets, and so their accept lengths,
@@ -51,7 +53,7 @@ def test_every_method_in_a_batch_of_four_decodes_what_it_decodes_alone(tiny, nam
     prompts = _prompts(target.vocab_size)
     alone_ar = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
     for method in group_options("method"):
-        batched, _, _ = run_batch(target, method, prompts, batch=4)
+        batched, _, _, _ = run_batch(target, method, prompts, batch=4)
         alone = make_drafter(method, target)
         for i, ids in enumerate(prompts):
             assert batched[i].new_tokens == alone_ar[i].new_tokens, f"{method} on prompt {i}: not AR's tokens"
@@ -63,7 +65,7 @@ def test_every_method_in_a_batch_of_four_decodes_what_it_decodes_alone(tiny, nam
 def test_finished_sequences_leave_and_newcomers_take_their_slots(tiny):
     target = tiny("tiny_llama").target
     prompts = _prompts(target.vocab_size)
-    done, slots, steps = run_batch(target, "graft", prompts, batch=4)
+    done, slots, steps, _ = run_batch(target, "graft", prompts, batch=4)
     assert sorted(done) == list(range(6))
     assert set(slots.values()) <= {0, 1, 2, 3}
     assert sorted(slots[i] for i in range(4)) == [0, 1, 2, 3]  # the first four fill the batch
@@ -80,7 +82,7 @@ def test_one_sequence_stops_at_the_context_limit_while_the_others_go_on(tiny):
     target.max_context = 40  # prompt 0 reaches it after 10 tokens, the others never
     try:
         alone = [generate(target, make_drafter("graft", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
-        done, _, _ = run_batch(target, "graft", prompts, batch=3)
+        done, _, _, _ = run_batch(target, "graft", prompts, batch=3)
     finally:
         target.max_context = saved
     assert alone[0].stop_reason == "context" and done[0].stop_reason == "context"
@@ -95,7 +97,7 @@ def test_a_stop_token_ends_one_sequence_and_the_batch_goes_on(tiny):
     alone = [generate(target, make_drafter("pld", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
     stop = alone[1].new_tokens[5]  # a token prompt 1 produces midway
     want = [generate(target, make_drafter("pld", target), p, MAX_NEW, {stop}, GREEDY) for p in prompts]
-    done, _, _ = run_batch(target, "pld", prompts, batch=3, stop_ids={stop})
+    done, _, _, _ = run_batch(target, "pld", prompts, batch=3, stop_ids={stop})
     assert done[1].stop_reason == "stop_token"
     for i in range(3):
         assert (done[i].new_tokens, done[i].stop_reason) == (want[i].new_tokens, want[i].stop_reason), i
@@ -105,3 +107,17 @@ def test_the_cpu_engine_refuses_a_batch_with_the_path_that_batches(tiny):
     target = tiny("tiny_llama:packed").target
     with pytest.raises(ValueError, match="hardware.fast_path=none"):
         run_batch(target, "ar", _prompts(target.vocab_size, lengths=(4, 5)), batch=2)
+
+
+def test_a_shared_recycling_table_learns_from_every_sequence_and_stays_lossless(tiny):
+    """method.table=shared: the batch's slots read and teach one table (never cleared between sequences), so the
+    accept lengths change but every token is still AR's; per_sequence (the default) keeps one table each."""
+    target = tiny("tiny_llama").target
+    prompts = _prompts(target.vocab_size)
+    alone_ar = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
+    shared, _, _, drafters = run_batch(target, "graft", prompts, batch=4, table="shared")
+    tables = {id(d.retrievers[0].recycler) for d in drafters}
+    assert len(tables) == 1
+    assert all(shared[i].new_tokens == alone_ar[i].new_tokens for i in range(len(prompts)))
+    _, _, _, own = run_batch(target, "graft", prompts, batch=4)
+    assert len({id(d.retrievers[0].recycler) for d in own}) == 4
