@@ -836,3 +836,60 @@ def beside_paper(rows, published, out: Path, claims=None) -> list[Path]:
     written = _save(fig, out, "beside_paper")
     table.to_csv(Path(out) / "beside_paper.csv", index=False)
     return written
+
+
+def batch_scaling(rows, out: Path) -> list[Path]:
+    """Per (model, dataset) with runs at more than one batch size (graft/analysis/tables.py: batch_rows): left,
+    each method's throughput over batched AR's at the same batch size against the batch size, with the
+    per-sequence speedup_wall's 95% interval over prompts as a bar where the run has one; right, throughput
+    (new tokens per second over the whole batch) against the batch size, AR's included."""
+    written = []
+    if rows.empty or rows["batch_size"].nunique() < 2:
+        return written
+    for (model, dataset), group in rows.groupby(["model", "dataset"]):
+        if group["batch_size"].nunique() < 2:
+            continue
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for method in method_order(group["method"]):
+            runs = group[group["method"] == method].sort_values("batch_size")
+            style = method_style(method)
+            right.plot(
+                runs["batch_size"],
+                runs["throughput_tokens_per_s"],
+                marker=style["marker"],
+                color=style["color"],
+                label=style["label"],
+            )
+            if method == "ar":
+                continue
+            left.plot(
+                runs["batch_size"],
+                runs["speedup_throughput"],
+                marker=style["marker"],
+                color=style["color"],
+                label=style["label"],
+            )
+            if "speedup_wall_low" in runs:
+                shown = runs[runs["speedup_wall_low"].notna()]
+                left.vlines(
+                    shown["batch_size"],
+                    shown["speedup_wall_low"],
+                    shown["speedup_wall_high"],
+                    color=style["color"],
+                    alpha=0.35,
+                    lw=4,
+                )
+        left.axhline(1.0, color="grey", lw=0.8, ls="--")
+        for ax, label in ((left, "throughput over batched AR (x)"), (right, "tokens/s over the batch")):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.set_xlabel("batch size (run.batch_size)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        left.set_title("speedup over batched AR (bars: per-sequence speedup_wall, 95% interval)", fontsize=9)
+        right.set_title("throughput, prefill included", fontsize=9)
+        handles, labels = right.get_legend_handles_labels()
+        _legend_below(fig, handles, labels)
+        _suptitle_layout(fig, f"{model} / {dataset_label(dataset)} on {group['hardware'].iloc[0]}: batch scaling")
+        written += _save(fig, out, f"batch_scaling_{model}_{dataset}")
+    return written

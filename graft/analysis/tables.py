@@ -437,3 +437,61 @@ def stage_table(rows: pd.DataFrame, settings: bool = False) -> pd.DataFrame:
                 label += f" / {r.budget:.0f} at {r.thresholds or '-'}"
             data[label] = stages
     return pd.DataFrame(data).T.fillna(0.0).sort_index(axis=1) if data else pd.DataFrame()
+
+
+def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
+    """One row per (run, method) of runs at any run.batch_size: the batch size, the throughput over the whole
+    batch (new tokens per wall second, prefill included; summary.json's `batch`, or at batch 1 the records' sums)
+    and its ratio to AR's at the same size (`speedup_throughput`), beside method_rows' per-sequence columns
+    (tau, speedup_wall and its interval)."""
+    per_sequence = method_rows(paths, intervals=True, partial=partial)
+    if per_sequence.empty:
+        return per_sequence
+    rows = []
+    for run in dict.fromkeys(per_sequence["run"]):
+        summary = read_summary(Path(run))
+        batch = summary.get("batch")
+        if batch:
+            size = batch["batch_size"]
+            found = {("ar" if role == "baseline" else role): row for role, row in batch["roles"].items()}
+        else:  # batch 1: each role's new tokens over its wall seconds, summed over the records
+            size, sums = 1, {}
+            for _, _, method, side in run_sides(Path(run)):
+                into = sums.setdefault(method, [0, 0.0])
+                into[0] += side["totals"]["new_tokens"]
+                into[1] += side["totals"]["wall_s"]
+            found = {m: {"throughput_tokens_per_s": n / s if s else None} for m, (n, s) in sums.items()}
+        base = (found.get("ar") or {}).get("throughput_tokens_per_s")
+        for method, row in found.items():
+            throughput = row.get("throughput_tokens_per_s")
+            rows.append(
+                {
+                    "run": run,
+                    "method": method,
+                    "batch_size": size,
+                    "throughput_tokens_per_s": throughput,
+                    "speedup_throughput": throughput / base if throughput and base and method != "ar" else None,
+                    "latency_tokens_per_s_p50": row.get("latency_tokens_per_s_p50"),
+                }
+            )
+    return per_sequence.merge(pd.DataFrame(rows), on=["run", "method"], how="inner")
+
+
+def batch_table(rows: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """rows = methods, columns = batch sizes; cells "throughput speedup over batched AR / tau", AR's row its
+    throughput in tokens/s."""
+    methods = [m for m in (order or sorted(set(rows["method"]))) if m in set(rows["method"])]
+    cells = {}
+    for row in rows.itertuples():
+        if row.method == "ar":
+            text = f"{row.throughput_tokens_per_s:.1f} tok/s"
+        else:
+            speed = (
+                "-"
+                if row.speedup_throughput is None or pd.isna(row.speedup_throughput)
+                else f"{row.speedup_throughput:.2f}x"
+            )
+            text = f"{speed} / {row.tau:.2f}"
+        cells.setdefault(row.method, {})[f"B={row.batch_size}"] = text
+    columns = [f"B={b}" for b in sorted(set(rows["batch_size"]))]
+    return pd.DataFrame.from_dict(cells, orient="index").reindex(index=methods, columns=columns).fillna("-")

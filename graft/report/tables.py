@@ -52,6 +52,8 @@ def ordered(labels) -> list[str]:
 def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
     from graft.records.reader import RecordError
     from graft.analysis.tables import (
+        batch_rows,
+        batch_table,
         best_settings,
         improvement,
         is_sweep,
@@ -100,6 +102,14 @@ def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, st
             title = f"{model}, temperature {temperature:g}: {metric} over repeats, mean (min-max) of the R passes"
             markdown += [f"### {title}", "", repeated.to_markdown(), ""]
             latex += [f"% {title}", repeated.to_latex(escape=True), ""]
+    batched = batch_rows(paths, partial=partial)
+    if not batched.empty and batched["batch_size"].nunique() > 1:  # experiment=batch_scaling: one column per B
+        for (model, dataset), group in batched.groupby(["model", "dataset"]):
+            title = f"{model} / {dataset}: throughput over batched AR at the same batch size / tau ({group['hardware'].iloc[0]})"
+            table = batch_table(group, order)
+            note = "AR's row: its throughput (new tokens per second over the whole batch, prefill included)."
+            markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
+            latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]
     stages = stage_table(rows, settings=any(is_sweep(g) for _, g in rows.groupby(["model", "temperature"])))
     if not stages.empty:
         markdown += [

@@ -97,3 +97,29 @@ def test_a_batch_refuses_what_it_cannot_run_before_the_model_loads(tmp_path):
         run_in(tmp_path / "c", "run.batch_size=2", "hardware.fast_path=none", "hardware.compile=default")
     with pytest.raises(Exception, match="run.batch_size=0 is not allowed"):
         run_in(tmp_path / "z", "run.batch_size=0")
+
+
+def test_tables_and_the_figure_lay_runs_out_by_batch_size(alone_and_batched, tmp_path):
+    from graft.analysis.plots import batch_scaling
+    from graft.analysis.tables import batch_rows, batch_table
+    from graft.report.tables import build
+
+    root, alone, batched = alone_and_batched
+    rows = batch_rows([root / "b1", root / "b3"])
+    assert sorted(set(rows["batch_size"])) == [1, 3]
+    assert set(rows["method"]) == {"ar", "pld", "graft"}
+    at3 = rows[(rows["batch_size"] == 3) & (rows["method"] == "graft")].iloc[0]
+    assert at3["speedup_throughput"] == pytest.approx(batched["batch"]["roles"]["graft"]["speedup_throughput"])
+    at1 = rows[(rows["batch_size"] == 1) & (rows["method"] == "ar")].iloc[0]
+    ones = records(root / "b1")
+    want = sum(r["baseline"]["totals"]["new_tokens"] for r in ones) / sum(
+        r["baseline"]["totals"]["wall_s"] for r in ones
+    )
+    assert at1["throughput_tokens_per_s"] == pytest.approx(want)  # batch 1: summed over the records
+    table = batch_table(rows, ["ar", "pld", "graft"])
+    assert list(table.columns) == ["B=1", "B=3"] and list(table.index) == ["ar", "pld", "graft"]
+    assert table.loc["ar", "B=3"].endswith("tok/s") and " / " in table.loc["graft", "B=1"]
+    markdown, _, _ = build([str(root / "b1"), str(root / "b3")], "speedup_wall")
+    assert "throughput over batched AR at the same batch size" in markdown
+    written = batch_scaling(rows, tmp_path)
+    assert [p.suffix for p in written] == [".png", ".pdf"] and all(p.stat().st_size > 0 for p in written)
