@@ -117,3 +117,42 @@ def test_a_loop_that_accepts_greedily_under_sampling_is_caught(setting, monkeypa
     )
     pairs, _ = draw_pairs(target, LikelyChildren(target, likely), prompt)
     assert chi_square_p(pairs, joint) < 1e-6
+
+
+def draw_pairs_batched(target, drafters, prompt) -> tuple[list[tuple[int, int]], int]:
+    """draw_pairs through graft/batch.py: the DRAWS sequences len(drafters) at a time, each with its own seed."""
+    from collections import deque
+
+    from graft.batch import BatchRequest, generate_batch, slot_capacity
+
+    sampling = SamplingConfig(temperature=TEMPERATURE, top_p=TOP_P)
+    queue = deque(BatchRequest(prompt, torch.Generator().manual_seed(seed), seed) for seed in range(DRAWS))
+    found = {}
+    capacity = slot_capacity([len(prompt)], 2, drafters[0].max_nodes())
+    generate_batch(
+        target, drafters, queue, 2, set(), sampling, capacity, lambda r, gen, slot: found.__setitem__(r.tag, gen)
+    )
+    pairs = [tuple(found[seed].new_tokens[:2]) for seed in range(DRAWS)]
+    return pairs, sum(found[seed].step_sources[0][2] > 0 for seed in range(DRAWS))
+
+
+def test_a_batch_of_four_samples_the_target_distribution(setting):
+    """run.batch_size=4: each sequence of the batch samples the target's distribution, its draft tokens accepted
+    and rejected as alone."""
+    target, prompt, joint, likely = setting
+    pairs, accepted_drafts = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)
+    assert DRAWS // 10 < accepted_drafts < DRAWS - DRAWS // 10, accepted_drafts
+    assert chi_square_p(pairs, joint) > 1e-3
+
+
+def test_a_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeypatch):
+    import graft.batch as batch
+
+    target, prompt, joint, likely = setting
+    monkeypatch.setattr(
+        batch,
+        "accept_sampling",
+        lambda tree, logits, *args, **kwargs: accept_greedy(tree, topology(tree.parents, 0), logits),
+    )
+    pairs, _ = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)
+    assert chi_square_p(pairs, joint) < 1e-6
