@@ -106,7 +106,7 @@ def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, st
     if not batched.empty and batched["batch_size"].nunique() > 1:  # experiment=batch_scaling: one column per B
         for (model, dataset), group in batched.groupby(["model", "dataset"]):
             title = f"{model} / {dataset}: throughput over batched AR at the same batch size / tau ({group['hardware'].iloc[0]})"
-            table = batch_table(group, order)
+            table = batch_table(group, ordered(group["method"]))
             note = "AR's row: its throughput (new tokens per second over the whole batch, prefill included)."
             markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]
             latex += [f"% {title}", table.to_latex(escape=True), f"% {note}", ""]

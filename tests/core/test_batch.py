@@ -47,13 +47,14 @@ def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, 
 TIMED = {"graft_auto", "eagle3_auto"}
 
 
+@pytest.mark.parametrize("batch", [4, 8])
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
-def test_every_method_in_a_batch_of_four_decodes_what_it_decodes_alone(tiny, name):
+def test_every_method_in_a_batch_decodes_what_it_decodes_alone(tiny, name, batch):
     target = tiny(name).target
     prompts = _prompts(target.vocab_size)
     alone_ar = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
     for method in group_options("method"):
-        batched, _, _, _ = run_batch(target, method, prompts, batch=4)
+        batched, _, _, _ = run_batch(target, method, prompts, batch=batch)
         alone = make_drafter(method, target)
         for i, ids in enumerate(prompts):
             assert batched[i].new_tokens == alone_ar[i].new_tokens, f"{method} on prompt {i}: not AR's tokens"
