@@ -25,9 +25,8 @@ import torch
 from graft.acceptance import accept_greedy, accept_sampling, sample_token
 from graft.backends.slots import SlotCaches
 from graft.backends.target import TargetBackend
-from graft.decode import Generation, SamplingConfig, _source_counts, _top2
+from graft.decode import Generation, SamplingConfig, _top2, keep_committed, read_back, record_step
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
-from graft.fixed_size import resolve_deferred
 from graft.tree import DraftTree, topology
 
 
@@ -184,18 +183,9 @@ def _step(target, drafters, slots, live, free, max_new_tokens, stop_ids, samplin
             )
         target.commit(topo.cache_len, acceptance.path, acceptance.path_index)
         gen = entry.gen
-        committed = acceptance.tokens[: max_new_tokens - len(gen.new_tokens)]
-        done = False
-        for i, token in enumerate(committed):
-            if token in stop_ids:
-                committed, gen.stop_reason, done = committed[: i + 1], "stop_token", True
-                break
-        gen.new_tokens.extend(committed)
-        entry.state.tokens.extend(committed)
-        entry.state.root_id = acceptance.token_ids[-1:] if acceptance.token_ids is not None else None
+        done, committed = keep_committed(gen, entry.state, acceptance, max_new_tokens, stop_ids)
         if record_gaps:
             entry.top2.append(_top2(forward.logits[acceptance.index], len(committed)))
-        done = done or len(gen.new_tokens) >= max_new_tokens
         t2 = clock()
         if not done:
             drafters[slot].update(
@@ -204,12 +194,7 @@ def _step(target, drafters, slots, live, free, max_new_tokens, stop_ids, samplin
                 )
             )
         draft_s[slot] += clock() - t2
-        if proposal.note:
-            gen.step_info.append(proposal.note)
-        entry.sources.append(_source_counts(tree, acceptance))
-        entry.kept.append((tree.tokens >= 0).sum())
-        gen.accept_lengths.append(len(committed))
-        gen.nodes.append(tree.num_nodes)
+        record_step(gen, proposal.note, tree, acceptance, len(committed), entry.sources, entry.kept)
         gen.draft_s.append(draft_s[slot])
         gen.verify_s.append(verify_s)
         if done:
@@ -241,13 +226,5 @@ def _leave(live, free, slot, clock, record_gaps, on_done) -> None:
 
 def _finish(entry: _Live, clock, record_gaps: bool) -> None:
     """The sequence's records read back once, as decode.py does at the end of a sequence."""
-    gen = entry.gen
-    gen.wall_s = clock() - entry.admitted
-    resolve_deferred(gen.step_info)
-    if entry.sources:
-        gen.step_sources = torch.stack(entry.sources).tolist()
-        gen.kept_nodes = torch.stack(entry.kept).tolist()
-    if record_gaps:
-        host = torch.cat(entry.top2).tolist()
-        gen.top2_gaps = [a - b for a, b in host]
-        gen.top_logits = [a for a, _ in host]
+    entry.gen.wall_s = clock() - entry.admitted
+    read_back(entry.gen, entry.sources, entry.kept, entry.top2 if record_gaps else None)

@@ -170,21 +170,9 @@ def generate(
             )
         target.commit(committed_len, acceptance.path, acceptance.path_index)
 
-        room = max_new_tokens - len(gen.new_tokens)
-        committed = acceptance.tokens[:room]
-        for i, token in enumerate(committed):
-            if token in stop_ids:
-                committed = committed[: i + 1]
-                gen.stop_reason, done = "stop_token", True
-                break
-        gen.new_tokens.extend(committed)
-        state.tokens.extend(committed)
-        # the next root (the bonus token) stays on the device too, for drafters that build trees there
-        state.root_id = acceptance.token_ids[-1:] if acceptance.token_ids is not None else None
+        done, committed = keep_committed(gen, state, acceptance, max_new_tokens, stop_ids)
         if record_gaps:
             top2.append(_top2(forward.logits[acceptance.index], len(committed)))
-        if len(gen.new_tokens) >= max_new_tokens:
-            done = True
         t4 = clock.mark()
         if not done:  # extend: the drafter learns from the verification for the next step
             drafter.update(
@@ -192,23 +180,52 @@ def generate(
             )
         t5 = clock.mark()
 
-        if proposal.note:
-            gen.step_info.append(proposal.note)
-        sources.append(_source_counts(tree, acceptance))
-        kept.append((tree.tokens >= 0).sum())
-        gen.accept_lengths.append(len(committed))
-        gen.nodes.append(tree.num_nodes)
+        record_step(gen, proposal.note, tree, acceptance, len(committed), sources, kept)
         marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
 
     times = clock.step_times(start, prefilled, marks, clock.mark())
     gen.prefill_s, gen.wall_s = times.prefill_s, times.wall_s
     gen.draft_s, gen.verify_s, gen.other_s = times.draft_s, times.verify_s, times.other_s
+    read_back(gen, sources, kept, top2 if record_gaps else None)
+    return gen
+
+
+def keep_committed(gen: Generation, state: SequenceState, acceptance, max_new_tokens: int, stop_ids) -> tuple:
+    """The step's committed tokens appended to the sequence: the accepted path and bonus token, up to
+    max_new_tokens and through the first stop token; the next root stays on the device too, for drafters that
+    build trees there. (done, the tokens kept)."""
+    committed = acceptance.tokens[: max_new_tokens - len(gen.new_tokens)]
+    done = False
+    for i, token in enumerate(committed):
+        if token in stop_ids:
+            committed = committed[: i + 1]
+            gen.stop_reason, done = "stop_token", True
+            break
+    gen.new_tokens.extend(committed)
+    state.tokens.extend(committed)
+    state.root_id = acceptance.token_ids[-1:] if acceptance.token_ids is not None else None
+    return done or len(gen.new_tokens) >= max_new_tokens, committed
+
+
+def record_step(gen: Generation, note: dict, tree, acceptance, committed: int, sources: list, kept: list) -> None:
+    """A step's record: the drafter's note, its accepted length and nodes; the source counts and the filled
+    slots stay on the device (`sources`, `kept`) until read_back."""
+    if note:
+        gen.step_info.append(note)
+    sources.append(_source_counts(tree, acceptance))
+    kept.append((tree.tokens >= 0).sum())
+    gen.accept_lengths.append(committed)
+    gen.nodes.append(tree.num_nodes)
+
+
+def read_back(gen: Generation, sources: list, kept: list, top2: list | None) -> None:
+    """What a sequence kept on the device, read back once at its end: deferred figures, source counts, filled
+    slots and (with `top2`) the top-2 logits of every new token."""
     resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
     if sources:
         gen.step_sources = torch.stack(sources).tolist()
         gen.kept_nodes = torch.stack(kept).tolist()
-    if record_gaps:
+    if top2 is not None:
         host = torch.cat(top2).tolist()
         gen.top2_gaps = [a - b for a, b in host]
         gen.top_logits = [a for a, _ in host]
-    return gen

@@ -457,9 +457,10 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
         else:  # batch 1: each role's new tokens over its wall seconds, summed over the records
             size, sums = 1, {}
             for _, _, method, side in run_sides(Path(run)):
+                totals = side.get("totals") or {}  # records written by hand (tests) may carry none
                 into = sums.setdefault(method, [0, 0.0])
-                into[0] += side["totals"]["new_tokens"]
-                into[1] += side["totals"]["wall_s"]
+                into[0] += totals.get("new_tokens", 0)
+                into[1] += totals.get("wall_s", 0.0)
             found = {m: {"throughput_tokens_per_s": n / s if s else None} for m, (n, s) in sums.items()}
         base = (found.get("ar") or {}).get("throughput_tokens_per_s")
         for method, row in found.items():

@@ -6,6 +6,7 @@ python -m graft.bench memory                                       # peak memory
 python -m graft.bench dflash-accuracy [--drafter heads/...]        # a block drafter's per-position accuracy
 python -m graft.bench native-ab --ref REV                          # two builds of the native kernels, A/B
 python -m graft.bench moe-experts [--rounds 15]                    # verify time against the experts a tree touches
+python -m graft.bench batch [--sizes 4,8]                          # AR's throughput at batch 1 and batched
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ COMMANDS = {  # command -> (module, what it measures)
     "dflash-accuracy": ("graft.bench.dflash_accuracy", "a block drafter's per-position top-1 accuracy"),
     "native-ab": ("graft.bench.native_ab", "this checkout's native kernels against another commit's, in one process"),
     "moe-experts": ("graft.bench.moe_experts", "MoE verify time against the experts a tree touches"),
+    "batch": ("graft.bench.batch", "AR's throughput at batch 1 (engine and transformers) and batched"),
 }
 
 
