@@ -55,6 +55,21 @@ class Conversation:
     texts: list[str]
 
 
+def next_turn(model: LoadedModel, prompt: Prompt, messages: list[dict], number: int, max_new_tokens: int, seed: int):
+    """Turn `number` of `prompt` after the conversation so far (`messages`, to which the user turn is added): its
+    prompt ids and its sampling generator (seeded per prompt and turn, whatever runs beside it); PromptTooLong
+    where the context cannot hold it and its answer."""
+    messages.append({"role": "user", "content": prompt.turns[number]})
+    ids = model.chat.prompt_ids(messages)
+    limit = model.target.max_context - max_new_tokens
+    if len(ids) > limit:
+        raise PromptTooLong(
+            f"turn {number + 1} has {len(ids)} prompt tokens; the model's context {model.target.max_context} "
+            f"minus run.max_new_tokens {max_new_tokens} leaves {limit}"
+        )
+    return ids, torch.Generator().manual_seed(seed + zlib.crc32(f"{prompt.id}/{number}".encode()))
+
+
 def run_conversation(
     model: LoadedModel,
     drafter: Drafter,
@@ -69,18 +84,10 @@ def run_conversation(
     turn's prompt ids before the turn is timed (the warm-up's guard)."""
     messages: list[dict] = []
     turns, texts = [], []
-    for number, user_turn in enumerate(prompt.turns):
-        messages.append({"role": "user", "content": user_turn})
-        ids = model.chat.prompt_ids(messages)
-        limit = model.target.max_context - max_new_tokens
-        if len(ids) > limit:
-            raise PromptTooLong(
-                f"turn {number + 1} has {len(ids)} prompt tokens; the model's context {model.target.max_context} "
-                f"minus run.max_new_tokens {max_new_tokens} leaves {limit}"
-            )
+    for number in range(len(prompt.turns)):
+        ids, generator = next_turn(model, prompt, messages, number, max_new_tokens, seed)
         if before_turn is not None:
             before_turn(ids)
-        generator = torch.Generator().manual_seed(seed + zlib.crc32(f"{prompt.id}/{number}".encode()))
         gen = generate(model.target, drafter, ids, max_new_tokens, model.stop_ids, sampling, generator, record_gaps)
         text = model.chat.decode(gen.new_tokens)
         turns.append(gen)
@@ -210,23 +217,16 @@ def run_conversations(
     run_conversation gives it; a conversation's next turn joins the queue when its answer is done. Returns
     ({position in `prompts`: Conversation, or PromptTooLong}, the batch's totals: tokens, wall and prefill seconds, steps,
     nodes verified and sequences per step summed over them)."""
-    limit = model.target.max_context - max_new_tokens
     talks = [([], [], []) for _ in prompts]  # per prompt: messages, generations, texts
     results: dict = {}
     queue: deque[BatchRequest] = deque()
 
     def ask(at: int, number: int) -> None:
-        prompt = prompts[at]
-        messages = talks[at][0]
-        messages.append({"role": "user", "content": prompt.turns[number]})
-        ids = model.chat.prompt_ids(messages)
-        if len(ids) > limit:
-            results[at] = PromptTooLong(
-                f"turn {number + 1} has {len(ids)} prompt tokens; the model's context {model.target.max_context} "
-                f"minus run.max_new_tokens {max_new_tokens} leaves {limit}"
-            )
+        try:
+            ids, generator = next_turn(model, prompts[at], talks[at][0], number, max_new_tokens, seed)
+        except PromptTooLong as err:
+            results[at] = err
             return
-        generator = torch.Generator().manual_seed(seed + zlib.crc32(f"{prompt.id}/{number}".encode()))
         queue.append(BatchRequest(ids, generator, (at, number)))
 
     def answered(request: BatchRequest, gen: Generation, slot: int) -> None:
