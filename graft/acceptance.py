@@ -49,14 +49,50 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
         return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
     if ops.on_host(logits):
         return _accept_walk(tree, target)
+    return greedy_pending(tree, attn, logits, ops).read()
+
+
+def greedy_pending(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> "PendingAcceptance":
+    """accept_greedy's decision left on the device (`read_accepted` reads a batch of them in one copy)."""
+    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
     correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
     correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
-    return _read_accepted(tree, attn, correct, lambda deepest: target.index_select(0, deepest))
+    return _pending(tree, attn, correct, lambda deepest: target.index_select(0, deepest))
 
 
-def _read_accepted(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) -> Acceptance:
+@dataclass
+class PendingAcceptance:
+    """An acceptance decided on the device and not yet read: `packed` holds [depth of the deepest accepted node,
+    the path slots (n), their tokens (n), the bonus]; `path` the path slots on the device."""
+
+    tree: DraftTree
+    packed: Tensor  # [2 * num_nodes + 2]
+    path: Tensor  # [num_nodes + 1]: the path's node indices by depth (slot n: the off-path nodes' spare)
+
+    def read(self) -> Acceptance:
+        return self.unpack(read_back(self.packed))
+
+    def unpack(self, host: list[int]) -> Acceptance:
+        n = self.tree.num_nodes
+        length = host[0] + 1
+        tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
+        token_ids = torch.cat([self.tree.tokens[self.path[1:length]], self.packed[-1:]])
+        return Acceptance(path=host[1 : 1 + length], tokens=tokens, path_index=self.path[:length], token_ids=token_ids)
+
+
+def read_accepted(pending: list[PendingAcceptance]) -> list[Acceptance]:
+    """Every pending acceptance of a batched step read back in one packed copy: the step's one sync on a GPU."""
+    host = read_back(torch.cat([p.packed for p in pending]))
+    accepted, start = [], 0
+    for p in pending:
+        accepted.append(p.unpack(host[start : start + len(p.packed)]))
+        start += len(p.packed)
+    return accepted
+
+
+def _pending(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) -> PendingAcceptance:
     """The deepest node whose path agrees all the way (`agrees` [num_nodes]: node i's own token is kept, given
-    its parent's), its path and the bonus token `bonus_at(deepest [1])` -> [1], read in one packed copy.
+    its parent's), its path and the bonus token `bonus_at(deepest [1])` -> [1], packed on the device.
 
     Every index here is a [1] tensor used through index_select: a 0-d tensor used as an index makes ATen call
     item() (a sync on CUDA) before the op runs."""
@@ -68,12 +104,7 @@ def _read_accepted(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) ->
     path = torch.zeros(n + 1, dtype=torch.long, device=device).scatter_(0, slot, torch.arange(n, device=device))
     bonus = bonus_at(deepest)  # [1]
     packed = torch.cat([attn.depth.index_select(0, deepest), path[:n], tree.tokens[path[:n]], bonus])
-    host = read_back(packed)
-    length = host[0] + 1
-    path_list = host[1 : 1 + length]
-    tokens = host[1 + n + 1 : 1 + n + length] + [host[-1]]
-    token_ids = torch.cat([tree.tokens[path[1:length]], bonus])
-    return Acceptance(path=path_list, tokens=tokens, path_index=path[:length], token_ids=token_ids)
+    return PendingAcceptance(tree, packed, path)
 
 
 def _accept_walk(tree: DraftTree, target: Tensor) -> Acceptance:
@@ -163,7 +194,12 @@ def accept_sampling(
     return Acceptance(path=path, tokens=committed)
 
 
-def accept_sampling_on_device(
+def accept_sampling_on_device(*args, **kwargs) -> Acceptance:
+    """accept_sampling's rule drawn on the device and read back in one packed copy (`sampling_pending`)."""
+    return sampling_pending(*args, **kwargs).read()
+
+
+def sampling_pending(
     tree: DraftTree,
     attn: Topology,
     logits: Tensor,
@@ -171,8 +207,8 @@ def accept_sampling_on_device(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     renormalize: bool = True,
-) -> Acceptance:
-    """accept_sampling's rule with every draw made at once on the device, read back in one packed copy.
+) -> PendingAcceptance:
+    """accept_sampling's rule with every draw made at once on the device, left there to be read in one copy.
 
     Child c of node i, tried once its earlier siblings were rejected, is accepted with probability
     p_i(x_c) / (1 - the mass of its earlier siblings' distinct tokens): the host walk's renormalised residual
@@ -210,7 +246,7 @@ def accept_sampling_on_device(
         noise = torch.empty_like(row).exponential_(generator=generator)
         return (residual / noise).argmax().view(1)
 
-    return _read_accepted(tree, attn, agrees, bonus_at)
+    return _pending(tree, attn, agrees, bonus_at)
 
 
 def device_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:

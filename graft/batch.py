@@ -3,14 +3,15 @@ sequence's tree per step, with continuous batching (a sequence that stops leaves
 takes it, so the batch stays full until the requests run out).
 
 Per step: every live slot's drafter proposes its tree (draft); one forward verifies them all
-(TargetBackend.verify_rows: each tree after its own slot's prefix, padded to the widest); then per slot, as in
+(TargetBackend.verify_rows: each tree after its own slot's prefix, padded to one width); then per slot, as in
 graft/decode.py, acceptance, the commit into the slot's own cache (graft/backends/slots.py), the stop checks and
 the drafter's update (extend). Each sequence keeps its own cache length, positions and drafter, so its tokens are
 what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py decides).
 
-A newcomer is prefilled alone when it takes its slot, in the target's prefill chunks (hardware.prefill_chunk),
-while the other slots wait; this is the plain torch path's batching (the transformers forward): the CPU engine
-and the fixed-shape GPU buckets verify one sequence at a time.
+A newcomer's prompt is encoded one chunk (hardware.prefill_chunk) between two steps. On a GPU (fixed-size trees,
+device acceptance) a step reads the host once for the whole batch, every slot's accepted path in one copy, and its
+forward has a fixed shape per bucket of live slots (`rows_bucket`). The CPU engine verifies one sequence at a
+time: batches run on the transformers forward (graft/run/runner.py: batched_hardware).
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ from typing import Any, Callable
 
 import torch
 
-from graft.acceptance import accept_greedy, accept_sampling, sample_token
+from graft.acceptance import (
+    accept_greedy,
+    accept_sampling,
+    device_generator,
+    greedy_pending,
+    read_accepted,
+    sample_token,
+    sampling_pending,
+)
 from graft.backends.slots import SlotCaches
-from graft.backends.target import TargetBackend
+from graft.backends.target import PromptPrefill, TargetBackend
 from graft.decode import Generation, SamplingConfig, _top2, keep_committed, read_back, record_step
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
 from graft.tree import DraftTree, topology
@@ -42,9 +51,12 @@ class BatchRequest:
 @dataclass
 class _Live:
     request: BatchRequest
-    state: SequenceState
-    gen: Generation
     admitted: float
+    prefill: PromptPrefill | None = None  # the prompt's chunks still to encode (None once it decodes)
+    prefill_s: float = 0.0  # the seconds of its own chunks (waiting for the others' steps is not prefill)
+    generator: torch.Generator | None = None  # the sampling draws' (on the target's device for device acceptance)
+    state: SequenceState | None = None
+    gen: Generation | None = None
     top2: list = field(default_factory=list)
     sources: list = field(default_factory=list)
     kept: list = field(default_factory=list)
@@ -53,6 +65,11 @@ class _Live:
 def slot_capacity(prompt_lens: list[int], max_new_tokens: int, max_nodes: int) -> int:
     """Positions a slot needs: the longest prompt, its answer and the widest tree of a step (padding included)."""
     return max(prompt_lens) + max_new_tokens + max_nodes + 8
+
+
+def rows_bucket(count: int, slots: int) -> int:
+    """The rows a fixed-shape forward verifies for `count` slots: the next power of two, at most `slots`."""
+    return min(slots, 1 << max(count - 1, 0).bit_length())
 
 
 @torch.inference_mode()
@@ -70,141 +87,192 @@ def generate_batch(
 ) -> list[dict]:
     """Decode every request of `requests` (a queue `on_done` may append to: a conversation's next turn) with one
     drafter per slot (len(drafters) = B), calling on_done(request, generation, slot) as each finishes. Returns
-    one entry per step: the live slots and the nodes verified (the batch's own record)."""
+    one entry per step: the live slots and the nodes verified (the batch's own record).
+
+    A newcomer's prompt is encoded one chunk (hardware.prefill_chunk positions) between two batched steps, the
+    oldest newcomer first, so it stalls the others one chunk at a time; while no sequence decodes, the chunks
+    run back to back."""
     slots = SlotCaches(target, len(drafters), capacity, ops=target.ops)
-    free, live, steps = deque(range(len(drafters))), {}, []
+    free, live, filling, steps = deque(range(len(drafters))), {}, {}, []
+    run = _Run(target, drafters, slots, max_new_tokens, stop_ids, sampling, record_gaps, clock, on_done, free)
     saved = target.cache
     try:
-        while requests or live:
+        while requests or live or filling:
             while free and requests:
                 slot = free.popleft()
-                entry = _admit(
-                    target,
-                    drafters[slot],
-                    slots,
-                    slot,
-                    requests.popleft(),
-                    max_new_tokens,
-                    stop_ids,
-                    sampling,
-                    record_gaps,
-                    clock,
-                )
-                if entry.gen.stop_reason == "done":
-                    entry.gen.stop_reason = "stop_token" if entry.gen.new_tokens[-1] in stop_ids else "max_new_tokens"
-                    _finish(entry, clock, record_gaps)
-                    on_done(entry.request, entry.gen, slot)
-                    free.append(slot)
-                else:
-                    live[slot] = entry
+                filling[slot] = run.start(slot, requests.popleft())
+            chunked = False
+            while filling and not (live and chunked):
+                slot = next(iter(filling))  # the oldest newcomer
+                chunked = True
+                if run.prefill_chunk(slot, filling[slot]):
+                    entry = filling.pop(slot)
+                    if entry.gen.stop_reason == "done":  # its first token ended it
+                        entry.gen.stop_reason = "stop_token" if entry.gen.new_tokens[-1] in stop_ids else "max_new_tokens"
+                        run.leave({slot: entry}, slot)
+                    else:
+                        live[slot] = entry
             if live:
-                steps.append(
-                    _step(
-                        target,
-                        drafters,
-                        slots,
-                        live,
-                        free,
-                        max_new_tokens,
-                        stop_ids,
-                        sampling,
-                        record_gaps,
-                        clock,
-                        on_done,
-                    )
-                )
+                steps.append(run.step(live, filling))
     finally:
         target.cache = saved
     return steps
 
 
-def _admit(target, drafter, slots, slot, request, max_new_tokens, stop_ids, sampling, record_gaps, clock) -> _Live:
-    """Prefill the request into its slot and reset the slot's drafter (the batch-1 prefill, on the slot's cache)."""
-    admitted = clock()
-    cache = target.cache = slots.slot[slot]
-    cache.keep(0, None, 0)
-    ids = request.prompt_ids
-    prefill = target.prefill(ids, drafter.needs.taps, successors_k=drafter.needs.prompt_successors)
-    first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, request.generator)
-    gen = Generation(prompt_len=len(ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0)
-    gen.slot = slot
-    entry = _Live(request, SequenceState(tokens=list(ids) + [first], prompt_len=len(ids)), gen, admitted)
-    if record_gaps:
-        entry.top2.append(_top2(prefill.logits[-1:], 1))
-    drafter.reset(PrefillInfo(state=entry.state, forward=prefill))
-    gen.prefill_s = clock() - admitted
-    if first in stop_ids or max_new_tokens <= 1:
-        gen.stop_reason = "done"
-    return entry
+@dataclass
+class _Run:
+    """One generate_batch call's fixed parts, and its phases: start, prefill_chunk, step, leave."""
 
+    target: TargetBackend
+    drafters: list[Drafter]
+    slots: SlotCaches
+    max_new_tokens: int
+    stop_ids: set[int]
+    sampling: SamplingConfig
+    record_gaps: bool
+    clock: Callable[[], float]
+    on_done: Callable
+    free: deque
 
-def _step(target, drafters, slots, live, free, max_new_tokens, stop_ids, sampling, record_gaps, clock, on_done) -> dict:
-    """One batched step over the live slots; the finished ones leave."""
-    started = clock()
-    proposals, draft_s = {}, {}
-    for slot, entry in sorted(live.items()):
-        target.cache = slots.slot[slot]
-        t0 = clock()
-        proposal = drafters[slot].propose(entry.state)
-        room = target.max_context - target.cache_len
-        if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
-            proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
-        proposals[slot], draft_s[slot] = proposal, clock() - t0
-    for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
-        live[slot].gen.stop_reason = "context"
-        _leave(live, free, slot, clock, record_gaps, on_done)
-        del proposals[slot]
-    if not proposals:
-        return {"slots": [], "nodes": 0}
-    first, last = min(proposals), max(proposals)
-    trees, topos = [], []
-    for slot in range(first, last + 1):  # a free slot inside the span verifies a lone token 0 at position 0
-        tree = (
-            proposals[slot].tree
-            if slot in proposals
-            else DraftTree.root_only(torch.zeros(1, dtype=torch.long, device=target.device), target.device)
-        )
-        length = slots.slot[slot].layers[0].length if slot in proposals else 0
-        trees.append(tree)
-        topos.append(topology(tree.parents, length, host=target.ops.on_host(tree.parents)))
-    taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
-    t1 = clock()
-    outputs = target.verify_rows(slots, first, trees, topos, taps)
-    verify_s = clock() - t1
-    for slot, proposal in sorted(proposals.items()):
-        entry, tree, topo = live[slot], proposal.tree, topos[slot - first]
-        forward = _own_taps(outputs[slot - first], taps, drafters[slot].needs.taps, target.hidden_size)
-        target.cache = slots.slot[slot]
-        if sampling.greedy:
-            acceptance = accept_greedy(tree, topo, forward.logits, target.ops)
-        else:
-            acceptance = accept_sampling(
-                tree, forward.logits, sampling.temperature, sampling.top_p, entry.request.generator
-            )
-        target.commit(topo.cache_len, acceptance.path, acceptance.path_index)
-        gen = entry.gen
-        done, committed = keep_committed(gen, entry.state, acceptance, max_new_tokens, stop_ids)
-        if record_gaps:
-            entry.top2.append(_top2(forward.logits[acceptance.index], len(committed)))
-        t2 = clock()
-        if not done:
-            drafters[slot].update(
-                StepFeedback(
-                    proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=entry.state
+    def start(self, slot: int, request: BatchRequest) -> _Live:
+        """A newcomer takes `slot`: its cache emptied, its prompt's chunks queued."""
+        admitted = self.clock()
+        cache = self.target.cache = self.slots.slot[slot]
+        cache.keep(0, None, 0)
+        needs = self.drafters[slot].needs
+        prefill = PromptPrefill(self.target, request.prompt_ids, needs.taps, successors_k=needs.prompt_successors)
+        return _Live(request, admitted, prefill, generator=request.generator)
+
+    def prefill_chunk(self, slot: int, entry: _Live) -> bool:
+        """Encode the newcomer's next chunk; after its last, its first token and its drafter's reset (the batch-1
+        prefill's steps). True once it is prefilled."""
+        t0 = self.clock()
+        target, sampling = self.target, self.sampling
+        target.cache = self.slots.slot[slot]
+        entry.prefill.advance()
+        if not entry.prefill.done:
+            entry.prefill_s += self.clock() - t0
+            return False
+        prefill, ids = entry.prefill.output(), entry.request.prompt_ids
+        entry.prefill = None
+        if not sampling.greedy and not target.ops.on_host(prefill.logits):
+            entry.generator = device_generator(entry.generator, prefill.logits.device)
+        first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, entry.generator)
+        gen = entry.gen = Generation(len(ids), [first], "max_new_tokens", prefill_s=0.0, wall_s=0.0)
+        gen.slot = slot
+        entry.state = SequenceState(tokens=list(ids) + [first], prompt_len=len(ids))
+        if self.record_gaps:
+            entry.top2.append(_top2(prefill.logits[-1:], 1))
+        self.drafters[slot].reset(PrefillInfo(state=entry.state, forward=prefill))
+        gen.prefill_s = entry.prefill_s + self.clock() - t0
+        if first in self.stop_ids or self.max_new_tokens <= 1:
+            gen.stop_reason = "done"
+        return True
+
+    def step(self, live: dict[int, _Live], filling: dict[int, _Live]) -> dict:
+        """One batched step over the live slots (draft, verify, then per slot accept, commit and extend); the
+        finished ones leave."""
+        target, drafters, slots, clock = self.target, self.drafters, self.slots, self.clock
+        started = clock()
+        proposals, draft_s = {}, {}
+        for slot, entry in sorted(live.items()):
+            target.cache = slots.slot[slot]
+            t0 = clock()
+            proposal = drafters[slot].propose(entry.state)
+            room = target.max_context - target.cache_len
+            if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
+                proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
+            proposals[slot], draft_s[slot] = proposal, clock() - t0
+        for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
+            live[slot].gen.stop_reason = "context"
+            self.leave(live, slot)
+            del proposals[slot]
+        if not proposals:
+            return {"slots": [], "nodes": 0}
+        first, rows, width = self.span(proposals)
+        trees, topos = [], []
+        for slot in range(first, first + rows):  # a slot not decoding verifies a lone token 0 after what it holds
+            tree = proposals[slot].tree if slot in proposals else _padding(target.device)
+            trees.append(tree)
+            topos.append(topology(tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(tree.parents)))
+        taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
+        t1 = clock()
+        outputs = target.verify_rows(slots, first, trees, topos, taps, width=width)
+        verify_s = clock() - t1
+        forwards = {
+            slot: _own_taps(outputs[slot - first], taps, drafters[slot].needs.taps, target.hidden_size)
+            for slot in proposals
+        }
+        acceptances = self.accept(proposals, forwards, topos, first, live)
+        for slot, proposal in sorted(proposals.items()):
+            entry, tree, topo, forward = live[slot], proposal.tree, topos[slot - first], forwards[slot]
+            acceptance = acceptances[slot]
+            target.cache = slots.slot[slot]
+            target.commit(topo.cache_len, acceptance.path, acceptance.path_index)
+            gen = entry.gen
+            done, committed = keep_committed(gen, entry.state, acceptance, self.max_new_tokens, self.stop_ids)
+            if self.record_gaps:
+                entry.top2.append(_top2(forward.logits[acceptance.index], len(committed)))
+            t2 = clock()
+            if not done:
+                drafters[slot].update(
+                    StepFeedback(
+                        proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=entry.state
+                    )
                 )
-            )
-        draft_s[slot] += clock() - t2
-        record_step(gen, proposal.note, tree, acceptance, len(committed), entry.sources, entry.kept)
-        gen.draft_s.append(draft_s[slot])
-        gen.verify_s.append(verify_s)
-        if done:
-            gen.other_s.append(max(0.0, clock() - started - draft_s[slot] - verify_s))
-            _leave(live, free, slot, clock, record_gaps, on_done)
-    ended = clock()
-    for slot, entry in live.items():
-        if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
-            entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
-    return {"slots": sorted(proposals), "nodes": sum(p.tree.num_nodes for p in proposals.values())}
+            draft_s[slot] += clock() - t2
+            record_step(gen, proposal.note, tree, acceptance, len(committed), entry.sources, entry.kept)
+            gen.draft_s.append(draft_s[slot])
+            gen.verify_s.append(verify_s)
+            if done:
+                gen.other_s.append(max(0.0, clock() - started - draft_s[slot] - verify_s))
+                self.leave(live, slot)
+        ended = clock()
+        for slot, entry in live.items():
+            if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
+                entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
+        return {"slots": sorted(proposals), "nodes": sum(p.tree.num_nodes for p in proposals.values())}
+
+    def span(self, proposals: dict) -> tuple[int, int, int | None]:
+        """(first slot, rows, width) of the step's forward. Fixed-size trees (a GPU) verify a fixed shape per bucket
+        of live slots: a power-of-two count of rows, every tree padded to the widest drafter's; otherwise the slots
+        from the first to the last proposing one, padded to the step's widest tree."""
+        first, last = min(proposals), max(proposals)
+        if not self.target.fixed_size_trees:
+            return first, last - first + 1, None
+        rows = rows_bucket(last - first + 1, len(self.drafters))
+        return min(first, len(self.drafters) - rows), rows, max(d.max_nodes() for d in self.drafters)
+
+    def accept(self, proposals: dict, forwards: dict, topos: list, first: int, live: dict) -> dict:
+        """Every slot's acceptance. On a device, each decided there and all read back in one copy: the step's one
+        host sync for the whole batch; on the host paths, one slot at a time."""
+        sampling, ops = self.sampling, self.target.ops
+        on_device = not ops.on_host(next(iter(forwards.values())).logits)
+        decided = {}
+        for slot, proposal in sorted(proposals.items()):
+            tree, topo, logits = proposal.tree, topos[slot - first], forwards[slot].logits
+            generator = live[slot].generator
+            if sampling.greedy:
+                decided[slot] = greedy_pending(tree, topo, logits, ops) if on_device else accept_greedy(tree, topo, logits, ops)
+            elif on_device:
+                decided[slot] = sampling_pending(tree, topo, logits, sampling.temperature, sampling.top_p, generator)
+            else:
+                decided[slot] = accept_sampling(tree, logits, sampling.temperature, sampling.top_p, generator)
+        if on_device:
+            decided = dict(zip(decided, read_accepted(list(decided.values()))))
+        return decided
+
+    def leave(self, live: dict, slot: int) -> None:
+        """The sequence in `slot` is done: its records read back once (as decode.py does), its slot freed."""
+        entry = live.pop(slot)
+        entry.gen.wall_s = self.clock() - entry.admitted
+        read_back(entry.gen, entry.sources, entry.kept, entry.top2 if self.record_gaps else None)
+        self.free.append(slot)
+        self.on_done(entry.request, entry.gen, slot)
+
+
+def _padding(device) -> DraftTree:
+    return DraftTree.root_only(torch.zeros(1, dtype=torch.long, device=device), device)
 
 
 def _own_taps(forward, batch_taps, own_taps, hidden_size: int):
@@ -215,16 +283,3 @@ def _own_taps(forward, batch_taps, own_taps, hidden_size: int):
         forward.hidden[:, i * hidden_size : (i + 1) * hidden_size] for i in (batch_taps.index(t) for t in own_taps)
     ]
     return type(forward)(logits=forward.logits, hidden=torch.cat(columns, dim=-1) if columns else None)
-
-
-def _leave(live, free, slot, clock, record_gaps, on_done) -> None:
-    entry = live.pop(slot)
-    _finish(entry, clock, record_gaps)
-    free.append(slot)
-    on_done(entry.request, entry.gen, slot)
-
-
-def _finish(entry: _Live, clock, record_gaps: bool) -> None:
-    """The sequence's records read back once, as decode.py does at the end of a sequence."""
-    entry.gen.wall_s = clock() - entry.admitted
-    read_back(entry.gen, entry.sources, entry.kept, entry.top2 if record_gaps else None)

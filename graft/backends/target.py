@@ -126,6 +126,60 @@ def text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+class PromptPrefill:
+    """A prompt encoded into the target's current cache one chunk (hardware.prefill_chunk positions) per
+    `advance()`: TargetBackend.prefill runs every chunk at once; a batch (graft/batch.py) runs one between two
+    of its steps, so a newcomer's prompt stalls the other sequences one chunk at a time."""
+
+    def __init__(self, target, prompt_ids: list[int], taps=(), all_logits: bool = False, successors_k: int = 0):
+        assert target.cache is not None, "call reset() first"
+        self.target, self.length, self.taps = target, len(prompt_ids), taps
+        self.all_logits, self.successors_k = all_logits, successors_k
+        self.ids = upload(prompt_ids, target.input_device).unsqueeze(0)  # [1, prompt]
+        self.positions = torch.arange(self.length, device=target.input_device).unsqueeze(0)
+        self.chunk = target.prefill_chunk or self.length
+        self.next = 0  # the first prompt position not encoded yet
+        self.parts: list[ForwardOutput] = []
+        self.successors: list[Tensor] = []
+
+    @property
+    def done(self) -> bool:
+        return self.next >= self.length
+
+    @torch.inference_mode()
+    def advance(self) -> None:
+        """Encode the next chunk, after the cached prefix."""
+        target, lo = self.target, self.next
+        hi = min(lo + self.chunk, self.length)
+        # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
+        mask = None if lo == 0 or target._compact() else target._chunk_mask(hi - lo, lo)
+        keep = 0 if self.all_logits or self.successors_k else 1  # else only the last chunk's last logits are used
+        part = target._run(self.ids[:, lo:hi], self.positions[:, lo:hi], mask, self.taps, logits_to_keep=keep)
+        if self.successors_k:
+            self.successors.append(part.logits.topk(self.successors_k, dim=-1).indices)  # [chunk, k]
+            if not self.all_logits:
+                part.logits = part.logits[-1:]
+        self.parts.append(part)
+        self.next = hi
+
+    def output(self) -> ForwardOutput:
+        """What the whole prompt's prefill gives, once every chunk ran."""
+        target, parts = self.target, self.parts
+        out = ForwardOutput(
+            logits=torch.cat([p.logits for p in parts]) if self.all_logits else parts[-1].logits,
+            hidden=None if parts[0].hidden is None else torch.cat([p.hidden for p in parts]),
+            successors=torch.cat(self.successors) if self.successors_k else None,
+        )
+        if target.cache_len != self.length:
+            # a model that ignores the cache argument (a transformers release that renamed it) would
+            # otherwise fail later, at the first verify, with a shape error that names nothing
+            raise RuntimeError(
+                f"{target.name}: after prefilling {self.length} tokens the KV cache holds {target.cache_len}; "
+                f"the model ignored the cache it was given ({target._cache_hint()})"
+            )
+        return out
+
+
 class TargetBackend(ABC):
     """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
 
@@ -236,35 +290,10 @@ class TargetBackend(ABC):
         """Encode the prompt into the cache; logits for the last position (every position with
         `all_logits`), the `taps` hidden states for all positions, and with `successors_k` the top-k
         next tokens at every position (taken chunk by chunk, so no [prompt, vocab] logits are kept)."""
-        assert self.cache is not None, "call reset() first"
-        ids = upload(prompt_ids, self.input_device).unsqueeze(0)
-        positions = torch.arange(len(prompt_ids), device=self.input_device).unsqueeze(0)
-        chunk = self.prefill_chunk or len(prompt_ids)
-        parts, successors = [], []
-        for lo in range(0, len(prompt_ids), chunk):
-            hi = min(lo + chunk, len(prompt_ids))
-            # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
-            mask = None if lo == 0 or self._compact() else self._chunk_mask(hi - lo, lo)
-            keep = 0 if all_logits or successors_k else 1  # else only the last chunk's last logits are used
-            part = self._run(ids[:, lo:hi], positions[:, lo:hi], mask, taps, logits_to_keep=keep)
-            if successors_k:
-                successors.append(part.logits.topk(successors_k, dim=-1).indices)  # [chunk, k]
-                if not all_logits:
-                    part.logits = part.logits[-1:]
-            parts.append(part)
-        out = ForwardOutput(
-            logits=torch.cat([p.logits for p in parts]) if all_logits else parts[-1].logits,
-            hidden=None if parts[0].hidden is None else torch.cat([p.hidden for p in parts]),
-            successors=torch.cat(successors) if successors_k else None,
-        )
-        if self.cache_len != len(prompt_ids):
-            # a model that ignores the cache argument (a transformers release that renamed it) would
-            # otherwise fail later, at the first verify, with a shape error that names nothing
-            raise RuntimeError(
-                f"{self.name}: after prefilling {len(prompt_ids)} tokens the KV cache holds {self.cache_len}; "
-                f"the model ignored the cache it was given ({self._cache_hint()})"
-            )
-        return out
+        run = PromptPrefill(self, prompt_ids, taps, all_logits, successors_k)
+        while not run.done:
+            run.advance()
+        return run.output()
 
     def _compact(self) -> bool:
         """Compact masks for this forward; a static cache keeps [n, capacity] masks that hide its unfilled slots."""
@@ -292,15 +321,16 @@ class TargetBackend(ABC):
 
     @torch.inference_mode()
     def verify_rows(
-        self, slots, first: int, trees: list[DraftTree], topos: list[Topology], taps=()
+        self, slots, first: int, trees: list[DraftTree], topos: list[Topology], taps=(), width: int | None = None
     ) -> list[ForwardOutput]:
         """One forward over the trees of slots first .. first + len(trees) - 1 of `slots` (graft/backends/slots.py),
         each tree after its own slot's committed prefix and seeing only that prefix and its ancestors. Trees are
-        padded to the longest: a padding position is token 0 seeing position 0 alone, written past its slot's
-        length, where the next commit or forward overwrites it. Each tree's logits and taps, as verify() gives."""
+        padded to `width` (default: the longest): a padding position is token 0 seeing position 0 alone, written
+        past its slot's length, where the next commit or forward overwrites it. Each tree's logits and taps, as
+        verify() gives."""
         if self.compile_mode is not None or len(self.devices) > 1:
             raise ValueError("a batch verifies on one device, eager (not hardware.compile, not sharded)")
-        width, capacity = max(tree.num_nodes for tree in trees), slots.capacity
+        width, capacity = max([width or 0, *(tree.num_nodes for tree in trees)]), slots.capacity
         ids = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)  # [rows, width]
         positions = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)
         lowest = torch.finfo(self.dtype).min
