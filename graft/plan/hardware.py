@@ -22,9 +22,9 @@ from graft.config.experiment import hardware_profile as profile
 from graft.plan.memory import (
     MemoryPlan,
     cuda_free_memory,
-    gpu_placement,
     gpu_type_bytes,
     host_memory_gb,
+    largest_batch,
     machine_capacity,
     placement_map,
     plan_memory,
@@ -213,7 +213,13 @@ def check_memory(cfg: ExperimentConfig) -> MemoryPlan | None:
     device_type = resolve_device(cfg.hardware).type
     plan = plan_memory(cfg, device_type)
     if plan.known:
-        capacity = machine_capacity(device_type, gpu_placement(cfg), plan.num_gpus)
+        capacity = machine_capacity(device_type, plan.placement, plan.num_gpus)  # a batch: one device
         if capacity is not None:
-            check_plan(plan, capacity, on_gpus=plan_memory(cfg, "cuda") if device_type == "cpu" else None)
+            batched = cfg.run.batch_size > 1 and plan.total > capacity.usable
+            check_plan(
+                plan,
+                capacity,
+                on_gpus=plan_memory(cfg, "cuda") if device_type == "cpu" else None,
+                batch_fits=largest_batch(cfg, device_type, capacity.usable) if batched else None,
+            )
     return plan

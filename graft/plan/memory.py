@@ -8,6 +8,10 @@ tree, a verification's logits [tree nodes, vocab] and the prefill's (a chunk's r
 every prompt position, else one) in float32, one layer's activations over a prefill chunk, the attention
 mask a forward carries, and the draft models (an EAGLE head: one decoder layer at the head's shape, its
 fc and lm_head, its KV cache; a block drafter: its layers and cache).
+At run.batch_size=B (graft/batch.py) the KV cache is B slots of the planned tokens, the verification's logits
+and mask are B trees' (the mask over each slot's whole capacity), each slot's drafter has its own draft cache
+(the draft weights once); a newcomer's prefill runs alone, so its logits, activations and mask stay one
+chunk's. A batched run decodes on one device (it does not shard), so at B > 1 the plan is placed on one GPU.
 Where: on the CPU everything in one place. On k GPUs (`place`) the layers split as Accelerate's balanced
 device_map splits them (about layers / k each) with their KV cache; the embeddings on the first GPU; the
 final norm, LM head, draft models, logits and a copy of the embeddings to draft with on the last (drafting
@@ -229,6 +233,9 @@ class MemoryPlan:
     draft_head: int = 0  # every draft model the compared methods load, with its cache, on the LM head's GPU
     draft_head_note: str = ""
     draft_heads: int = 0
+    draft_kv: int = 0  # the draft models' caches, every slot's (part of draft_head)
+    batch_size: int = 1  # run.batch_size: slots decoded together, each with its own KV cache
+    mask_slots: int = 1  # slots the largest mask covers (a batched verify's: B; a prefill chunk's: 1)
     num_gpus: int | None = None  # model.num_gpus when it is a number; None: as many as the plan needs
     device_map: str | None = None
     placement: str = "one"  # on CUDA: "one", "sharded" or "tensor_parallel" (gpu_placement)
@@ -257,19 +264,31 @@ class MemoryPlan:
         parts = [f"weights {gb(self.weights)} ({self.params / 1e9:.2f}e9 parameters in {self.dtype})"]
         if self.weight_layouts:
             parts.append(f"fast-path weight layouts {gb(self.weight_layouts)} ({self.weight_layouts_note})")
-        parts.append(f"KV cache {gb(self.kv_cache)} for {self.kv_tokens:,} tokens ({self.kv_tokens_note})")
+        if self.batch_size == 1:
+            parts.append(f"KV cache {gb(self.kv_cache)} for {self.kv_tokens:,} tokens ({self.kv_tokens_note})")
+        else:
+            parts.append(
+                f"KV cache {gb(self.kv_cache)} for {self.batch_size} x {self.kv_tokens:,} tokens "
+                f"(run.batch_size={self.batch_size} slots of {self.kv_tokens_note})"
+            )
         if self.draft_head:
-            parts.append(f"{self.draft_label()} {gb(self.draft_head)} ({self.draft_head_note})")
+            slots = f"; caches for {self.batch_size} slots" if self.batch_size > 1 and self.draft_kv else ""
+            parts.append(f"{self.draft_label()} {gb(self.draft_head)} ({self.draft_head_note}{slots})")
         parts += [
-            f"verification logits {gb(self.tree_logits)} ({self.tree_nodes} tree nodes)",
+            f"verification logits {gb(self.tree_logits)} ({times(self.batch_size)}{self.tree_nodes} tree nodes)",
             f"prefill logits {gb(self.prefill_logits)} ({rows(self.prefill_logit_rows)})",
             f"prefill activations {gb(self.activations)} ({self.prefill_rows:,}-token chunk)",
-            f"attention masks {gb(self.masks)} ({self.mask_rows:,} x {self.kv_tokens:,})",
+            f"attention masks {gb(self.masks)} ({times(self.mask_slots)}{self.mask_rows:,} x {self.kv_tokens:,})",
         ]
         return ", ".join(parts)
 
     def draft_label(self) -> str:
         return "draft model" if self.draft_heads == 1 else f"{self.draft_heads} draft models (one per method)"
+
+
+def times(count: int) -> str:
+    """The "B x " a batched figure starts with; nothing at batch 1."""
+    return f"{count} x " if count > 1 else ""
 
 
 def rows(count: int) -> str:
@@ -397,32 +416,41 @@ def prefill_logit_rows(methods: list[dict], chunk: int) -> tuple[int, str]:
     return 1, "the last position"
 
 
-def draft_models(methods: list[dict], shape: ModelShape, dtype_bytes: int, tokens: int) -> tuple[int, int, str]:
-    """(bytes, count, where the figures came from) of the draft heads and block drafters the methods load,
-    each with its cache for `tokens` positions."""
-    total, note = 0, ""
+def draft_models(
+    methods: list[dict], shape: ModelShape, dtype_bytes: int, tokens: int, slots: int = 1
+) -> tuple[int, int, str, int]:
+    """(bytes, count, where the figures came from, bytes of their caches) of the draft heads and block drafters
+    the methods load, each with a cache for `tokens` positions in each of `slots` (run.batch_size: every
+    slot's drafter keeps its own cache; the weights are loaded once)."""
+    total, kv, note = 0, 0, ""
     head_methods = [m for m in methods if m.get("head")]  # each loads its own head (graft/methods/eagle3.py)
     if head_methods:
         head_shape, note = draft_head_shape(head_methods[0], shape)
-        head_kv = 2 * head_shape.num_kv_heads * head_shape.head_dim * dtype_bytes * tokens  # one layer
+        head_kv = 2 * head_shape.num_kv_heads * head_shape.head_dim * dtype_bytes * tokens * slots  # one layer
         total = len(head_methods) * (head_params(head_shape) * dtype_bytes + head_kv)
+        kv = len(head_methods) * head_kv
     block_methods = [m for m in methods if m.get("checkpoint")]  # each loads its own block drafter
     for method in block_methods:
         block_params, block_kv_per_token, block_note = block_drafter_size(method, shape)
-        total += (block_params + block_kv_per_token * tokens) * dtype_bytes
+        total += (block_params + block_kv_per_token * tokens * slots) * dtype_bytes
+        kv += block_kv_per_token * tokens * slots * dtype_bytes
         note = f"{note}; {block_note}" if note else block_note
-    return total, len(head_methods) + len(block_methods), note
+    return total, len(head_methods) + len(block_methods), note, kv
 
 
-def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
-    """What `cfg` needs on a `device_type` ("cpu" | "cuda") device, from declared sizes only."""
+def plan_memory(cfg: ExperimentConfig, device_type: str, batch_size: int | None = None) -> MemoryPlan:
+    """What `cfg` needs on a `device_type` ("cpu" | "cuda") device, from declared sizes only; at `batch_size`
+    slots when given, else run.batch_size's."""
     model = cfg.model
+    batch = batch_size or cfg.run.batch_size
     common = dict(
         model=model.name,
         num_gpus=model.num_gpus if isinstance(model.num_gpus, int) else None,
         device_map=placement_map(cfg),
-        placement=gpu_placement(cfg) if device_type == "cuda" else "one",
+        # a batch decodes on one device (graft/run/runner.batched_hardware; SlotCaches on the target's device)
+        placement=gpu_placement(cfg) if device_type == "cuda" and batch == 1 else "one",
         hardware_hint=model.hardware_hint,
+        batch_size=batch,
     )
     shape, shape_source = model_shape(model)
     if shape is None:
@@ -439,8 +467,15 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
     logit_rows, _ = prefill_logit_rows(methods, chunk)
     compact = compact_masks(cfg.hardware)
     # the first chunk runs causal, without a mask; with compact masks every chunk does
-    mask_rows = max(tree_nodes, chunk if prompt > chunk and not compact else 0)
-    draft, draft_count, draft_note = draft_models(methods, shape, dtype_bytes, tokens)
+    prefill_mask_rows = chunk if prompt > chunk and not compact else 0
+    mask_rows, mask_slots = max(tree_nodes, prefill_mask_rows), 1
+    masks = attention_mask_bytes(mask_rows, tokens, dtype_bytes, compact)
+    if batch > 1:  # the batched verify's additive mask [B, 1, nodes, capacity] in the model's dtype (verify_rows)
+        verify_masks = batch * tree_nodes * tokens * dtype_bytes
+        prefill_masks = attention_mask_bytes(prefill_mask_rows, tokens, dtype_bytes, compact)
+        masks = max(verify_masks, prefill_masks)
+        mask_rows, mask_slots = (tree_nodes, batch) if verify_masks >= prefill_masks else (prefill_mask_rows, 1)
+    draft, draft_count, draft_note, draft_kv = draft_models(methods, shape, dtype_bytes, tokens, batch)
     params = shape.total_params
     return MemoryPlan(
         shape=shape,
@@ -453,18 +488,20 @@ def plan_memory(cfg: ExperimentConfig, device_type: str) -> MemoryPlan:
         output_weights=output_params(shape) * dtype_bytes,
         weight_layouts=copies * dense_linear_params(shape) * dtype_bytes,
         weight_layouts_note=layouts_note,
-        kv_cache=kv_bytes_per_token(shape, dtype_bytes) * tokens,
+        kv_cache=kv_bytes_per_token(shape, dtype_bytes) * tokens * batch,
         kv_tokens=tokens,
         kv_tokens_note=tokens_note,
-        tree_logits=tree_nodes * shape.vocab_size * 4,
+        tree_logits=batch * tree_nodes * shape.vocab_size * 4,
         tree_nodes=tree_nodes,
         prefill_logits=logit_rows * shape.vocab_size * 4,
         prefill_logit_rows=logit_rows,
         activations=prefill_activation_bytes(shape, chunk, dtype_bytes),
         prefill_rows=chunk,
-        masks=attention_mask_bytes(mask_rows, tokens, dtype_bytes, compact),
+        masks=masks,
         mask_rows=mask_rows,
+        mask_slots=mask_slots,
         draft_head=draft,
+        draft_kv=draft_kv,
         draft_head_note=draft_note,
         draft_heads=draft_count,
         **common,
@@ -558,6 +595,8 @@ def planned_gpus(cfg: ExperimentConfig, free_per_gpu: list[int]) -> tuple[int, s
     memory check then says why)."""
     if isinstance(cfg.model.num_gpus, int):
         return cfg.model.num_gpus, f"model.num_gpus={cfg.model.num_gpus}"
+    if cfg.run.batch_size > 1:  # the memory check then says whether it fits, and which batch size would
+        return 1, f"run.batch_size={cfg.run.batch_size}: a batched run decodes on one GPU"
     plan = plan_memory(cfg, "cuda")
     if not plan.known:
         return len(free_per_gpu), "unknown model shape, every visible GPU"
@@ -570,7 +609,8 @@ def planned_gpus(cfg: ExperimentConfig, free_per_gpu: list[int]) -> tuple[int, s
 def reference_gpus(cfg: ExperimentConfig, gpu_bytes: int | None = None) -> int:
     """GPUs a job asks a scheduler for before it runs (the SLURM launcher, `${gpus_needed:}`):
     model.num_gpus when it is a number, else the plan's count on GPUs of `gpu_bytes` (an H200 when not
-    given); 1 for an unknown shape."""
+    given); 1 for an unknown shape. A batched run (run.batch_size > 1) decodes on one GPU: one, or refused
+    naming the largest batch size that fits one, rather than GPUs the run could not use."""
     if isinstance(cfg.model.num_gpus, int):
         return cfg.model.num_gpus
     plan = plan_memory(cfg, "cuda")
@@ -578,6 +618,13 @@ def reference_gpus(cfg: ExperimentConfig, gpu_bytes: int | None = None) -> int:
         return 1
     size = gpu_bytes or REFERENCE_GPUS[0][1]
     needed = gpus_needed_like(plan, size)
+    if plan.batch_size > 1 and needed != 1:
+        usable = int(size * (1 - CUDA_HEADROOM))
+        raise ConfigError(
+            f"run.batch_size={plan.batch_size} does not fit one GPU with {gb(size)} ({gb(usable)} after keeping "
+            f"{CUDA_HEADROOM:.0%} as headroom), and a batched run decodes on one GPU (it does not shard the model): "
+            f"{batch_fit(largest_batch(cfg, 'cuda', usable), 'one')}. {needs_text(plan)}"
+        )
     if needed is None:
         raise ConfigError(f"model={plan.model} fits no count of GPUs with {gb(size)}: {needs_text(plan)}")
     return needed
@@ -596,7 +643,9 @@ def host_memory_gb(plan: MemoryPlan) -> int:
     cache of memory-mapped files counts them) plus the process itself, rounded up to steps of 32 GB."""
     if not plan.known:
         return UNKNOWN_HOST_MEMORY_GB
-    need = (plan.weights + plan.draft_head) / GB + HOST_PROCESS_GB
+    # the draft caches live on the GPU: host memory keeps batch 1's figure (one slot's) at any run.batch_size
+    other_slots = plan.draft_kv - plan.draft_kv // plan.batch_size
+    need = (plan.weights + plan.draft_head - other_slots) / GB + HOST_PROCESS_GB
     return math.ceil(need / HOST_MEMORY_STEP_GB) * HOST_MEMORY_STEP_GB
 
 
@@ -688,9 +737,37 @@ def machine_capacity(device_type: str, placement: str = "one", num_gpus: int | N
 # --- the verdict ----------------------------------------------------------------------------------------
 
 
-def what_it_needs(plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None) -> str:
+def largest_batch(cfg: ExperimentConfig, device_type: str, usable: int) -> int:
+    """The largest run.batch_size below cfg's whose plan fits `usable` bytes on one device (a batched run's
+    placement); 0 when not even one sequence does."""
+    low, high = 0, cfg.run.batch_size - 1  # the plan grows with the batch: bisect
+    while low < high:
+        middle = (low + high + 1) // 2
+        if plan_memory(cfg, device_type, batch_size=middle).total <= usable:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def batch_fit(fits: int | None, where: str) -> str:
+    """The batch size that fits `where` (largest_batch's `fits`; None: not computed)."""
+    if fits is None:
+        return "a smaller run.batch_size needs less"
+    if fits == 0:
+        return f"not even one sequence fits {where} (run.batch_size=1 may shard the model over several GPUs)"
+    return f"run.batch_size={fits} is the most that fits {where}"
+
+
+def what_it_needs(
+    plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None, batch_fits: int | None = None
+) -> str:
     """The GPUs that would hold the run (`on_gpus`: its plan on CUDA; else this plan), each holding its
-    share, in GPUs like this machine's or the common sizes."""
+    share, in GPUs like this machine's or the common sizes; for a batched run, which batch size fits here
+    (`batch_fits`, largest_batch's)."""
+    if plan.batch_size > 1:
+        said = f"run.batch_size={plan.batch_size} decodes on one device (a batched run does not shard the model)"
+        return f"{said}: {batch_fit(batch_fits, 'here')}."
     sized = on_gpus if on_gpus is not None else plan
     if capacity.device == "cuda" and capacity.per_gpu:
         gpus = [(f"GPUs with {gb(capacity.per_gpu)} free like this machine's", capacity.per_gpu)]
@@ -720,27 +797,30 @@ def offered_text(capacity: Capacity) -> str:
 ESCAPE = "run.skip_memory_check=true skips this check."
 
 
-def check(plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None) -> None:
+def check(
+    plan: MemoryPlan, capacity: Capacity, on_gpus: MemoryPlan | None = None, batch_fits: int | None = None
+) -> None:
     """Refuse (ConfigError) a plan that needs more GPUs than are visible, more than a GPU offers on any
     one of them, or more bytes than the CPU offers; `on_gpus`, the same run planned for CUDA, sizes the
-    GPUs a refusal on the CPU asks for."""
+    GPUs a refusal on the CPU asks for; `batch_fits`, the run.batch_size that would fit (largest_batch)."""
     if not plan.known:
         return
     if capacity.device == "cuda":
-        check_gpus(plan, capacity)
+        check_gpus(plan, capacity, batch_fits)
         return
     if plan.total > capacity.usable:
         raise ConfigError(
             f"{needs_text(plan)}; this machine offers {offered_text(capacity)}. "
-            f"{what_it_needs(plan, capacity, on_gpus)} {ESCAPE}"
+            f"{what_it_needs(plan, capacity, on_gpus, batch_fits)} {ESCAPE}"
         )
 
 
 def needs_text(plan: MemoryPlan) -> str:
-    return f"model={plan.model} needs about {gb(plan.total)} (GB = 1e9 bytes: {plan.breakdown()})"
+    at = f" at run.batch_size={plan.batch_size}" if plan.batch_size > 1 else ""
+    return f"model={plan.model}{at} needs about {gb(plan.total)} (GB = 1e9 bytes: {plan.breakdown()})"
 
 
-def check_gpus(plan: MemoryPlan, capacity: Capacity) -> None:
+def check_gpus(plan: MemoryPlan, capacity: Capacity, batch_fits: int | None = None) -> None:
     """Each GPU's share (place) against that GPU's free memory less headroom; the refusal names the GPU
     that overflows most, by how much, and what it holds."""
     if plan.num_gpus and plan.num_gpus > capacity.gpus_visible:
@@ -759,5 +839,6 @@ def check_gpus(plan: MemoryPlan, capacity: Capacity) -> None:
         f"model={plan.model} overflows GPU {worst.index} (of {len(shares)} used) by {gb(over[worst.index])}: it "
         f"needs {gb(worst.total)} there ({worst.breakdown()}) and GPU {worst.index} offers "
         f"{gb(capacity.usable_on(worst.index))} ({gb(capacity.free_per_gpu[worst.index])} free less "
-        f"{capacity.headroom:.0%} headroom){also}. {needs_text(plan)}. {what_it_needs(plan, capacity)} {ESCAPE}"
+        f"{capacity.headroom:.0%} headroom){also}. {needs_text(plan)}. "
+        f"{what_it_needs(plan, capacity, batch_fits=batch_fits)} {ESCAPE}"
     )

@@ -78,11 +78,21 @@ def gpu_request(launcher) -> str:
 def job_requests(config, loader) -> list[tuple[list[str], str, str, int]]:
     """(overrides, model name, GPU request, mem_gb) of every job of the sweep whose primary config is `config`:
     the launcher's parameters resolved in the job's own config, composed as the job composes it."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    from graft.schema import ConfigError
+
     jobs = []
     for overrides in sweep_jobs(config, loader):
         job = loader.load_sweep_config(config, overrides)
         launcher = job.hydra.launcher
-        jobs.append((overrides, job.model.name, gpu_request(launcher), launcher.mem_gb))
+        try:
+            jobs.append((overrides, job.model.name, gpu_request(launcher), launcher.mem_gb))
+        except InterpolationResolutionError as err:  # a job its plan refuses (a run.batch_size no GPU holds)
+            cause = err
+            while cause.__context__ is not None and not isinstance(cause, ConfigError):
+                cause = cause.__context__  # OmegaConf wraps the resolver's ConfigError
+            raise ConfigError(f"job {' '.join(overrides)}: {str(cause).splitlines()[0]}") from err
     return jobs
 
 
@@ -91,14 +101,21 @@ class SlurmGpus(Callback):
     the GPUs and memory of the model named there, not of its own (a model the experiment sweeps is not in that
     config). A sweep with a job that needs other GPUs is refused before anything is submitted, with one command
     per model; each of those has its model in the primary config. Memory is raised to the most any job needs
-    (more host RAM than a job uses costs little; less kills it)."""
+    (more host RAM than a job uses costs little; less kills it). A job whose plan refuses it (a run.batch_size
+    that no GPU of the type holds: a batched run decodes on one) refuses the sweep, naming the job."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from hydra.core.global_hydra import GlobalHydra
         from omegaconf import open_dict
 
+        from graft.schema import ConfigError
+
         asked = gpu_request(config.hydra.launcher)
-        jobs = job_requests(config, GlobalHydra.instance().config_loader())
+        try:
+            jobs = job_requests(config, GlobalHydra.instance().config_loader())
+        except ConfigError as err:  # Hydra would only warn about a callback's exception, then submit
+            print(f"error: {err} Nothing was submitted.", file=sys.stderr)
+            sys.exit(2)
         wrong = {model: gpus for _, model, gpus, _ in jobs if gpus != asked}
         if wrong:
             refuse(config, asked, wrong, [model for _, model, _, _ in jobs])

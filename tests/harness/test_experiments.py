@@ -85,6 +85,20 @@ def test_paper_experiments_cover_the_papers_models_sets_and_methods():
     assert len(sweep_points("paper_dflash")) == 5
 
 
+@pytest.mark.parametrize("experiment", ["paper_short", "paper_long", "paper_large", "paper_dflash"])
+def test_the_paper_experiments_run_batch_1_and_take_the_batch_axis(experiment):
+    """Their sweeps name run.batch_size: 1 (the paper's tables), their headers say how to add the axis, and a job
+    of the axis a command line adds (run.batch_size=1,8,32 replaces the sweep's 1) composes and validates."""
+    points = sweep_points(experiment)
+    assert all("run.batch_size=1" in point for point in points)
+    header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text().split("defaults:")[0]
+    assert "run.batch_size" in header
+    for batch in (8, 32):
+        point = [o for o in points[0] if not o.startswith("run.batch_size=")]
+        cfg = validate(compose([f"experiment={experiment}", *point, f"run.batch_size={batch}"]))
+        assert cfg.run.batch_size == batch and cfg.hardware.name == "gpu"
+
+
 def test_an_experiment_prints_its_job_config():
     proc = subprocess.run(
         [sys.executable, "run.py", "experiment=paper_short", "--cfg", "job"],

@@ -111,6 +111,30 @@ def test_too_big_for_the_node_names_the_gpu_that_overflows(cuda_node):
         check_memory(cfg)
 
 
+def test_a_batch_takes_one_gpu_and_one_too_large_for_it_is_refused_naming_the_batch_size_that_fits(cuda_node):
+    """A batched run decodes on one device (graft/run/runner.batched_hardware): hardware=auto takes one GPU at
+    B > 1, and paper_long's Llama-3.1-8B at B = 32 (279.5 GB of KV cache) is refused on it in one line."""
+    cuda_node(4)
+    overrides = ("experiment=paper_long", "model=llama31_8b", "hardware=auto")
+    cfg, choice = resolve_hardware(config(*overrides, "run.batch_size=32"))
+    assert choice.line == "hardware=auto -> cuda: 1 x NVIDIA H200, run.batch_size=32: a batched run decodes on one GPU"
+    assert cfg.model.num_gpus == 1 and cfg.hardware.device_map is None
+    with pytest.raises(ConfigError) as refused:
+        check_memory(cfg)
+    message = str(refused.value)
+    usable = H200 * 0.9  # the fake GPU's free bytes less 10% headroom
+    fits = max(
+        b for b in range(1, 32) if plan_memory(config(*overrides, f"run.batch_size={b}"), "cuda").total <= usable
+    )
+    assert message.startswith("model=llama31_8b overflows GPU 0 (of 1 used) by") and "\n" not in message
+    assert (
+        f"run.batch_size={fits} is the most that fits here" in message and "run.batch_size=32 decodes on one" in message
+    )
+    assert "It needs about" not in message  # more GPUs would not help a batch
+    resolved, _ = resolve_hardware(config(*overrides, f"run.batch_size={fits}"))
+    assert check_memory(resolved).batch_size == fits
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
 def test_cuda_without_a_device_is_one_line_naming_what_runs_here():
     with pytest.raises(ConfigError) as refused:

@@ -3,6 +3,7 @@ computations, each part placed on the GPU where it lives, the refusal's figures,
 model=qwen3_235b` refused in seconds on a CPU."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,10 +29,13 @@ from graft.plan.memory import (
     cuda_capacity,
     gpus_needed,
     gpus_needed_like,
+    host_memory_gb,
     layer_split,
+    needs_text,
     place,
     plan_memory,
     random_model_config,
+    reference_gpus,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -359,3 +363,103 @@ def test_the_cli_refuses_qwen3_235b_in_seconds():
     assert proc.returncode == 2, output
     assert "needs about" in proc.stderr and "GB" in proc.stderr and "Traceback" not in output
     assert elapsed < 60
+
+
+# --- run.batch_size: B slots (docs/batching.md, "Memory and SLURM at batch B") ---------------------------------------
+
+LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # k and v, 32 layers, 8 kv heads, head_dim 128, bf16 bytes
+LLAMA_HEAD_KV_PER_TOKEN = 2 * 8 * 128 * 2  # the EAGLE-3 head's one layer
+# the EAGLE-3 head estimated at Llama-3.1-8B's width (test_llama31_8b_plan_by_hand)
+LLAMA_HEAD = 3 * 4096 * 4096 + 8192 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 14336 + 3 * 4096 + 4096 + 4096 * 32000
+LLAMA_ACTIVATIONS = 4096 * (2 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2  # a 4,096-token prefill chunk
+H200_USABLE = 150.1e9 * (1 - 0.10)  # the reference H200, 10% kept as headroom
+
+
+def test_at_batch_8_the_kv_cache_logits_masks_and_draft_caches_are_8_slots():
+    one, eight = (
+        plan_memory(
+            config("model=llama31_8b", "method=graft", "hardware=gpu", "dataset=mt_bench", f"run.batch_size={b}"),
+            "cuda",
+        )
+        for b in (1, 8)
+    )
+    tokens = 8192 + 64 + 60 + 8  # one slot: the prompt allowance + new tokens + graft's 60 nodes + 8
+    assert one.kv_tokens == eight.kv_tokens == tokens and (one.batch_size, eight.batch_size) == (1, 8)
+    assert one.kv_cache == LLAMA_KV_PER_TOKEN * tokens and eight.kv_cache == 8 * LLAMA_KV_PER_TOKEN * tokens
+    assert eight.tree_logits == 8 * 60 * 128256 * 4 == 8 * one.tree_logits
+    assert one.masks == 60 * 60 * 3  # batch 1 on the GPU: the compact [60, 60] tree mask, bool + bf16
+    assert eight.masks == 8 * 60 * tokens * 2  # the batched verify's [8, 1, 60, capacity] additive bf16 mask
+    assert one.draft_head == LLAMA_HEAD * 2 + LLAMA_HEAD_KV_PER_TOKEN * tokens
+    assert eight.draft_head == LLAMA_HEAD * 2 + 8 * LLAMA_HEAD_KV_PER_TOKEN * tokens  # weights once, 8 caches
+    assert eight.draft_kv == 8 * LLAMA_HEAD_KV_PER_TOKEN * tokens
+    for same in ("weights", "activations", "prefill_logits", "prefill_rows"):  # a newcomer prefills alone
+        assert getattr(eight, same) == getattr(one, same), same
+    weights, prefill = 8_030_261_248 * 2 + LLAMA_HEAD * 2, 128256 * 4 + LLAMA_ACTIVATIONS
+    slot = (LLAMA_KV_PER_TOKEN + LLAMA_HEAD_KV_PER_TOKEN) * tokens + 60 * 128256 * 4
+    assert eight.total == weights + prefill + 8 * slot + eight.masks
+    assert eight.total == one.total + 7 * (
+        LLAMA_KV_PER_TOKEN * tokens + 60 * 128256 * 4 + LLAMA_HEAD_KV_PER_TOKEN * tokens
+    ) + (eight.masks - one.masks)
+    assert host_memory_gb(eight) == host_memory_gb(one) == 64  # draft caches live on the GPU
+    text = needs_text(eight)
+    assert text.startswith(f"model=llama31_8b at run.batch_size=8 needs about {eight.total / 1e9:.1f} GB")
+    assert f"KV cache 8.7 GB for 8 x {tokens:,} tokens (run.batch_size=8 slots of 8,192 prompt" in text
+    assert "(8 x 60 tree nodes)" in text and f"(8 x 60 x {tokens:,})" in text and "caches for 8 slots" in text
+    assert needs_text(one).startswith("model=llama31_8b needs about") and "run.batch_size" not in needs_text(one)
+    assert f"KV cache 1.1 GB for {tokens:,} tokens (8,192 prompt" in needs_text(one)
+
+
+def test_a_batched_plan_lives_on_one_gpu():
+    sharded = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu"), "cuda")  # model.device_map=auto
+    batched = plan_memory(config("model=qwen3_235b", "method=graft", "hardware=gpu", "run.batch_size=2"), "cuda")
+    assert (sharded.placement, batched.placement) == ("sharded", "one")
+
+
+def paper_long_llama(batch: int):
+    return config("experiment=paper_long", "model=llama31_8b", f"run.batch_size={batch}")
+
+
+def test_a_model_that_fits_one_h200_at_batch_1_needs_three_at_batch_32_and_its_job_is_refused():
+    """paper_long's Llama-3.1-8B: 64K-token prompts, three EAGLE-3 heads (eagle3, pruned, graft). At B = 32 its
+    KV cache no longer fits one H200; a batched run decodes on one GPU, so the SLURM job is refused, naming the
+    largest B that fits one."""
+    tokens = 65536 + 1024 + 60 + 8
+    fixed = 8_030_261_248 * 2 + 3 * LLAMA_HEAD * 2 + 128256 * 4 + LLAMA_ACTIVATIONS  # weights, heads, prefill
+    per_slot = (LLAMA_KV_PER_TOKEN + 3 * LLAMA_HEAD_KV_PER_TOKEN) * tokens + 60 * 128256 * 4 + 60 * tokens * 2
+    one, batched = plan_memory(paper_long_llama(1), "cuda"), plan_memory(paper_long_llama(32), "cuda")
+    assert batched.total == fixed + 32 * per_slot  # compact masks on the GPU: no prefill chunk's mask
+    assert gpus_needed_like(one, 150.1e9) == 1
+    assert host_memory_gb(batched) == host_memory_gb(one) == 64  # 28.7 GB of draft caches at B = 32 are on GPUs
+    assert gpus_needed_like(batched, 150.1e9) == math.ceil(batched.total / H200_USABLE) == 3
+    fits = int((H200_USABLE - fixed) // per_slot)
+    assert fits == 12 and reference_gpus(paper_long_llama(fits)) == 1
+    with pytest.raises(ConfigError) as refused:
+        reference_gpus(paper_long_llama(32))
+    message = str(refused.value)
+    assert message.startswith("run.batch_size=32 does not fit one GPU with 150.1 GB (135.1 GB after keeping 10%")
+    assert f"run.batch_size={fits} is the most that fits one" in message and "\n" not in message
+    assert "KV cache 279.5 GB for 32 x 66,628 tokens" in message
+    with pytest.raises(ConfigError, match="not even one sequence fits one"):  # 470 GB of weights: batch 1 only
+        reference_gpus(config("experiment=paper_large", "model=qwen3_235b", "run.batch_size=2"))
+
+
+def test_a_batch_this_machine_cannot_hold_is_refused_naming_the_batch_size_that_fits(monkeypatch):
+    import graft.plan.memory as memory
+
+    monkeypatch.setattr(memory, "available_ram", lambda: (40 * 10**9, "CPU RAM available, /proc/meminfo"))
+    cfg = config("model=llama31_8b", "method=ar", "hardware=cpu_plain", "dataset=mt_bench", "run.batch_size=32")
+    assert check_memory(config("model=llama31_8b", "method=ar", "hardware=cpu_plain", "dataset=mt_bench")).known
+    with pytest.raises(ConfigError) as refused:
+        check_memory(cfg)
+    message = str(refused.value)
+    # one slot: 8,265 tokens of 131,072 bytes and the baseline's 1-node logits; once: 16.1 GB of weights and a
+    # newcomer's prefill chunk (its logits, activations, and its [4,096, 8,265] mask, larger than 32 verify rows')
+    tokens = 8192 + 64 + 1 + 8
+    slot = LLAMA_KV_PER_TOKEN * tokens + 128256 * 4
+    fixed = 8_030_261_248 * 2 + 128256 * 4 + LLAMA_ACTIVATIONS + 4096 * tokens * 3
+    fits = int((40 * 10**9 - fixed) // slot)
+    assert fits == 21 and f"attention masks 0.1 GB (4,096 x {tokens:,})" in message
+    assert message.startswith("model=llama31_8b at run.batch_size=32 needs about") and "\n" not in message
+    said = "run.batch_size=32 decodes on one device (a batched run does not shard the model)"
+    assert f"{said}: run.batch_size={fits} is the most that fits here" in message
+    assert "this machine offers 40.0 GB" in message and "run.skip_memory_check=true" in message

@@ -6,6 +6,7 @@ past it and names it at the end."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -133,6 +134,30 @@ def test_a_sweep_whose_jobs_need_other_gpus_is_refused_before_submitting(tmp_pat
     for model in ("llama31_8b", "qwen3_235b"):
         assert f"python run.py -m experiment=paper_short model={model} hydra/launcher=graft_slurm" in done.stderr
     assert not any(tmp_path.iterdir())  # nothing submitted, not even the sweep's folder
+
+
+def test_a_job_at_batch_32_asks_for_one_gpu_and_the_host_memory_of_batch_1():
+    """A batched run decodes on one GPU, and its draft caches live there: only the GPU's fit changes with B."""
+    launcher, jobs = launcher_and_jobs(
+        ["experiment=paper_short", "model=llama31_8b", "run.batch_size=32"], callback=True
+    )
+    assert (launcher.params["gres"], launcher.params["mem_gb"]) == ("gpu:h200:1", 64)
+    assert len(jobs) == 5 * 2 and all("run.batch_size=32" in overrides for overrides, *_ in jobs)
+    assert {(gpus, mem) for _, _, gpus, mem in jobs} == {("gres=gpu:h200:1", 64)}
+
+
+def test_a_sweep_with_a_batch_size_no_gpu_holds_is_refused_before_submitting(tmp_path):
+    """paper_long's Llama-3.1-8B at B = 32: 279.5 GB of KV cache, and a batched run does not shard (the sizes:
+    tests/harness/test_memory.py); the sweep names the job and the largest B that fits one H200."""
+    done = run_py(
+        ["-m", "experiment=paper_long", "model=llama31_8b", "run.batch_size=1,32", "hydra/launcher=graft_slurm"],
+        tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    job = re.search(r"error: job ([^:]*): run\.batch_size=32 does not fit one GPU with 150\.1 GB", done.stderr)
+    assert job and set(job[1].split()) == {"model=llama31_8b", "experiment=paper_long", "run.batch_size=32"}
+    assert "run.batch_size=12 is the most that fits one" in done.stderr and "Nothing was submitted" in done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
 
 
 def run_py(args: list[str], out_dir, **env) -> subprocess.CompletedProcess:
