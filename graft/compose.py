@@ -118,8 +118,9 @@ class Split:
     def level_cap(self) -> Tensor | None:
         return None
 
-    def prepare(self, target: TargetBackend, total_tokens: int) -> None:
-        """Once the drafter is built on `target`: a split that reads the target's costs gets them here."""
+    def prepare(self, target: TargetBackend, total_tokens: int, batch_size: int = 1) -> None:
+        """Once the drafter is built on `target`: a split that reads the target's costs gets them here, at the
+        run's `batch_size` (the sequences one verify forward holds)."""
 
     def start(self) -> None:
         pass
@@ -219,8 +220,9 @@ class Trim(ABC):
     -> an ancestor-closed subset of its nodes (root first, the order kept), observe(step) after the
     verification of what it kept. A trim reads the tree on the host (no fixed-size trees)."""
 
-    def prepare(self, target: TargetBackend, total_tokens: int) -> None:
-        """Once the drafter is built on `target`: a trim that reads the target's costs gets them here."""
+    def prepare(self, target: TargetBackend, total_tokens: int, batch_size: int = 1) -> None:
+        """Once the drafter is built on `target`: a trim that reads the target's costs gets them here, at the
+        run's `batch_size` (the sequences one verify forward holds)."""
 
     def start(self) -> None:
         pass
@@ -319,8 +321,8 @@ class ComposedDrafter(Drafter):
                 f"method.total_tokens={p.total_tokens} leaves after the root"
             )
 
-    def __init__(self, target: TargetBackend, method: MethodConfig):
-        super().__init__(target, method)
+    def __init__(self, target: TargetBackend, method: MethodConfig, batch_size: int = 1):
+        super().__init__(target, method, batch_size)
         p: ComposeParams = method.params
         self.params = p
         self.source: DraftSource | None = build_part(method, "source", p.source, target) if p.source else None
@@ -353,7 +355,7 @@ class ComposedDrafter(Drafter):
         )
         # budget=auto measures (or loads) the target's costs: last, so a refused config costs no measuring
         for costed in filter(None, (self.split, self.trim)):
-            costed.prepare(target, p.total_tokens)
+            costed.prepare(target, p.total_tokens, batch_size=batch_size)
 
     def max_nodes(self) -> int:
         return self.params.total_tokens

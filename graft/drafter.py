@@ -96,9 +96,12 @@ class Drafter(ABC):
 
     needs: TargetNeeds = TargetNeeds()
 
-    def __init__(self, target: TargetBackend, method=None):
+    def __init__(self, target: TargetBackend, method=None, batch_size: int = 1):
         self.target = target
         self.method = method  # the validated graft.registry.MethodConfig it was built from (None in tests)
+        # the sequences one verify forward holds in the run (run.batch_size): what a cost-aware part's profile
+        # is measured at (graft/methods/auto_budget.py); decoding itself does not read it
+        self.batch_size = batch_size
 
     def max_nodes(self) -> int:
         """Most nodes a proposed tree can have, root included (sizes the target's cache)."""

@@ -151,9 +151,10 @@ def method_config(raw: dict, draft_head: str | None = None, block_drafter: str |
     return config
 
 
-def build_drafter(method: MethodConfig, target):
-    """The drafter for a validated method config, on `target`."""
-    return part("drafter", method.drafter).factory(target, method)
+def build_drafter(method: MethodConfig, target, batch_size: int = 1):
+    """The drafter for a validated method config, on `target`, for a run of `batch_size` sequences at a time
+    (run.batch_size: a cost-aware method measures its costs at it)."""
+    return part("drafter", method.drafter).factory(target, method, batch_size=batch_size)
 
 
 def build_part(method: MethodConfig, kind: str, name: str, *args):

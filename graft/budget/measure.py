@@ -2,7 +2,8 @@
 decode loop's overhead and the commit move (what `python -m graft.costmodel profile` writes), and
 `calibrated_profile`, the profile `method.cost_profile=auto` reads: measured when an auto-budget drafter is
 built for a loaded target, cached per machine, model, dtype and engine (`identity`), so that the next run
-loads it. No import of the CPU engine: graft.methods reads this module (tests/harness/test_structure.py).
+loads it. At run.batch_size=B the verify table is one forward of B trees (`BatchContextCache`), cached apart from
+batch 1's. No import of the CPU engine: graft.methods reads this module (tests/harness/test_structure.py).
 """
 
 from __future__ import annotations
@@ -107,13 +108,51 @@ class ContextCache:
         return ms
 
 
+class BatchContextCache:
+    """`batch` slots (graft/backends/slots.py), each prefilled with the same `length` filler tokens; verify_ms(k)
+    forwards `batch` k-node trees in one TargetBackend.verify_rows, as a batched step does (graft/batch.py), and
+    rolls every slot back. The forward reads each slot's whole capacity (the mask hides the rest), so the slots
+    hold the context and the tree alone: a run whose slots are sized for longer conversations pays more."""
+
+    def __init__(self, target, batch: int, length: int, max_nodes: int):
+        from graft.backends.slots import SlotCaches
+
+        self.target, self.length = target, length
+        self.slots = SlotCaches(target, batch, length + max_nodes + 8, ops=target.ops)
+        ids = filler_tokens(length, target.vocab_size, seed=101)
+        for cache in self.slots.slot:  # each slot prefilled alone, as a newcomer is
+            target.cache = cache
+            target.prefill(ids)
+        self.committed = length
+
+    @torch.inference_mode()
+    def verify_ms(self, nodes: int) -> float:
+        target, rows = self.target, len(self.slots.slot)
+        tree = chain_tree(17, nodes, target.vocab_size, target.device)
+        topo = topology(tree.parents, self.committed)  # outside the timing, as in ContextCache
+        ms = elapsed_ms(lambda: target.verify_rows(self.slots, 0, [tree] * rows, [topo] * rows), target)
+        for cache in self.slots.slot:
+            cache.keep(self.committed, None, 0)
+        return ms
+
+
 def measure_verify(
-    target, nodes: list[int], contexts: list[int], repeats: int, warmup: int, seconds: float | None = None
+    target,
+    nodes: list[int],
+    contexts: list[int],
+    repeats: int,
+    warmup: int,
+    seconds: float | None = None,
+    batch: int = 1,
 ) -> list[list[float]]:
     """[len(contexts)][len(nodes)] median verify ms, measured round-robin; with `seconds`, the rounds stop
-    once that much time has passed and 3 rounds are timed."""
+    once that much time has passed and 3 rounds are timed. At `batch` > 1 a cell is one forward of `batch`
+    trees of that many nodes (BatchContextCache)."""
     started = time.perf_counter()
-    caches = [ContextCache(target, c, max(nodes)) for c in contexts]
+    if batch == 1:
+        caches = [ContextCache(target, c, max(nodes)) for c in contexts]
+    else:
+        caches = [BatchContextCache(target, batch, c, max(nodes)) for c in contexts]
     samples = [[[] for _ in nodes] for _ in contexts]
     for round_ in range(warmup + repeats):
         if seconds is not None and round_ >= warmup + 3 and time.perf_counter() - started > seconds:
@@ -262,9 +301,10 @@ def engine(target) -> str:
     return ", ".join([*parts, f"compile {target.compile_mode or 'off'}"])
 
 
-def identity(target) -> dict[str, str]:
+def identity(target, batch: int = 1) -> dict:
     """What a target's costs depend on besides tree size and context: the model (name and a hash of its
-    shape), the dtype, the machine (CPU model, threads and vector ISA; or GPU name and count) and the engine."""
+    shape), the dtype, the machine (CPU model, threads and vector ISA; or GPU name and count) and the engine;
+    and at `batch` > 1 the batch (batch 1 names none, so its cache files keep their names)."""
     shape = {key: getattr(target.config, key, None) for key in SHAPE_KEYS}
     gpus = [d for d in target.devices if d.type == "cuda"]
     if gpus:
@@ -278,6 +318,7 @@ def identity(target) -> dict[str, str]:
         "dtype": str(target.dtype),
         "device": device,
         "engine": engine(target),
+        **({"batch": batch} if batch > 1 else {}),
     }
 
 
@@ -287,23 +328,46 @@ def size_grid(max_nodes: int) -> list[int]:
     return sorted({n for k in range(20) for n in (2**k, 3 * 2**k // 2) if n < max_nodes} | {max_nodes})
 
 
-def measure_profile(target, nodes: list[int], contexts: list[int], seconds: float, repeats: int = 5) -> CostProfile:
+def one_sequence_verify(target, nodes: list[int], context: int, repeats: int, seconds: float | None):
+    """verify_at(k, c) of one sequence's forward, measured at `nodes` x `context` when first asked: a batched
+    profile's table is B trees', and the loop whose overhead CUDA times on the host decodes one sequence."""
+    measured: list[CostProfile] = []
+
+    def verify_at(k: float, c: float) -> float:
+        if not measured:
+            table = measure_verify(target, nodes, [context], repeats, warmup=2, seconds=seconds)
+            measured.append(CostProfile("", target.name, nodes, [context], table, [0.0] * len(nodes)))
+        return measured[0].verify_ms(k, c)
+
+    return verify_at
+
+
+def measure_profile(
+    target, nodes: list[int], contexts: list[int], seconds: float, repeats: int = 5, batch: int = 1
+) -> CostProfile:
     """A CostProfile of `target` where it runs: verify at `nodes` x `contexts` (2 warm-up rounds, medians of
     up to `repeats`, the rounds stopping after half of `seconds`), the loop's overhead, the commit move. The
-    target's cache is left as it was found."""
+    target's cache is left as it was found. At `batch` > 1 the verify table is one forward of `batch` trees;
+    the loop's overhead and the commit move stay measured on one sequence (they are per sequence in a batched
+    step too), and an MoE target's experts are not measured (a batch's trees route apart)."""
     started, saved = time.perf_counter(), target.cache
-    verify = measure_verify(target, nodes, contexts, repeats, warmup=2, seconds=seconds / 2)
+    verify = measure_verify(target, nodes, contexts, repeats, warmup=2, seconds=seconds / 2, batch=batch)
     verify_only = CostProfile("", target.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
     # the loop's overhead is small beside the forward and grows smoothly with nodes: timed at the first two
     # sizes (the baseline's, with its gap recording, and a tree's) and the last, interpolated between
     loop_sizes = sorted({nodes[0], nodes[min(1, len(nodes) - 1)], nodes[-1]})
-    loop_overhead, ar_draft = measure_overhead(target, loop_sizes, contexts[0], 8, verify_only.verify_ms)
+    verify_at = verify_only.verify_ms
+    if batch > 1:
+        verify_at = one_sequence_verify(target, loop_sizes, contexts[0], repeats, seconds / 8)
+    loop_overhead, ar_draft = measure_overhead(target, loop_sizes, contexts[0], 8, verify_at)
     overhead = [interpolate(n, loop_sizes, loop_overhead) for n in nodes]
     commit_move = measure_commit_move(target, 2 * repeats)
-    moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, repeats)
+    moe = None
+    if batch == 1:
+        moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, repeats)
     target.cache = saved
     return CostProfile(
-        **identity(target),
+        **identity(target, batch),
         nodes=nodes,
         contexts=contexts,
         verify_table_ms=verify,
@@ -330,9 +394,10 @@ def cache_dir() -> Path:
     return Path(folder).expanduser() if folder else cache_root() / "cost_profiles"
 
 
-def cache_path(ident: dict[str, str]) -> Path:
+def cache_path(ident: dict) -> Path:
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / f"{ident['model']}-{digest}.json"
+    batch = f"-b{ident['batch']}" if "batch" in ident else ""  # a batched profile's file says its batch
+    return cache_dir() / f"{ident['model']}{batch}-{digest}.json"
 
 
 def check_fits(target, max_nodes: int) -> None:
@@ -354,34 +419,36 @@ def check_fits(target, max_nodes: int) -> None:
         )
 
 
-def calibrated_profile(target, max_nodes: int, seconds: float = CALIBRATION_SECONDS) -> CostProfile:
-    """This target's profile on this machine up to `max_nodes` nodes: from the cache when one there covers
-    them, else measured now (a few seconds to `seconds` and more on a slow machine) and cached."""
+def calibrated_profile(target, max_nodes: int, seconds: float = CALIBRATION_SECONDS, batch: int = 1) -> CostProfile:
+    """This target's profile on this machine up to `max_nodes` nodes, at `batch` sequences a verify forward
+    (run.batch_size): from the cache when one there covers them, else measured now (a few seconds to `seconds`
+    and more on a slow machine) and cached; each batch size in a file of its own."""
     check_fits(target, max_nodes)
-    path = cache_path(identity(target))
+    path = cache_path(identity(target, batch))
     if path.is_file():
         try:
             cached = CostProfile.load(path)
         except ValueError:  # a torn cache file is measured again
             cached = None
-        if cached is not None and max(cached.nodes) >= max_nodes:
+        if cached is not None and max(cached.nodes) >= max_nodes and cached.batch == batch:
             log.info("cost profile of %s on this machine: %s", target.name, path)
             return cached
     longest = target.max_context - max_nodes - 8  # a tree must fit after its context
     contexts = sorted({min(c, longest) for c in CALIBRATION_CONTEXTS})
-    profile = measure_profile(target, size_grid(max_nodes), contexts, seconds)
+    profile = measure_profile(target, size_grid(max_nodes), contexts, seconds, batch=batch)
     profile.meta["calibrated"] = "method.cost_profile=auto"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: a concurrent run reads no half
     profile.save(partial)
     os.replace(partial, path)
     log.info(
-        "cost profile of %s measured on %s in %s s (up to %d nodes, contexts %s): %s",
+        "cost profile of %s measured on %s in %s s (up to %d nodes, contexts %s, batch %d): %s",
         target.name,
         profile.device,
         profile.meta["seconds"],
         max_nodes,
         contexts,
+        batch,
         path,
     )
     return profile

@@ -64,6 +64,9 @@ class CostProfile:
     # the profile's verify of each node count read), the pinned-routing sweep (sweep_nodes, sweep_experts,
     # sweep_ms) and expert_ms, the ms one more expert read costs in one layer (the sweep's slope)
     moe: dict = field(default_factory=dict)
+    # the sequences one verify forward held: at B, verify_table_ms[c][n] is one forward of B trees of n nodes each
+    # (every row after c cached positions); overhead_table_ms and draft_step_ms stay per sequence
+    batch: int = 1
 
     def __post_init__(self):
         if sorted(self.nodes) != list(self.nodes) or sorted(self.contexts) != list(self.contexts):
@@ -90,6 +93,8 @@ class CostProfile:
             for i, value in enumerate(values):
                 if isinstance(value, bool) or not isinstance(value, int) or value < least:
                     refuse(f"{key}[{i}]", value, f"a whole number >= {least}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            refuse("batch", self.batch, "a whole number >= 1 (the sequences one verify forward held)")
         costs = [
             (f"verify_table_ms[{r}][{c}]", v, True)
             for r, row in enumerate(self.verify_table_ms)
@@ -115,6 +120,11 @@ class CostProfile:
         if experts is None or not self.moe:
             return ms
         return max(0.0, ms + self.expert_read_ms(experts - self.experts_touched(nodes)))
+
+    def verify_share_ms(self, nodes: float, context: float, experts: float | None = None) -> float:
+        """One sequence's share of a verify forward at the profile's batch: the forward of `batch` trees of
+        `nodes` nodes each, divided among them (at batch 1, verify_ms itself)."""
+        return self.verify_ms(nodes, context, experts) / self.batch
 
     def experts_touched(self, nodes: float) -> float:
         """The distinct experts per MoE layer the profile's verify of `nodes` nodes read (interpolated)."""
@@ -148,7 +158,10 @@ class CostProfile:
         )
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if self.batch == 1:  # a batch-1 profile writes the JSON it always did
+            del data["batch"]
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping) -> "CostProfile":
@@ -156,6 +169,8 @@ class CostProfile:
         whole = lambda n: int(n) if isinstance(n, float) and n.is_integer() else n  # noqa: E731  (4.0 -> 4; 4.5 stays, refused)
         data["nodes"] = [whole(n) for n in data["nodes"]]
         data["contexts"] = [whole(c) for c in data["contexts"]]
+        if "batch" in data:  # a profile written before batches were measured has none: batch 1
+            data["batch"] = whole(data["batch"])
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def save(self, path: Path) -> None:

@@ -16,8 +16,10 @@ A `CostProfile` holds verify(N, context) as a table measured by `python -m graft
 device, the per-step overhead of the decode loop (topology, acceptance, cache commit, bookkeeping: it grows
 with N, and moving an accepted path in the cache adds to it) and, where measured, each drafter's ms per step.
 A projection is a model: it replays recorded acceptance (which does not depend on the device) against costs
-measured elsewhere; it is not a run. Pure functions: no torch, and no import of the CPU engine (graft.methods
-reads this module; tests/harness/test_structure.py keeps the core off graft.cpu).
+measured elsewhere; it is not a run. A profile measured at batch B (profile --batch B) costs each step as a
+sequence's share of a batched step, verify_B(N) / B, against batched AR at B (docs/cost_model.md "At batch B").
+Pure functions: no torch, and no import of the CPU engine (graft.methods reads this module;
+tests/harness/test_structure.py keeps the core off graft.cpu).
 
 The commands (`python -m graft.costmodel <command>`, graft/costmodel/__main__.py):
 - profile (profile.py): measure a device's CostProfile;

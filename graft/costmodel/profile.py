@@ -4,6 +4,7 @@ drafters' step cost.
 
     python -m graft.costmodel profile [model=smollm2_135m hardware=cpu] [--out results/cost_model/cost_profile_cpu.json]
     python -m graft.costmodel profile hardware=gpu --methods eagle3,pruned,graft --repeats 9
+    python -m graft.costmodel profile --batch 8 [--out results/cost_model/cost_profile_cpu_b8.json]
 
 - verify: the forward the decode loop runs (a k-node tree on top of a C-token cache, the tree mask built
   inside, as target.verify does), after warm-up rounds, median over repeats. One cache per context is
@@ -23,6 +24,10 @@ drafters' step cost.
   expert read costs in one layer (graft/budget/experts.py).
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
+- batch (`--batch B`, default 1): the verify table is one forward of B trees of k nodes each, every row after
+  the context (TargetBackend.verify_rows over B slots, on the transformers forward, as run.batch_size=B runs);
+  the overhead, commit move and draft costs stay one sequence's, and an MoE target's experts are not measured.
+  `project` with such a profile projects runs to batch B.
 
 The measurements live in measure.py (shared with method.cost_profile=auto); the profile names the model, its
 shape hash, dtype, machine and engine it was measured on, which an auto-budget method checks against its target.
@@ -46,6 +51,7 @@ from graft.budget.measure import (
     measure_experts,
     measure_overhead,
     measure_verify,
+    one_sequence_verify,
 )
 
 CPU_CONTEXTS = (64, 256, 1024, 4096)
@@ -89,35 +95,51 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop-context", type=int, default=128, help="prompt length of those loop runs")
     parser.add_argument("--methods", default="", help="methods whose draft ms per step to measure, e.g. eagle3,graft")
     parser.add_argument("--draft-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>.json")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="sequences per verify forward: the verify of B trees (run.batch_size)"
+    )
+    parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>[_b<B>].json")
     args = parser.parse_args(argv)
 
     from graft.config.experiment import compose_checked, validate
     from graft.load.models import load_model
 
+    from graft.run.runner import batched_hardware
+    from graft.schema import ConfigError
+
+    if args.batch < 1:
+        raise ConfigError(f"--batch {args.batch}: expected an integer >= 1 (sequences per verify forward)")
     cfg = validate(compose_checked([*args.overrides, "logger=none"]))
+    hardware = batched_hardware(cfg.hardware, args.batch)  # a batch verifies on the transformers forward
     started = time.perf_counter()
-    model = load_model(cfg.model, cfg.hardware, progress=False)
+    model = load_model(cfg.model, hardware, progress=False)
     target = model.target
     nodes = sorted({int(n) for n in args.nodes.split(",")})
     default = GPU_CONTEXTS if target.device.type == "cuda" else CPU_CONTEXTS
     wanted = [int(c) for c in args.contexts.split(",")] if args.contexts else list(default)
     longest = target.max_context - max(nodes) - 8  # a tree must fit after its context
     contexts = sorted({min(c, longest) for c in wanted})
-    print(f"{cfg.model.name} on {target.device} ({cfg.hardware.fast_path}), contexts {contexts}, nodes {nodes}")
+    batched = f", batch {args.batch}" if args.batch > 1 else ""
+    print(f"{cfg.model.name} on {target.device} ({hardware.fast_path}){batched}, contexts {contexts}, nodes {nodes}")
 
-    verify = measure_verify(target, nodes, contexts, args.repeats, args.warmup)
+    verify = measure_verify(target, nodes, contexts, args.repeats, args.warmup, batch=args.batch)
     verify_only = CostProfile("", cfg.model.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
-    overhead, ar_draft = measure_overhead(target, nodes, args.loop_context, args.loop_steps, verify_only.verify_ms)
+    verify_at = verify_only.verify_ms
+    if args.batch > 1:  # the loop decodes one sequence: CUDA's host-timed overhead subtracts one tree's forward
+        verify_at = one_sequence_verify(target, nodes, args.loop_context, args.repeats, None)
+    overhead, ar_draft = measure_overhead(target, nodes, args.loop_context, args.loop_steps, verify_at)
     commit_move = measure_commit_move(target, 4 * args.repeats)
-    # an MoE target: experts touched by tree size, and the price of one more expert read (None when dense)
-    moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, args.repeats)
+    # an MoE target: experts touched by tree size, and the price of one more expert read (None when dense); at
+    # batch B the B trees route apart, so not measured there
+    moe = None
+    if args.batch == 1:
+        moe = measure_experts(target, ContextCache(target, contexts[0], max(nodes)), nodes, args.repeats)
     drafts = {AR: ar_draft}
     if args.methods:
         drafts.update(measure_drafts(model, cfg, args.methods.split(","), args.draft_tokens))
 
     profile = CostProfile(
-        **identity(target),
+        **identity(target, args.batch),
         nodes=nodes,
         contexts=contexts,
         verify_table_ms=verify,
@@ -128,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         meta={
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "overrides": args.overrides,
-            "fast_path": cfg.hardware.fast_path,
+            "fast_path": hardware.fast_path,
             "dtype": str(target.dtype),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
@@ -139,7 +161,13 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": round(time.perf_counter() - started, 1),
         },
     )
-    print(f"verify ms (median of {args.repeats}); rows = nodes, columns = context")
+    if args.batch > 1:
+        print(
+            f"verify ms of one forward of {args.batch} trees (median of {args.repeats}); rows = nodes per tree, "
+            "columns = context; overhead per sequence"
+        )
+    else:
+        print(f"verify ms (median of {args.repeats}); rows = nodes, columns = context")
     print("nodes " + "".join(f"{c:>9}" for c in contexts) + "   overhead")
     for ni, k in enumerate(nodes):
         print(f"{k:>5} " + "".join(f"{row[ni]:>9.2f}" for row in verify) + f"   {overhead[ni]:>8.2f}")
@@ -151,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             f"verify ms of {moe['sweep_nodes']} nodes by experts pinned ({sweep}): {moe['expert_ms']:.3f} ms an expert a layer"
         )
     print(f"{profile.meta['seconds']} s in all")
-    out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}.json")
+    suffix = f"_b{args.batch}" if args.batch > 1 else ""
+    out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}{suffix}.json")
     profile.save(out)
     print(f"wrote {out}")

@@ -9,6 +9,12 @@ beside the run's measured `speedup_decode` (baseline s per step token / the meth
 the quantity the model projects). `--budgets` lays a budget sweep out as rows = (budget, thresholds),
 columns = methods. `--draft profile` takes the drafters' step cost from the profile instead of the run's
 measured draft ms: for projecting onto another device than the one that recorded the runs.
+
+A profile measured at batch B (`python -m graft.costmodel profile --batch B`) projects the runs to batch B: a
+step of N nodes costs a sequence its draft + verify_B(N) / B + overhead(N), the baseline's step (batched AR at
+B) ar draft + verify_B(1) / B + overhead(1), and the speedup is their ratio per token: the projection of
+`batch.speedup_throughput` at B, prefill excluded. A run recorded at B is compared with its own measured
+decode throughput over batched AR's; a run recorded at another batch (batch 1) has nothing measured at B.
 """
 
 from __future__ import annotations
@@ -74,19 +80,19 @@ def recorded_split(steps: Sequence[Step], profile: CostProfile | None = None) ->
         "other_ms_per_step": sum(s.other_ms for s in steps) / n,
         "ms_per_token": sum(s.draft_ms + s.verify_ms + s.other_ms for s in steps) / tokens,
     }
-    if profile is not None:
-        split["profile_verify_ms_per_step"] = sum(profile.verify_ms(s.nodes, s.context) for s in steps) / n
+    if profile is not None:  # at a profile's batch B, a sequence's share of the forward (as the projection counts)
+        split["profile_verify_ms_per_step"] = sum(profile.verify_share_ms(s.nodes, s.context) for s in steps) / n
         split["profile_overhead_ms_per_step"] = sum(profile.overhead_ms(s.nodes, s.accepted) for s in steps) / n
     return split
 
 
 def ar_ms_per_token(steps: Iterable[Step], profile: CostProfile, draft_ms: float) -> float:
     """The baseline's ms per token over the same tokens: a step that committed `a` tokens at context c stands
-    for `a` one-node steps at contexts c .. c + a - 1."""
+    for `a` one-node steps at contexts c .. c + a - 1 (at a profile's batch B, its share of B one-node rows)."""
     total, tokens = 0.0, 0
     for step in steps:
         for offset in range(step.accepted):
-            total += draft_ms + profile.verify_ms(1, step.context + offset) + profile.overhead_ms(1)
+            total += draft_ms + profile.verify_share_ms(1, step.context + offset) + profile.overhead_ms(1)
         tokens += step.accepted
     return total / tokens
 
@@ -115,6 +121,8 @@ def project(
     draft_ms: None uses each step's measured draft ms (right when the profile was measured on the device
     that recorded the run); a number replaces it (a profile's draft cost, to project onto another device).
     ar_draft_ms: the baseline's draft ms per step (a root-only tree); default the profile's `ar` entry, or 0.
+    At a profile's batch B each step is one sequence's share of a batched step: its draft, verify_B(N) / B and
+    overhead(N); the baseline is batched AR at B.
     """
     needed = ("accepted", "nodes", "context", "draft_ms")
     steps = [s if isinstance(s, Step) else Step(**{k: s[k] for k in needed}, experts=s.get("experts")) for s in steps]
@@ -123,7 +131,7 @@ def project(
     if ar_draft_ms is None:
         ar_draft_ms = profile.draft_step_ms.get(AR, 0.0)
     drafts = [s.draft_ms if draft_ms is None else draft_ms for s in steps]
-    verifies = [profile.verify_ms(s.nodes, s.context, s.experts) for s in steps]
+    verifies = [profile.verify_share_ms(s.nodes, s.context, s.experts) for s in steps]
     overheads = [profile.overhead_ms(s.nodes, s.accepted) for s in steps]
     tokens = sum(s.accepted for s in steps)
     step_ms = (sum(drafts) + sum(verifies) + sum(overheads)) / len(steps)
@@ -132,6 +140,7 @@ def project(
     return {
         "kind": "projection",
         "device": profile.device,
+        "batch": profile.batch,
         "steps": len(steps),
         "tokens": tokens,
         "tau": tokens / len(steps),
@@ -168,11 +177,34 @@ def job_thresholds(summary: dict) -> str:
     return "-"
 
 
+def run_batch(summary: dict) -> int:
+    """The run.batch_size a run decoded at (summary.json's `batch`, written at B > 1)."""
+    return (summary.get("batch") or {}).get("batch_size", 1)
+
+
+def measured_speedup(summary: dict, method_summary: dict, method: str, batch: int) -> float | None:
+    """What a projection at `batch` compares with: at batch 1 the run's speedup_decode; at the run's own batch
+    B > 1 its decode throughput over batched AR's (batch.speedup_throughput with the prefill seconds out); a
+    run recorded at another batch measured nothing at this one (None)."""
+    if run_batch(summary) != batch:
+        return None
+    if batch == 1:
+        return method_summary.get("speedup_decode")
+    roles = summary["batch"]["roles"]
+    mine, base = (roles.get(role, {}).get("throughput_decode_tokens_per_s") for role in (method, "baseline"))
+    return mine / base if mine and base else None
+
+
 def projection_rows(
     paths, profile: CostProfile, methods: list[str] | None, draft: str, anchor: str = "profile"
 ) -> list[dict]:
-    """One row per (run, method): the setting, the measured speedup_decode and the projection. anchor="job"
-    scales the profile per run by its own baseline's speed (graft/costmodel: job_anchor)."""
+    """One row per (run, method): the setting, the measured speedup (`measured_speedup`) and the projection.
+    anchor="job" scales the profile per run by its own baseline's speed (graft/costmodel: job_anchor)."""
+    if anchor == "job" and profile.batch > 1:
+        raise ConfigError(
+            f"--anchor job scales a profile by a run's own batch-1 baseline; this profile was measured at batch "
+            f"{profile.batch}: use --anchor profile"
+        )
     rows = []
     for run in run_dirs(paths):
         summary = json.loads((run / "summary.json").read_text())
@@ -185,10 +217,11 @@ def projection_rows(
             config = method_summary.get("method_config") or {}
             draft_ms = profile.draft_ms(method) if draft == "profile" else None
             projection = project(steps[method], used, draft_ms=draft_ms)
-            measured = method_summary.get("speedup_decode")
+            measured = measured_speedup(summary, method_summary, method, profile.batch)
             rows.append(
                 {
                     "run": str(run),
+                    "run_batch": run_batch(summary),
                     "model": summary.get("model"),
                     "dataset": summary.get("dataset"),
                     "method": method,
@@ -217,6 +250,14 @@ def header(profile_path: Path, profile: CostProfile, draft: str, anchor: str = "
         if anchor == "job"
         else ""
     )
+    if profile.batch > 1:
+        return (
+            f"Every projected number is a projection at batch {profile.batch} from {profile_path} measured on "
+            f"{profile.device} ({profile.model}, {measured_at}), with {drafts}: a sequence's step is its draft + "
+            f"verify of {profile.batch} trees / {profile.batch} + overhead, over batched AR at {profile.batch}; "
+            f"measured = a run recorded at batch {profile.batch}: its decode throughput over batched AR's "
+            "(batch.speedup_throughput, prefill excluded); runs recorded at another batch have none (-)."
+        )
     return (
         f"Every projected number is a projection from {profile_path} measured on {profile.device} "
         f"({profile.model}, {measured_at}){anchored}, with {drafts}; measured = the run's speedup_decode "
@@ -238,8 +279,9 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
-def run_table(rows: list[dict]) -> str:
-    columns = ["dataset", "method", "budget", "tau", "nodes/step", "measured", "projected", "projected/measured - 1"]
+def run_table(rows: list[dict], batch: int = 1) -> str:
+    projected = f"projected at batch {batch}" if batch > 1 else "projected"
+    columns = ["dataset", "method", "budget", "tau", "nodes/step", "measured", projected, "projected/measured - 1"]
     lines = [
         [
             str(r["dataset"]),
@@ -308,8 +350,10 @@ def diagnosis_table(rows: list[dict]) -> str:
     return markdown(columns, lines)
 
 
-def agreement(rows: list[dict]) -> str:
+def agreement(rows: list[dict], batch: int = 1) -> str:
     checked = [r for r in rows if r["error"] is not None]
+    if batch > 1 and not checked:
+        return f"No run here was measured at batch {batch}: nothing to compare the projections with."
     close = sum(abs(r["error"]) <= WITHIN for r in checked)
     return f"{close} of {len(checked)} projections within {WITHIN:.0%} of the measured speedup_decode."
 
@@ -354,8 +398,8 @@ def main(argv: list[str] | None = None) -> None:
         ) from None
     if not rows:
         raise ConfigError(f"no run with recorded steps under {' '.join(args.paths)}")
-    table = budget_table(rows) if args.budgets else run_table(rows)
-    parts = [header(args.profile, profile, args.draft, args.anchor), table, agreement(rows)]
+    table = budget_table(rows) if args.budgets else run_table(rows, profile.batch)
+    parts = [header(args.profile, profile, args.draft, args.anchor), table, agreement(rows, profile.batch)]
     if args.diagnose:
         parts += ["Recorded ms per step (rec) beside the profile's for the same steps:", diagnosis_table(rows)]
     others = sorted({r["model"] for r in rows} - {profile.model})

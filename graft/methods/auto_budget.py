@@ -13,6 +13,11 @@ The profile (`method.cost_profile`): `auto` (the default) measures the loaded ta
 drafter is built, or loads that measurement from the cache (graft/budget/measure.py); a path reads a
 profile file (python -m graft.costmodel profile), refused when it was measured on another model, dtype,
 machine or engine (`method.cost_profile_mismatch=warn` uses it anyway).
+
+At run.batch_size=B the profile is measured at B (one verify forward of B trees of N nodes), and each slot's
+drafter costs its tree as its share of the batched step: its own draft + verify_B(N) / B + overhead(N). Where
+the batch makes the forward compute-bound, a node's share grows and the chosen N shrinks. A profile file
+measured at another batch than the run's is refused like another target's.
 """
 
 from __future__ import annotations
@@ -45,11 +50,12 @@ class CostParams:
     cost_profile_mismatch: Literal["error", "warn"] = "error"  # a profile file measured for another target
 
 
-def resolve_profile(params: CostParams, target, total_tokens: int) -> CostProfile:
-    """The cost profile `params` name for `target`: measured (or cached) with `auto`, else read from the file
-    and checked to be this target's (model, shape, dtype, machine, engine)."""
+def resolve_profile(params: CostParams, target, total_tokens: int, batch_size: int = 1) -> CostProfile:
+    """The cost profile `params` name for `target` at `batch_size` sequences a step: measured (or cached) with
+    `auto`, else read from the file and checked to be this target's (model, shape, dtype, machine, engine) at
+    this batch size."""
     if params.cost_profile == "auto":
-        return calibrated_profile(target, total_tokens)
+        return calibrated_profile(target, total_tokens, batch=batch_size)
     path = from_cwd_or_repo(params.cost_profile)  # profiles committed under results/ resolve anywhere
     if not path.is_file():
         raise ConfigError(f"method.cost_profile={params.cost_profile}: no such file (auto measures this machine's)")
@@ -60,6 +66,8 @@ def resolve_profile(params: CostParams, target, total_tokens: int) -> CostProfil
         for key, value in here.items()
         if getattr(profile, key) != value
     ]
+    if profile.batch != batch_size:  # a verify of B trees is not one tree's: the per-node share differs
+        differ.append(f"batch size {profile.batch} (here run.batch_size={batch_size})")
     if differ:
         message = (
             f"method.cost_profile={params.cost_profile} was measured for another target: {'; '.join(differ)}; "
@@ -97,8 +105,9 @@ def most_per_ms(values: list[float], costs_ms: list[float]) -> int:
 
 
 def step_costs_ms(profile: CostProfile, nodes: int, context: int) -> list[float]:
-    """verify(N) + the loop's overhead(N) ms for N = 1..nodes at `context` (a tree's accepted path moved)."""
-    return [profile.verify_ms(n, context) + profile.overhead_ms(n, accepted=2) for n in range(1, nodes + 1)]
+    """verify(N) + the loop's overhead(N) ms for N = 1..nodes at `context` (a tree's accepted path moved); at a
+    profile's batch B, one sequence's share of the forward of B trees of N nodes (verify_B(N) / B)."""
+    return [profile.verify_share_ms(n, context) + profile.overhead_ms(n, accepted=2) for n in range(1, nodes + 1)]
 
 
 @register(
@@ -113,8 +122,8 @@ class AutoSplit(Split):
         self.steps = 0
         self._costs: dict[int, list[float]] = {}
 
-    def prepare(self, target, total_tokens: int) -> None:
-        self.profile = resolve_profile(self.params, target, total_tokens)
+    def prepare(self, target, total_tokens: int, batch_size: int = 1) -> None:
+        self.profile = resolve_profile(self.params, target, total_tokens, batch_size)
 
     def start(self) -> None:
         self.started = time.perf_counter()
@@ -178,8 +187,8 @@ class AutoTrim(Trim):
         self.kept_parents: list[int] = []
         self.expected = 1.0
 
-    def prepare(self, target, total_tokens: int) -> None:
-        self.profile = resolve_profile(self.params, target, total_tokens)
+    def prepare(self, target, total_tokens: int, batch_size: int = 1) -> None:
+        self.profile = resolve_profile(self.params, target, total_tokens, batch_size)
 
     def start(self) -> None:
         self.started = time.perf_counter()

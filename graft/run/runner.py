@@ -179,6 +179,8 @@ def batched_hardware(hardware, batch_size: int):
             f"run.batch_size={batch_size} decodes on one device, eager; not with hardware.compile={hardware.compile}, "
             f"tensor_parallel={hardware.tensor_parallel} or device_map={hardware.device_map} (run.batch_size=1 runs those)"
         )
+    # rows are padded to one width, so a pruned tree's kept size is not read back per slot (B syncs a step)
+    hardware = dataclasses.replace(hardware, tree_bucket=0)
     if hardware.fast_path != "none":
         log.info(
             "run.batch_size=%d: batches verify on the transformers forward (hardware.fast_path=none); the CPU "
@@ -504,7 +506,8 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         "max_new_tokens": run_cfg.max_new_tokens,
         "temperature": run_cfg.temperature,
     }
-    contenders = {m.name: build_drafter(m, model.target) for m in cfg.compared}
+    # at run.batch_size=B a cost-aware method measures its costs at B (graft/methods/auto_budget.py)
+    contenders = {m.name: build_drafter(m, model.target, run_cfg.batch_size) for m in cfg.compared}
     provenance = collect_provenance(cfg, model.source, commit_hash_of(model.target))  # one `git status`
     rundir.start({"hardware": hardware, "artefacts": artefacts, "provenance": provenance})
     resumed = resumed_update(json.loads(rundir.run_path.read_text()), provenance)
@@ -531,6 +534,9 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         used = getattr(getattr(drafter, "source", None), "block_size", None)
         if "block_size" in configs[name] and used is not None:
             configs[name]["block_size"] = used
+        profiled = cost_profile_batch(drafter)
+        if profiled is not None and (profiled > 1 or run_cfg.batch_size > 1):  # batch 1 records what it did
+            configs[name]["cost_profile_batch"] = profiled  # the batch size its cost profile was measured at
 
     def summaries() -> dict:
         if not comparison:
@@ -631,7 +637,7 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
     slot_drafters = {} if baseline is None else {"baseline": [Autoregressive(model.target) for _ in range(size)]}
     methods = {m.name: m for m in cfg.compared}
     for name, drafter in contenders.items():
-        slot_drafters[name] = [drafter] + [build_drafter(methods[name], model.target) for _ in range(size - 1)]
+        slot_drafters[name] = [drafter] + [build_drafter(methods[name], model.target, size) for _ in range(size - 1)]
         for other in slot_drafters[name][1:]:
             other.share_with(drafter)  # state the method shares across the batch (recycling's table: shared)
     if run_cfg.warmup and todo:
@@ -661,6 +667,14 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
                 measured=own,
                 batch=batch,
             )
+
+
+def cost_profile_batch(drafter) -> int | None:
+    """The batch size the cost profile of a cost-aware drafter (its split or trim auto) was measured at; None
+    for a drafter that reads no profile."""
+    parts = (getattr(drafter, "split", None), getattr(drafter, "trim", None))
+    profiles = [part.profile for part in parts if getattr(part, "profile", None) is not None]
+    return profiles[0].batch if profiles else None
 
 
 def repeat_id(prompt_id: str, repeat: int) -> str:

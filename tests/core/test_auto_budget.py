@@ -177,3 +177,95 @@ def test_graft_auto_on_a_profile_measured_here_is_lossless(tiny, tmp_path, monke
         out = generate(target, drafter, ids, 32, model.stop_ids)
         assert out.new_tokens == base.new_tokens
         assert max(out.nodes) <= 8
+
+
+# --- at run.batch_size=B: the profile of B trees, each slot costing its share ------------------------------
+
+
+def _batch_split(verify_ms: list[float], batch: int, monkeypatch):
+    """A split auto on a profile of one context whose verify at 1 and 8 nodes is `verify_ms` (one forward of
+    `batch` trees), no loop overhead, and a fake clock that makes every step's draft 1 ms."""
+    from types import SimpleNamespace
+
+    from graft.budget.profile import CostProfile
+    from graft.methods import auto_budget
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(auto_budget, "time", SimpleNamespace(perf_counter=lambda: 1e-3 * next(ticks)))
+    split = auto_budget.AutoSplit(auto_budget.AutoParams(auto_context=512))
+    split.profile = CostProfile("cpu: test", "tiny", [1, 8], [512], [verify_ms], [0.0, 0.0], batch=batch)
+    return split
+
+
+def test_at_batch_8_a_node_costs_its_share_of_the_batched_forward_and_the_tree_shrinks(monkeypatch):
+    scores = torch.tensor([0.9, 0.8, 0.5, 0.3, 0.2, 0.15, 0.1]).log()  # E(N) = 1, 1.9, 2.7, 3.2, 3.5, 3.7, 3.85, 3.95
+    # batch 1: verify(N) = 10 + (N - 1) / 7 ms, + 1 ms of draft: 3.95 / 12 (.329 a ms) beats 3.85 / 11.86 (.325)
+    alone = _batch_split([10.0, 11.0], 1, monkeypatch)
+    alone.start()
+    assert alone.keep(scores, 8) == 8
+    # batch 8: one forward of 8 trees is 16 ms at 1 node, 72 ms at 8: a sequence's share N + 1 ms, + 1 ms of
+    # draft: 1 / 3, 1.9 / 4, 2.7 / 5 (.540 a ms), 3.2 / 6 (.533): three nodes
+    batched = _batch_split([16.0, 72.0], 8, monkeypatch)
+    batched.start()
+    assert batched.keep(scores, 8) == 3
+    assert batched.profile.verify_share_ms(8, 512) == 9.0
+
+
+def test_a_profile_file_measured_at_another_batch_is_refused_naming_both(tiny, tmp_path):
+    from conftest import method_yaml
+    from graft.registry import build_drafter, method_config
+    from graft.run.runner import cost_profile_batch
+    from graft.schema import ConfigError
+
+    target = tiny("tiny_llama").target
+    path = _saved_profile(tmp_path, target, batch=8)
+    method = method_config({**dict(method_yaml("graft_auto")), "cost_profile": path}, "random", "random")
+    with pytest.raises(ConfigError) as err:
+        build_drafter(method, target)  # a batch-1 run
+    message = str(err.value)
+    assert "\n" not in message and f"method.cost_profile={path} was measured for another target" in message
+    assert "batch size 8 (here run.batch_size=1)" in message
+    assert (
+        "another target: batch size 8 (here run.batch_size=1); method.cost_profile=auto" in message
+    )  # all that differs
+    # the run it was measured for takes it, and records which batch the costs are of
+    drafter = build_drafter(method, target, batch_size=8)
+    assert drafter.trim.profile.batch == 8 and cost_profile_batch(drafter) == 8
+    assert (
+        cost_profile_batch(build_drafter(method_config(dict(method_yaml("graft")), "random", "random"), target)) is None
+    )
+    with pytest.raises(ConfigError, match=r"batch size 8 \(here run.batch_size=4\)"):
+        build_drafter(method, target, batch_size=4)
+
+
+def test_a_profile_at_batch_2_is_measured_through_verify_rows_cached_apart_and_reused(tiny, tmp_path, monkeypatch):
+    from graft.budget import measure
+    from graft.methods.auto_budget import AutoSplit, AutoParams
+
+    monkeypatch.setenv("GRAFT_COST_PROFILES", str(tmp_path))
+    target = tiny("tiny_llama").target
+    rows = []
+    verify_rows = target.verify_rows
+
+    def counted(slots, first, trees, topos, taps=()):
+        rows.append(len(trees))
+        return verify_rows(slots, first, trees, topos, taps)
+
+    monkeypatch.setattr(target, "verify_rows", counted)
+    profile = measure.calibrated_profile(target, 3, seconds=0.5, batch=2)
+    assert rows and set(rows) == {2}  # every timed forward verified 2 trees at once
+    assert profile.batch == 2 and profile.nodes == [1, 2, 3] and profile.moe == {}
+    assert all(ms > 0 for row in profile.verify_table_ms for ms in row)
+    (cached,) = tmp_path.glob("*.json")  # batch 1's file is not this one
+    assert cached.name.startswith("tiny_llama-b2-") and cached == measure.cache_path(measure.identity(target, 2))
+    assert measure.cache_path(measure.identity(target)) != cached
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a cached profile was measured again")
+
+    monkeypatch.setattr(measure, "measure_profile", no_timing)
+    split = AutoSplit(AutoParams())
+    split.prepare(target, 3, batch_size=2)  # a slot's drafter of a batch-2 run: loaded, not measured
+    assert split.profile == profile
+    with pytest.raises(AssertionError, match="measured again"):  # batch 1 has no profile cached here
+        measure.calibrated_profile(target, 3, seconds=0.5)

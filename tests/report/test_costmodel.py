@@ -155,8 +155,9 @@ def test_turn_steps_rebuild_the_context_from_the_prompt_and_earlier_steps():
     assert [(s.nodes, s.draft_ms, s.verify_ms) for s in steps] == [(8, 5.0, 40.0), (8, 5.0, 41.0), (4, 4.0, 35.0)]
 
 
-def _run_dir(path):
-    """A comparison run directory: graft's one turn accepts [3, 1, 2] with 8 nodes and 5 ms of draft."""
+def _run_dir(path, batch: dict | None = None):
+    """A comparison run directory: graft's one turn accepts [3, 1, 2] with 8 nodes and 5 ms of draft (with
+    `batch`, summary.json's `batch` of a run at run.batch_size > 1)."""
     path.mkdir(parents=True)
     method_config = {"total_tokens": 8, "thresholds": [0.5, 0.25]}
 
@@ -181,6 +182,8 @@ def _run_dir(path):
         "rows": {"ar": {"speedup_decode": 1.0}, "graft": {"speedup_decode": 1.25}},
         "methods": {"graft": graft},
     }
+    if batch is not None:
+        summary["batch"] = batch
     record = {
         "id": "p1",
         "status": "ok",
@@ -214,6 +217,58 @@ def test_project_speedup_prints_the_projection_beside_the_measurement(tmp_path, 
         assert cells == ["mt", "graft", "8", "2.00", "8.0", "1.25x", "1.22x", "-2.7%"]  # 1.2157 / 1.25 - 1
     assert "1 of 1 projections within 10%" in proc.stdout
     assert out.read_text() == proc.stdout
+
+
+def _batch_profile() -> CostProfile:
+    """At batch 8: one forward of 8 trees is 80 ms at 1 node and 240 ms at 8 (context 256); a sequence's share
+    10 and 30 ms. Overhead 1 ms a sequence."""
+    return _profile(batch=8, verify_table_ms=[[80.0, 240.0], [120.0, 400.0]])
+
+
+def test_a_batched_profile_keeps_its_batch_and_a_sequence_pays_its_share(tmp_path):
+    profile = _batch_profile()
+    profile.save(tmp_path / "b8.json")
+    assert CostProfile.load(tmp_path / "b8.json") == profile and profile.verify_share_ms(8, 256) == 30.0
+    _profile().save(tmp_path / "b1.json")  # batch 1 writes the JSON it always did, and such a file reads as batch 1
+    assert "batch" not in json.loads((tmp_path / "b1.json").read_text())
+    assert CostProfile.load(tmp_path / "b1.json").batch == 1
+    assert CostProfile.from_json({**profile.to_json(), "batch": 8.0}).batch == 8
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"batch={bad!r}: expected a whole number >= 1"):
+            _profile(batch=bad)
+
+
+def test_a_batch_1_run_projects_to_batch_8_by_hand(tmp_path):
+    # a sequence's step: draft 5 + verify of 8 trees of 8 nodes / 8 = 30 + overhead 1 = 36 ms, 6 tokens in 3
+    # steps: 18 ms a token; batched AR: 80 / 8 + 1 = 11 ms a token -> 11 / 18 = 0.611x (at batch 1 the same
+    # tables would give 81 / 123 = 0.659x)
+    steps = [Step(accepted=a, nodes=8, context=100, draft_ms=5.0) for a in (3, 1, 2)]
+    result = project(steps, _batch_profile())
+    assert result["batch"] == 8 and result["verify_ms_per_step"] == 30.0
+    assert result["ms_per_token"] == pytest.approx(18.0) and result["baseline_ms_per_token"] == pytest.approx(11.0)
+    assert result["speedup"] == pytest.approx(11 / 18)
+    # the command: a batch-1 run has nothing measured at 8; a run recorded at 8 is compared with its decode
+    # throughput over batched AR's (30 / 50 tokens/s: 0.60x; 0.6111 / 0.60 - 1 = +1.9%)
+    _run_dir(tmp_path / "runs" / "a_batch1")
+    roles = {"graft": {"throughput_decode_tokens_per_s": 30.0}, "baseline": {"throughput_decode_tokens_per_s": 50.0}}
+    _run_dir(tmp_path / "runs" / "b_batch8", batch={"batch_size": 8, "groups": 1, "roles": roles})
+    _batch_profile().save(tmp_path / "b8.json")
+    command = [sys.executable, "-m", "graft.costmodel", "project", str(tmp_path / "runs"), "--profile"]
+    proc = subprocess.run(command + [str(tmp_path / "b8.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"Every projected number is a projection at batch 8 from {tmp_path / 'b8.json'}")
+    assert "| projected at batch 8 |" in proc.stdout
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| mt | graft")]
+    assert rows == [
+        ["mt", "graft", "8", "2.00", "8.0", "-", "0.61x", "-"],
+        ["mt", "graft", "8", "2.00", "8.0", "0.60x", "0.61x", "+1.9%"],
+    ]
+    assert "1 of 1 projections within 10%" in proc.stdout
+    anchored = subprocess.run(
+        command + [str(tmp_path / "b8.json"), "--anchor", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert anchored.returncode == 2 and "measured at batch 8: use --anchor profile" in anchored.stderr
 
 
 # --- costs where the run is: a sharded target, a mixture-of-experts target -------------------------------
