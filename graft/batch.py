@@ -8,7 +8,8 @@ graft/decode.py, acceptance, the commit into the slot's own cache (graft/backend
 the drafter's update (extend). Each sequence keeps its own cache length, positions and drafter, so its tokens are
 what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py decides).
 
-A newcomer's prompt is encoded one chunk (hardware.prefill_chunk) between two steps. On a GPU (fixed-size trees,
+Newcomers' prompts are encoded between two steps, at most one chunk's worth of positions (hardware.prefill_chunk)
+while sequences decode. On a GPU (fixed-size trees,
 device acceptance) a step reads the host once for the whole batch, every slot's accepted path in one copy, and its
 forward has a fixed shape per bucket of live slots (`rows_bucket`). The CPU engine verifies one sequence at a
 time: batches run on the transformers forward (graft/run/runner.py: batched_hardware).
@@ -89,9 +90,9 @@ def generate_batch(
     drafter per slot (len(drafters) = B), calling on_done(request, generation, slot) as each finishes. Returns
     one entry per step: the live slots and the nodes verified (the batch's own record).
 
-    A newcomer's prompt is encoded one chunk (hardware.prefill_chunk positions) between two batched steps, the
-    oldest newcomer first, so it stalls the others one chunk at a time; while no sequence decodes, the chunks
-    run back to back."""
+    Newcomers' prompts are encoded between two batched steps, the oldest first, at most one chunk's worth of
+    positions (hardware.prefill_chunk) in all while sequences decode, so a newcomer stalls the others one chunk
+    at a time (and short prompts share a gap); while no sequence decodes, the chunks run back to back."""
     slots = SlotCaches(target, len(drafters), capacity, ops=target.ops)
     free, live, filling, steps = deque(range(len(drafters))), {}, {}, []
     run = _Run(target, drafters, slots, max_new_tokens, stop_ids, sampling, record_gaps, clock, on_done, free)
@@ -101,14 +102,20 @@ def generate_batch(
             while free and requests:
                 slot = free.popleft()
                 filling[slot] = run.start(slot, requests.popleft())
-            chunked = False
-            while filling and not (live and chunked):
+            spent = 0  # prompt positions encoded since the last step while sequences were decoding
+            while filling:
+                limit = run.gap_room(spent) if live else None
+                if limit == 0:
+                    break
                 slot = next(iter(filling))  # the oldest newcomer
-                chunked = True
-                if run.prefill_chunk(slot, filling[slot]):
+                encoded, prefilled = run.prefill_chunk(slot, filling[slot], limit)
+                spent += encoded if live else 0
+                if prefilled:
                     entry = filling.pop(slot)
                     if entry.gen.stop_reason == "done":  # its first token ended it
-                        entry.gen.stop_reason = "stop_token" if entry.gen.new_tokens[-1] in stop_ids else "max_new_tokens"
+                        entry.gen.stop_reason = (
+                            "stop_token" if entry.gen.new_tokens[-1] in stop_ids else "max_new_tokens"
+                        )
                         run.leave({slot: entry}, slot)
                     else:
                         live[slot] = entry
@@ -143,16 +150,24 @@ class _Run:
         prefill = PromptPrefill(self.target, request.prompt_ids, needs.taps, successors_k=needs.prompt_successors)
         return _Live(request, admitted, prefill, generator=request.generator)
 
-    def prefill_chunk(self, slot: int, entry: _Live) -> bool:
-        """Encode the newcomer's next chunk; after its last, its first token and its drafter's reset (the batch-1
-        prefill's steps). True once it is prefilled."""
+    def gap_room(self, spent: int) -> int | None:
+        """Prompt positions a newcomer may still encode before the next step, `spent` already encoded since the
+        last one: one chunk's worth (hardware.prefill_chunk); without a chunk size, one whole prompt."""
+        chunk = self.target.prefill_chunk
+        if chunk is None:
+            return None if spent == 0 else 0
+        return max(chunk - spent, 0)
+
+    def prefill_chunk(self, slot: int, entry: _Live, limit: int | None = None) -> tuple[int, bool]:
+        """Encode the newcomer's next chunk (at most `limit` positions); after its last, its first token and its
+        drafter's reset (the batch-1 prefill's steps). (positions encoded, whether it is prefilled)."""
         t0 = self.clock()
         target, sampling = self.target, self.sampling
         target.cache = self.slots.slot[slot]
-        entry.prefill.advance()
+        encoded = entry.prefill.advance(limit)
         if not entry.prefill.done:
             entry.prefill_s += self.clock() - t0
-            return False
+            return encoded, False
         prefill, ids = entry.prefill.output(), entry.request.prompt_ids
         entry.prefill = None
         if not sampling.greedy and not target.ops.on_host(prefill.logits):
@@ -167,7 +182,7 @@ class _Run:
         gen.prefill_s = entry.prefill_s + self.clock() - t0
         if first in self.stop_ids or self.max_new_tokens <= 1:
             gen.stop_reason = "done"
-        return True
+        return encoded, True
 
     def step(self, live: dict[int, _Live], filling: dict[int, _Live]) -> dict:
         """One batched step over the live slots (draft, verify, then per slot accept, commit and extend); the
@@ -194,7 +209,9 @@ class _Run:
         for slot in range(first, first + rows):  # a slot not decoding verifies a lone token 0 after what it holds
             tree = proposals[slot].tree if slot in proposals else _padding(target.device)
             trees.append(tree)
-            topos.append(topology(tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(tree.parents)))
+            topos.append(
+                topology(tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(tree.parents))
+            )
         taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
         t1 = clock()
         outputs = target.verify_rows(slots, first, trees, topos, taps, width=width)
@@ -253,7 +270,9 @@ class _Run:
             tree, topo, logits = proposal.tree, topos[slot - first], forwards[slot].logits
             generator = live[slot].generator
             if sampling.greedy:
-                decided[slot] = greedy_pending(tree, topo, logits, ops) if on_device else accept_greedy(tree, topo, logits, ops)
+                decided[slot] = (
+                    greedy_pending(tree, topo, logits, ops) if on_device else accept_greedy(tree, topo, logits, ops)
+                )
             elif on_device:
                 decided[slot] = sampling_pending(tree, topo, logits, sampling.temperature, sampling.top_p, generator)
             else:

@@ -128,8 +128,8 @@ def text_config(config):
 
 class PromptPrefill:
     """A prompt encoded into the target's current cache one chunk (hardware.prefill_chunk positions) per
-    `advance()`: TargetBackend.prefill runs every chunk at once; a batch (graft/batch.py) runs one between two
-    of its steps, so a newcomer's prompt stalls the other sequences one chunk at a time."""
+    `advance()`: TargetBackend.prefill runs every chunk at once; a batch (graft/batch.py) runs at most one
+    chunk's worth of positions between two of its steps, so a newcomer stalls the others one chunk at a time."""
 
     def __init__(self, target, prompt_ids: list[int], taps=(), all_logits: bool = False, successors_k: int = 0):
         assert target.cache is not None, "call reset() first"
@@ -147,10 +147,10 @@ class PromptPrefill:
         return self.next >= self.length
 
     @torch.inference_mode()
-    def advance(self) -> None:
-        """Encode the next chunk, after the cached prefix."""
+    def advance(self, limit: int | None = None) -> int:
+        """Encode the next chunk, after the cached prefix, at most `limit` positions of it; returns how many."""
         target, lo = self.target, self.next
-        hi = min(lo + self.chunk, self.length)
+        hi = min(lo + self.chunk, self.length, lo + limit if limit is not None else self.length)
         # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
         mask = None if lo == 0 or target._compact() else target._chunk_mask(hi - lo, lo)
         keep = 0 if self.all_logits or self.successors_k else 1  # else only the last chunk's last logits are used
@@ -161,6 +161,7 @@ class PromptPrefill:
                 part.logits = part.logits[-1:]
         self.parts.append(part)
         self.next = hi
+        return hi - lo
 
     def output(self) -> ForwardOutput:
         """What the whole prompt's prefill gives, once every chunk ran."""

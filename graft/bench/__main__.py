@@ -7,6 +7,7 @@ python -m graft.bench dflash-accuracy [--drafter heads/...]        # a block dra
 python -m graft.bench native-ab --ref REV                          # two builds of the native kernels, A/B
 python -m graft.bench moe-experts [--rounds 15]                    # verify time against the experts a tree touches
 python -m graft.bench batch [--sizes 4,8]                          # AR's throughput at batch 1 and batched
+python -m graft.bench batch-lossless [--sizes 1,4,8]               # batched tokens against batch-1 AR's
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COMMANDS = {  # command -> (module, what it measures)
     "native-ab": ("graft.bench.native_ab", "this checkout's native kernels against another commit's, in one process"),
     "moe-experts": ("graft.bench.moe_experts", "MoE verify time against the experts a tree touches"),
     "batch": ("graft.bench.batch", "AR's throughput at batch 1 (engine and transformers) and batched"),
+    "batch-lossless": ("graft.bench.batch_lossless", "each method's batched tokens against batch-1 AR's, per model and B"),
 }
 
 

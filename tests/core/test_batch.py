@@ -124,46 +124,53 @@ def test_a_shared_recycling_table_learns_from_every_sequence_and_stays_lossless(
     assert len({id(d.retrievers[0].recycler) for d in own}) == 4
 
 
-def most_chunks_between_steps(events: list[str]) -> int:
-    """The most prefill chunks run between two batched steps while sequences were decoding ("step": one that
-    left sequences decoding; "idle": one after which none was, so the chunks that follow stall nobody)."""
+def most_positions_between_steps(events: list) -> int:
+    """The most prompt positions encoded between two batched steps while sequences were decoding ("step": one
+    that left sequences decoding; "idle": one after which none was, so what follows stalls nobody; a number: the
+    positions one prefill forward encoded)."""
     most, run = 0, None
     for event in events:
         if event in ("step", "idle"):
             most = max(most, run or 0)
             run = 0 if event == "step" else None
         elif run is not None:
-            run += 1
+            run += event
     return max(most, run or 0)
 
 
 def test_a_newcomer_stalls_the_others_one_chunk_at_a_time(tiny, monkeypatch):
-    """hardware.prefill_chunk=4: a 40-token prompt is encoded in 10 chunks, one between two steps of the
-    sequences already decoding, and every sequence still decodes AR's tokens."""
+    """hardware.prefill_chunk=4: a 40-token prompt is encoded 4 positions between two steps of the sequences
+    already decoding (short prompts share a gap), and every sequence still decodes AR's tokens."""
     from graft import batch as batching
     from graft.backends.target import PromptPrefill
 
     target = tiny("tiny_llama").target
     prompts = _prompts(target.vocab_size, lengths=(5, 6, 40, 7))
     alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY).new_tokens for p in prompts]
-    events, advance, step = [], PromptPrefill.advance, batching._Run.step
+    events, forwards, advance, step = [], [], PromptPrefill.advance, batching._Run.step
+
+    def advanced(prefill, limit=None):
+        encoded = advance(prefill, limit)
+        events.append(encoded)
+        forwards.append(prefill.length)
+        return encoded
 
     def stepped(run, live, filling):
         out = step(run, live, filling)
         events.append("step" if live else "idle")
         return out
 
-    monkeypatch.setattr(PromptPrefill, "advance", lambda self: (events.append(f"chunk {self.length}"), advance(self)))
+    monkeypatch.setattr(PromptPrefill, "advance", advanced)
     monkeypatch.setattr(batching._Run, "step", stepped)
     monkeypatch.setattr(target, "prefill_chunk", 4)
     done, _, _, _ = run_batch(target, "ar", prompts, batch=3)
     assert [done[i].new_tokens for i in range(4)] == alone
-    assert events.count("chunk 40") == 10
-    assert most_chunks_between_steps(events) == 1
-    first, last = events.index("chunk 40"), len(events) - events[::-1].index("chunk 40")
-    assert events[first:last].count("step") >= 9  # its chunks interleaved with the others' steps
+    assert most_positions_between_steps(events) == 4
+    assert forwards.count(40) >= 10  # the long prompt in forwards of at most 4, spread over gaps
+    steps_between = [e for e in events[events.index(4) :] if e == "step"]
+    assert len(steps_between) >= 9
 
 
 def test_the_stall_check_sees_a_whole_prompt_between_two_steps():
-    assert most_chunks_between_steps(["chunk", "step", "chunk", "chunk", "chunk", "step", "step"]) == 3
-    assert most_chunks_between_steps(["chunk", "step", "chunk", "step", "idle", "chunk", "chunk", "step"]) == 1
+    assert most_positions_between_steps([4, "step", 4, 4, 4, "step", "step"]) == 12
+    assert most_positions_between_steps([9, "step", 1, 3, "step", "idle", 4, 4, "step"]) == 4

@@ -136,9 +136,15 @@ def draw_pairs_batched(target, drafters, prompt) -> tuple[list[tuple[int, int]],
     return pairs, sum(found[seed].step_sources[0][2] > 0 for seed in range(DRAWS))
 
 
-def test_a_batch_of_four_samples_the_target_distribution(setting):
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_a_batch_of_four_samples_the_target_distribution(setting, path, monkeypatch):
     """run.batch_size=4: each sequence of the batch samples the target's distribution, its draft tokens accepted
-    and rejected as alone."""
+    and rejected as alone; on the host walk (a CPU) and on the device path a GPU takes (every slot's draws made
+    there, read back in one copy)."""
+    from graft.ops import Ops
+
+    if path == "device":
+        monkeypatch.setattr(Ops, "on_host", lambda self, t: False)
     target, prompt, joint, likely = setting
     pairs, accepted_drafts = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)
     assert DRAWS // 10 < accepted_drafts < DRAWS - DRAWS // 10, accepted_drafts
@@ -154,5 +160,19 @@ def test_a_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeyp
         "accept_sampling",
         lambda tree, logits, *args, **kwargs: accept_greedy(tree, topology(tree.parents, 0), logits),
     )
+    pairs, _ = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)
+    assert chi_square_p(pairs, joint) < 1e-6
+
+
+def test_a_device_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeypatch):
+    import graft.batch as batch
+    from graft.acceptance import greedy_pending
+    from graft.ops import Ops
+
+    monkeypatch.setattr(Ops, "on_host", lambda self, t: False)
+    monkeypatch.setattr(
+        batch, "sampling_pending", lambda tree, topo, logits, *args, **kwargs: greedy_pending(tree, topo, logits)
+    )
+    target, prompt, joint, likely = setting
     pairs, _ = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)
     assert chi_square_p(pairs, joint) < 1e-6

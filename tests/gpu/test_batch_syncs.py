@@ -64,7 +64,9 @@ def batched(target, drafters, ids, temperature=0.0, count=True):
     batching._Run.step, batching._Run.leave = counted_step, noted_leave
     try:
         with counter if count else contextlib.nullcontext():
-            generate_batch(target, drafters, queue, NEW, set(), sampling, capacity, lambda r, g, s: done.__setitem__(r.tag, g))
+            generate_batch(
+                target, drafters, queue, NEW, set(), sampling, capacity, lambda r, g, s: done.__setitem__(r.tag, g)
+            )
     finally:
         batching._Run.step, batching._Run.leave = step, leave
     return done, [s for s in steps if s is not None]

@@ -1,0 +1,119 @@
+"""The equality table of batched decoding: for every model, method and batch size, how many sequences decode
+exactly batch-1 AR's tokens on their prompt (greedy), and any divergence judged by the float-tie rule.
+
+    python -m graft.bench batch-lossless [--models tiny_llama,tiny_qwen3,smollm2_135m] [--sizes 1,4,8]
+        [--methods ar,pld,eagle3,pruned,graft,graft_auto] [--dataset builtin_quick] [--new-tokens 24]
+
+Each model runs the transformers forward (as batches do) over the dataset's first turns in its chat template (a
+tiny random model's byte tokenizer included), the EAGLE heads and block drafters random. A method decodes the prompts
+through graft/batch.py with one drafter per slot, so more prompts than slots means newcomers take freed slots.
+A cell reads "8/8 equal", or names the divergences: "7/8 equal, 1 float tie" where the baseline's top-2 gap at
+the first differing position is within graft/run/lossless.py's rule, else "1 DIVERGES".
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import deque
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.bench batch-lossless",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--models", default="tiny_llama,tiny_qwen3,smollm2_135m")
+    parser.add_argument("--sizes", default="1,4,8")
+    parser.add_argument("--methods", default="ar,pld,eagle3,pruned,graft,graft_auto")
+    parser.add_argument("--dataset", default="builtin_quick")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    args = parser.parse_args(argv)
+    from graft.schema import ConfigError
+
+    try:
+        sizes = [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--sizes {args.sizes} is not allowed; expected batch sizes >= 1, comma-separated (1,4,8)")
+    if args.new_tokens < 1:
+        raise ConfigError(f"--new-tokens {args.new_tokens} is not allowed; expected an integer >= 1")
+    methods, models = args.methods.split(","), args.models.split(",")
+    rows = {}
+    for name in models:
+        for method, cells in table_of(name, methods, sizes, args.dataset, args.new_tokens).items():
+            rows[(name, method)] = cells
+    print(f"Greedy, {args.new_tokens} new tokens, first turns of {args.dataset}: sequences equal to batch-1 AR's")
+    print("| model | method | " + " | ".join(f"B={b}" for b in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    for (model, method), cells in rows.items():
+        print(f"| {model} | {method} | " + " | ".join(cells) + " |")
+
+
+def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str, new_tokens: int) -> dict:
+    """{method: one cell per batch size} for one model."""
+    from baselines.autoregressive import Autoregressive
+    from graft.batch import BatchRequest, generate_batch, slot_capacity
+    from graft.config.experiment import compose_checked, group_options, validate
+    from graft.data.loading import load_prompts
+    from graft.decode import SamplingConfig, generate
+    from graft.load.models import load_model
+    from graft.registry import build_drafter, method_config
+    from graft.run.lossless import float_tie
+    from graft.schema import ConfigError
+
+    overrides = [f"model={model_name}", f"dataset={dataset}", "logger=none", "hardware=cpu", "hardware.fast_path=none"]
+    cfg = validate(compose_checked(overrides))
+    model = load_model(cfg.model, cfg.hardware, progress=False)
+    target, greedy = model.target, SamplingConfig()
+    prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)
+    ids = [model.chat.prompt_ids([{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    stops = model.stop_ids
+    ar = [generate(target, Autoregressive(target), p, new_tokens, stops, greedy, record_gaps=True) for p in ids]
+    unknown = sorted(set(methods) - set(group_options("method")) - {"ar"})
+    if unknown:
+        raise ConfigError(
+            f"--methods {','.join(unknown)}: no such method; allowed: ar, {', '.join(group_options('method'))}"
+        )
+
+    def drafter(method: str, batch: int):
+        if method == "ar":
+            return Autoregressive(target)
+        raw = dict(compose_checked([f"method={method}", f"model={model_name}"])["method"])
+        return build_drafter(method_config(raw, draft_head="random", block_drafter="random"), target, batch)
+
+    cells = {}
+    for method in methods:
+        cells[method] = []
+        for batch in sizes:
+            drafters = [drafter(method, batch) for _ in range(batch)]
+            for other in drafters[1:]:
+                other.share_with(drafters[0])
+            done = {}
+            queue = deque(BatchRequest(p, tag=i) for i, p in enumerate(ids))
+            capacity = slot_capacity([len(p) for p in ids], new_tokens, max(d.max_nodes() for d in drafters))
+            generate_batch(
+                target, drafters, queue, new_tokens, stops, greedy, capacity, lambda r, g, s: done.__setitem__(r.tag, g)
+            )
+            equal = ties = diverged = 0
+            for i, base in enumerate(ar):
+                got = done[i].new_tokens
+                if got == base.new_tokens:
+                    equal += 1
+                    continue
+                at = next(
+                    (k for k, (a, b) in enumerate(zip(got, base.new_tokens)) if a != b),
+                    min(len(got), len(base.new_tokens)),
+                )
+                tie = at < len(base.top2_gaps) and float_tie(base.top2_gaps[at], base.top_logits[at], target.dtype)
+                ties, diverged = ties + tie, diverged + (not tie)
+            cell = f"{equal}/{len(ar)} equal"
+            cell += f", {ties} float tie" if ties else ""
+            cell += f", {diverged} DIVERGES" if diverged else ""
+            cells[method].append(cell)
+    return cells
+
+
+if __name__ == "__main__":
+    main()
