@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.new_tokens < 1:
         raise ConfigError(f"--new-tokens {args.new_tokens} is not allowed; expected an integer >= 1")
     methods, models = args.methods.split(","), args.models.split(",")
+    from graft.config.experiment import group_options
+
+    unknown = sorted(set(methods) - set(group_options("method")) - {"ar"})
+    if unknown:
+        allowed = ", ".join(["ar", *group_options("method")])
+        raise ConfigError(f"--methods {','.join(unknown)}: no such method; allowed: {allowed}")
     rows = {}
     for name in models:
         for method, cells in table_of(name, methods, sizes, args.dataset, args.new_tokens).items():
@@ -55,13 +61,12 @@ def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str
     """{method: one cell per batch size} for one model."""
     from baselines.autoregressive import Autoregressive
     from graft.batch import BatchRequest, generate_batch, slot_capacity
-    from graft.config.experiment import compose_checked, group_options, validate
+    from graft.config.experiment import compose_checked, validate
     from graft.data.loading import load_prompts
     from graft.decode import SamplingConfig, generate
     from graft.load.models import load_model
     from graft.registry import build_drafter, method_config
     from graft.run.lossless import float_tie
-    from graft.schema import ConfigError
 
     overrides = [f"model={model_name}", f"dataset={dataset}", "logger=none", "hardware=cpu", "hardware.fast_path=none"]
     cfg = validate(compose_checked(overrides))
@@ -71,11 +76,6 @@ def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str
     ids = [model.chat.prompt_ids([{"role": "user", "content": p.turns[0]}]) for p in prompts]
     stops = model.stop_ids
     ar = [generate(target, Autoregressive(target), p, new_tokens, stops, greedy, record_gaps=True) for p in ids]
-    unknown = sorted(set(methods) - set(group_options("method")) - {"ar"})
-    if unknown:
-        raise ConfigError(
-            f"--methods {','.join(unknown)}: no such method; allowed: ar, {', '.join(group_options('method'))}"
-        )
 
     def drafter(method: str, batch: int):
         if method == "ar":

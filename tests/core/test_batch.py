@@ -174,3 +174,22 @@ def test_a_newcomer_stalls_the_others_one_chunk_at_a_time(tiny, monkeypatch):
 def test_the_stall_check_sees_a_whole_prompt_between_two_steps():
     assert most_positions_between_steps([4, "step", 4, 4, 4, "step", "step"]) == 12
     assert most_positions_between_steps([9, "step", 1, 3, "step", "idle", 4, 4, "step"]) == 4
+
+
+def test_the_equality_table_tool_refuses_bad_sizes_and_methods(capsys):
+    """graft-bench batch-lossless: bad input is one line naming the value and what is allowed."""
+    from graft.bench import batch_lossless
+    from graft.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="--sizes 0,4 is not allowed"):
+        batch_lossless.main(["--sizes", "0,4"])
+    with pytest.raises(ConfigError, match="--methods nope: no such method"):
+        batch_lossless.main(["--models", "tiny_llama", "--methods", "ar,nope", "--sizes", "1"])
+
+
+def test_the_equality_table_tool_prints_one_cell_per_batch_size(capsys):
+    from graft.bench import batch_lossless
+
+    batch_lossless.main(["--models", "tiny_llama", "--methods", "pld", "--sizes", "1,3", "--new-tokens", "6"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1] == "| tiny_llama | pld | 8/8 equal | 8/8 equal |"
