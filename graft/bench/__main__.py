@@ -24,7 +24,10 @@ COMMANDS = {  # command -> (module, what it measures)
     "native-ab": ("graft.bench.native_ab", "this checkout's native kernels against another commit's, in one process"),
     "moe-experts": ("graft.bench.moe_experts", "MoE verify time against the experts a tree touches"),
     "batch": ("graft.bench.batch", "AR's throughput at batch 1 (engine and transformers) and batched"),
-    "batch-lossless": ("graft.bench.batch_lossless", "each method's batched tokens against batch-1 AR's, per model and B"),
+    "batch-lossless": (
+        "graft.bench.batch_lossless",
+        "each method's batched tokens against batch-1 AR's, per model and B",
+    ),
 }
 
 
