@@ -11,16 +11,15 @@ on the same forward.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import deque
 
+from graft.bench import batch_sizes, command_parser
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench batch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser("batch", __doc__)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--dataset", default="builtin_quick")
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -32,12 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--new-tokens", args.new_tokens), ("--rounds", args.rounds)):
         if value < 1:
             raise ConfigError(f"{flag} {value} is not allowed; expected an integer >= 1")
-    try:
-        sizes = [int(size) for size in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 2:
-        raise ConfigError(f"--sizes {args.sizes} is not allowed; expected batch sizes >= 2, comma-separated (4,8)")
+    sizes = batch_sizes(args.sizes, least=2, example="4,8")
 
     from baselines.autoregressive import Autoregressive
     from graft.batch import BatchRequest, generate_batch, slot_capacity

@@ -13,16 +13,13 @@ the first differing position is within graft/run/lossless.py's rule, else "1 DIV
 
 from __future__ import annotations
 
-import argparse
 from collections import deque
+
+from graft.bench import batch_sizes, command_parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench batch-lossless",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("batch-lossless", __doc__)
     parser.add_argument("--models", default="tiny_llama,tiny_qwen3,smollm2_135m")
     parser.add_argument("--sizes", default="1,4,8")
     parser.add_argument("--methods", default="ar,pld,eagle3,pruned,graft,graft_auto")
@@ -31,12 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from graft.schema import ConfigError
 
-    try:
-        sizes = [int(size) for size in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise ConfigError(f"--sizes {args.sizes} is not allowed; expected batch sizes >= 1, comma-separated (1,4,8)")
+    sizes = batch_sizes(args.sizes, least=1, example="1,4,8")
     if args.new_tokens < 1:
         raise ConfigError(f"--new-tokens {args.new_tokens} is not allowed; expected an integer >= 1")
     methods, models = args.methods.split(","), args.models.split(",")

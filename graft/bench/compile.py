@@ -11,7 +11,6 @@ tokens must be equal, and tokens/s are medians over the prompts (each prompt run
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,11 +23,11 @@ prefer_huge_pages()
 
 import torch  # noqa: E402
 
+from graft.bench import command_parser  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench compile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser("compile", __doc__)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--nodes", default="1,8,16,32")
     parser.add_argument("--context", type=int, default=256)

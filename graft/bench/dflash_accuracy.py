@@ -11,12 +11,13 @@ drafter memorised rather than learned.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 import yaml
+
+from graft.bench import command_parser
 
 
 def accuracy(target, drafter, taps, sequences, block: int) -> list[float]:
@@ -38,11 +39,7 @@ def accuracy(target, drafter, taps, sequences, block: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench dflash-accuracy",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("dflash-accuracy", __doc__)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--drafter", default="heads/smollm2_135m_dflash")
     parser.add_argument("--prompts", type=int, default=6)

@@ -16,7 +16,6 @@ and spin policy of graft/cpu/threads.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -35,6 +34,7 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 import torch  # noqa: E402
 
 from graft.config.experiment import CONFIG_DIR  # noqa: E402
+from graft.bench import command_parser  # noqa: E402
 from graft.hub import REPO  # noqa: E402
 from graft.report.e2e import (  # noqa: E402
     NO_AMX,
@@ -139,9 +139,7 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser("e2e", __doc__)
     parser.add_argument("--model", default="smollm2_135m", help="a config under configs/model/")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")

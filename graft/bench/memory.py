@@ -20,12 +20,13 @@ is reused. Two meters:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from graft.bench import command_parser
 
 CONTEXT = 32768  # prompt tokens; the verification runs at this context
 CHUNK = 4096  # prefill chunk; the measured chunk is the last one (prefix 28K)
@@ -135,9 +136,7 @@ def run_variant(full_masks: bool, meter: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser("memory", __doc__)
     parser.add_argument("--variant", choices=["full", "compact"], help="run one variant here, print its JSON")
     parser.add_argument("--meter", choices=["resident", "allocated"], default="resident")
     args = parser.parse_args(argv)

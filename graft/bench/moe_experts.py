@@ -8,13 +8,14 @@ verification with the routing pinned to 4 .. 32 experts (32 experts, top-4, 2 la
 1024, float32, one thread, 128 cached positions). Prints the profile's `moe` entry as JSON.
 """
 
-import argparse
 import json
 
 import torch
 
 from graft.budget.measure import ContextCache, measure_experts
 from graft.gpu_check.measure import harness_target, random_causal_lm
+
+from graft.bench import command_parser
 
 ARCH = dict(
     vocab_size=512,
@@ -33,11 +34,7 @@ ARCH = dict(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench moe-experts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("moe-experts", __doc__)
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds of the pinned sweep (medians)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

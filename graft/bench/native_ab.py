@@ -12,7 +12,6 @@ once, by this checkout's build); the logits of both are compared bit for bit on 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import statistics
@@ -26,6 +25,8 @@ from graft.cpu.threads import prefer_huge_pages  # noqa: E402
 prefer_huge_pages()
 
 import torch  # noqa: E402
+
+from graft.bench import command_parser  # noqa: E402
 
 
 def build_at(ref: str, variant: str):
@@ -116,11 +117,7 @@ def layer_fields_at(commit: str, folder: str = "graft/cpu/native") -> tuple[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m graft.bench native-ab",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("native-ab", __doc__)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny_llama")
     parser.add_argument("--ref", required=True, help="the git revision whose native source is the 'old' build")
     parser.add_argument("--tokens", default="1,2,4,8,16")
