@@ -9,10 +9,10 @@ the drafter's update (extend). Each sequence keeps its own cache length, positio
 what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py decides).
 
 Newcomers' prompts are encoded between two steps, at most one chunk's worth of positions (hardware.prefill_chunk)
-while sequences decode. On a GPU (fixed-size trees,
-device acceptance) a step reads the host once for the whole batch, every slot's accepted path in one copy, and its
-forward has a fixed shape per bucket of live slots (`rows_bucket`). The CPU engine verifies one sequence at a
-time: batches run on the transformers forward (graft/run/runner.py: batched_hardware).
+while sequences decode. On a GPU (fixed-size trees, device acceptance) a step reads the host once for the whole
+batch, every slot's accepted path in one copy, and its forward has a fixed shape per bucket of live slots
+(`rows_bucket`). The CPU engine verifies one sequence at a time: batches run on the transformers forward
+(graft/run/runner.py: batched_hardware).
 """
 
 from __future__ import annotations

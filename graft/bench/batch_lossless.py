@@ -69,17 +69,17 @@ def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str
     stops = model.stop_ids
     ar = [generate(target, Autoregressive(target), p, new_tokens, stops, greedy, record_gaps=True) for p in ids]
 
-    def drafter(method: str, batch: int):
-        if method == "ar":
-            return Autoregressive(target)
-        raw = dict(compose_checked([f"method={method}", f"model={model_name}"])["method"])
-        return build_drafter(method_config(raw, draft_head="random", block_drafter="random"), target, batch)
-
     cells = {}
     for method in methods:
         cells[method] = []
+        config = None  # composed once per method: each slot's drafter is built from it
+        if method != "ar":
+            raw = dict(compose_checked([f"method={method}", f"model={model_name}"])["method"])
+            config = method_config(raw, draft_head="random", block_drafter="random")
         for batch in sizes:
-            drafters = [drafter(method, batch) for _ in range(batch)]
+            drafters = [
+                Autoregressive(target) if config is None else build_drafter(config, target, batch) for _ in range(batch)
+            ]
             for other in drafters[1:]:
                 other.share_with(drafters[0])
             done = {}

@@ -352,12 +352,12 @@ def measure_profile(
     step too), and an MoE target's experts are not measured (a batch's trees route apart)."""
     started, saved = time.perf_counter(), target.cache
     verify = measure_verify(target, nodes, contexts, repeats, warmup=2, seconds=seconds / 2, batch=batch)
-    verify_only = CostProfile("", target.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
     # the loop's overhead is small beside the forward and grows smoothly with nodes: timed at the first two
     # sizes (the baseline's, with its gap recording, and a tree's) and the last, interpolated between
     loop_sizes = sorted({nodes[0], nodes[min(1, len(nodes) - 1)], nodes[-1]})
-    verify_at = verify_only.verify_ms
-    if batch > 1:
+    if batch == 1:  # one sequence's verify, which CUDA's host-timed overhead subtracts: the table itself
+        verify_at = CostProfile("", target.name, nodes, contexts, verify, [0.0] * len(nodes)).verify_ms
+    else:
         verify_at = one_sequence_verify(target, loop_sizes, contexts[0], repeats, seconds / 8)
     loop_overhead, ar_draft = measure_overhead(target, loop_sizes, contexts[0], 8, verify_at)
     overhead = [interpolate(n, loop_sizes, loop_overhead) for n in nodes]
