@@ -34,7 +34,7 @@ from graft.acceptance import (
     sampling_pending,
 )
 from graft.backends.slots import SlotCaches
-from graft.backends.target import PromptPrefill, TargetBackend
+from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment
 from graft.decode import Generation, SamplingConfig, _top2, keep_committed, read_back, record_step
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
 from graft.tree import DraftTree, topology
@@ -102,23 +102,18 @@ def generate_batch(
             while free and requests:
                 slot = free.popleft()
                 filling[slot] = run.start(slot, requests.popleft())
+            if target.ragged_rows:  # newcomers' chunks ride in the step's forward; alone when no one decodes
+                steps.append(run.step(live, filling) if live else run.prefill_round(live, filling))
+                continue
             spent = 0  # prompt positions encoded since the last step while sequences were decoding
             while filling:
                 limit = run.gap_room(spent) if live else None
                 if limit == 0:
                     break
                 slot = next(iter(filling))  # the oldest newcomer
-                encoded, prefilled = run.prefill_chunk(slot, filling[slot], limit)
+                encoded = run.prefill_chunk(slot, filling[slot], limit)
                 spent += encoded if live else 0
-                if prefilled:
-                    entry = filling.pop(slot)
-                    if entry.gen.stop_reason == "done":  # its first token ended it
-                        entry.gen.stop_reason = (
-                            "stop_token" if entry.gen.new_tokens[-1] in stop_ids else "max_new_tokens"
-                        )
-                        run.leave({slot: entry}, slot)
-                    else:
-                        live[slot] = entry
+                run.prefilled(slot, live, filling)
             if live:
                 steps.append(run.step(live, filling))
     finally:
@@ -158,16 +153,53 @@ class _Run:
             return None if spent == 0 else 0
         return max(chunk - spent, 0)
 
-    def prefill_chunk(self, slot: int, entry: _Live, limit: int | None = None) -> tuple[int, bool]:
-        """Encode the newcomer's next chunk (at most `limit` positions); after its last, its first token and its
-        drafter's reset (the batch-1 prefill's steps). (positions encoded, whether it is prefilled)."""
+    def prefill_chunk(self, slot: int, entry: _Live, limit: int | None = None) -> int:
+        """Encode the newcomer's next chunk (at most `limit` positions) in a forward of its own; returns how many."""
+        t0 = self.clock()
+        self.target.cache = self.slots.slot[slot]
+        encoded = entry.prefill.advance(limit)
+        entry.prefill_s += self.clock() - t0
+        return encoded
+
+    def chunks(self, filling: dict[int, _Live], budget: int | None) -> list[Segment]:
+        """The newcomers' next chunks as segments of one forward, the oldest first: `budget` prompt positions in
+        all (None: each newcomer's next chunk)."""
+        segments = []
+        for slot, entry in filling.items():
+            if budget is not None and budget <= 0:
+                break
+            segments.append(entry.prefill.segment(slot, budget))
+            budget = None if budget is None else budget - segments[-1].length
+        return segments
+
+    def prefill_round(self, live: dict[int, _Live], filling: dict[int, _Live]) -> dict:
+        """No sequence decodes: every newcomer's next chunk in one forward (a ragged backend)."""
+        chunks = self.chunks(filling, None)
+        taps = tuple(dict.fromkeys(tap for s in chunks for tap in filling[s.slot].prefill.taps))
+        t0 = self.clock()
+        outputs = self.target.forward_segments(self.slots, chunks, taps)
+        self.took(chunks, outputs, taps, self.clock() - t0, live, filling)
+        return {"slots": [], "nodes": 0, "prefill": sum(s.length for s in chunks)}
+
+    def took(self, chunks: list[Segment], outputs: list, taps: tuple, seconds: float, live, filling, rows=None):
+        """The chunks' outputs handed to their newcomers, each charged its share of the forward's `seconds` (of
+        `rows` positions in all; default: the chunks'); the prefilled ones start decoding."""
+        total = rows or sum(s.length for s in chunks)
+        for segment, output in zip(chunks, outputs):
+            entry = filling[segment.slot]
+            entry.prefill.take(_own_taps(output, taps, entry.prefill.taps, self.target.hidden_size), segment.length)
+            entry.prefill_s += seconds * segment.length / total
+            self.prefilled(segment.slot, live, filling)
+
+    def prefilled(self, slot: int, live: dict[int, _Live], filling: dict[int, _Live]) -> None:
+        """After a newcomer's last chunk: its first token and its drafter's reset (the batch-1 prefill's steps);
+        it decodes from the next step, or leaves at once if that token ended it."""
+        entry = filling[slot]
+        if not entry.prefill.done:
+            return
         t0 = self.clock()
         target, sampling = self.target, self.sampling
         target.cache = self.slots.slot[slot]
-        encoded = entry.prefill.advance(limit)
-        if not entry.prefill.done:
-            entry.prefill_s += self.clock() - t0
-            return encoded, False
         prefill, ids = entry.prefill.output(), entry.request.prompt_ids
         entry.prefill = None
         if not sampling.greedy and not target.ops.on_host(prefill.logits):
@@ -180,49 +212,45 @@ class _Run:
             entry.top2.append(_top2(prefill.logits[-1:], 1))
         self.drafters[slot].reset(PrefillInfo(state=entry.state, forward=prefill))
         gen.prefill_s = entry.prefill_s + self.clock() - t0
+        live[slot] = filling.pop(slot)
         if first in self.stop_ids or self.max_new_tokens <= 1:
-            gen.stop_reason = "done"
-        return encoded, True
+            gen.stop_reason = "stop_token" if first in self.stop_ids else "max_new_tokens"
+            self.leave(live, slot)
 
     def step(self, live: dict[int, _Live], filling: dict[int, _Live]) -> dict:
         """One batched step over the live slots (draft, verify, then per slot accept, commit and extend); the
-        finished ones leave."""
+        finished ones leave. On a ragged backend the newcomers' next chunks ride in the verify forward."""
         target, drafters, slots, clock = self.target, self.drafters, self.slots, self.clock
         started = clock()
-        proposals, draft_s = {}, {}
-        for slot, entry in sorted(live.items()):
-            target.cache = slots.slot[slot]
-            t0 = clock()
-            proposal = drafters[slot].propose(entry.state)
-            room = target.max_context - target.cache_len
-            if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
-                proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
-            proposals[slot], draft_s[slot] = proposal, clock() - t0
-        for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
-            live[slot].gen.stop_reason = "context"
-            self.leave(live, slot)
-            del proposals[slot]
+        proposals, draft_s = self.draft(live)
         if not proposals:
             return {"slots": [], "nodes": 0}
-        first, rows, width = self.span(proposals)
-        trees, topos = [], []
-        for slot in range(first, first + rows):  # a slot not decoding verifies a lone token 0 after what it holds
-            tree = proposals[slot].tree if slot in proposals else _padding(target.device)
-            trees.append(tree)
-            topos.append(
-                topology(tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(tree.parents))
-            )
         taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
+        topos = {
+            slot: topology(p.tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(p.tree.parents))
+            for slot, p in proposals.items()
+        }
         t1 = clock()
-        outputs = target.verify_rows(slots, first, trees, topos, taps, width=width)
-        verify_s = clock() - t1
+        if target.ragged_rows:
+            chunks = self.chunks(filling, self.gap_room(0))
+            chunk_taps = tuple(dict.fromkeys(tap for c in chunks for tap in filling[c.slot].prefill.taps))
+            every_tap = tuple(dict.fromkeys(taps + chunk_taps))
+            segments = [tree_segment(slot, p.tree, topos[slot], target.dtype) for slot, p in sorted(proposals.items())]
+            outputs = target.forward_segments(slots, segments + chunks, every_tap)
+            verify_s = clock() - t1
+            rows = sum(s.length for s in segments + chunks)
+            self.took(chunks, outputs[len(segments) :], every_tap, verify_s, live, filling, rows=rows)
+            outputs = dict(zip(sorted(proposals), outputs))
+        else:
+            chunks, every_tap, outputs = [], taps, self.verify_padded(proposals, topos, taps)
+            verify_s = clock() - t1
         forwards = {
-            slot: _own_taps(outputs[slot - first], taps, drafters[slot].needs.taps, target.hidden_size)
+            slot: _own_taps(outputs[slot], every_tap, drafters[slot].needs.taps, target.hidden_size)
             for slot in proposals
         }
-        acceptances = self.accept(proposals, forwards, topos, first, live)
+        acceptances = self.accept(proposals, forwards, topos, live)
         for slot, proposal in sorted(proposals.items()):
-            entry, tree, topo, forward = live[slot], proposal.tree, topos[slot - first], forwards[slot]
+            entry, tree, topo, forward = live[slot], proposal.tree, topos[slot], forwards[slot]
             acceptance = acceptances[slot]
             target.cache = slots.slot[slot]
             target.commit(topo.cache_len, acceptance.path, acceptance.path_index)
@@ -248,7 +276,40 @@ class _Run:
         for slot, entry in live.items():
             if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
                 entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
-        return {"slots": sorted(proposals), "nodes": sum(p.tree.num_nodes for p in proposals.values())}
+        nodes = sum(p.tree.num_nodes for p in proposals.values())
+        return {"slots": sorted(proposals), "nodes": nodes, "prefill": sum(c.length for c in chunks)}
+
+    def draft(self, live: dict[int, _Live]) -> tuple[dict, dict]:
+        """Every live slot's proposal, cut to the context left ({slot: Proposal}, {slot: seconds}); a slot whose
+        context is full leaves."""
+        target, slots, clock = self.target, self.slots, self.clock
+        proposals, draft_s = {}, {}
+        for slot, entry in sorted(live.items()):
+            target.cache = slots.slot[slot]
+            t0 = clock()
+            proposal = self.drafters[slot].propose(entry.state)
+            room = target.max_context - target.cache_len
+            if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
+                proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
+            proposals[slot], draft_s[slot] = proposal, clock() - t0
+        for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
+            live[slot].gen.stop_reason = "context"
+            self.leave(live, slot)
+            del proposals[slot]
+        return proposals, draft_s
+
+    def verify_padded(self, proposals: dict, topos: dict, taps: tuple) -> dict:
+        """The trees verified as padded rows (a backend without segments): {slot: ForwardOutput}."""
+        target, slots = self.target, self.slots
+        first, rows, width = self.span(proposals)
+        trees, row_topos = [], []
+        for slot in range(first, first + rows):  # a slot not decoding verifies a lone token 0 after what it holds
+            tree = proposals[slot].tree if slot in proposals else _padding(target.device)
+            trees.append(tree)
+            host = target.ops.on_host(tree.parents)
+            row_topos.append(topos.get(slot) or topology(tree.parents, slots.slot[slot].layers[0].length, host=host))
+        outputs = target.verify_rows(slots, first, trees, row_topos, taps, width=width)
+        return {slot: outputs[slot - first] for slot in proposals}
 
     def span(self, proposals: dict) -> tuple[int, int, int | None]:
         """(first slot, rows, width) of the step's forward. Fixed-size trees (a GPU) verify a fixed shape per bucket
@@ -260,14 +321,14 @@ class _Run:
         rows = rows_bucket(last - first + 1, len(self.drafters))
         return min(first, len(self.drafters) - rows), rows, max(d.max_nodes() for d in self.drafters)
 
-    def accept(self, proposals: dict, forwards: dict, topos: list, first: int, live: dict) -> dict:
+    def accept(self, proposals: dict, forwards: dict, topos: dict, live: dict) -> dict:
         """Every slot's acceptance. On a device, each decided there and all read back in one copy: the step's one
         host sync for the whole batch; on the host paths, one slot at a time."""
         sampling, ops = self.sampling, self.target.ops
         on_device = not ops.on_host(next(iter(forwards.values())).logits)
         decided = {}
         for slot, proposal in sorted(proposals.items()):
-            tree, topo, logits = proposal.tree, topos[slot - first], forwards[slot].logits
+            tree, topo, logits = proposal.tree, topos[slot], forwards[slot].logits
             generator = live[slot].generator
             if sampling.greedy:
                 decided[slot] = (

@@ -45,6 +45,31 @@ class ForwardOutput:
     successors: Tensor | None = None  # [num_positions, k] the top-k next tokens at each prompt position (prefill)
 
 
+@dataclass
+class Segment:
+    """One sequence's new positions in a forward over several sequences (graft/batch.py on a ragged backend): `ids`
+    written into cache slot `slot` after its `start` cached positions; they see that prefix and, through `mask`,
+    each other. A tree, a decode token or a prompt chunk: no padding, so a row costs its own length."""
+
+    slot: int
+    start: int
+    ids: Tensor  # [n]
+    positions: Tensor  # [n]
+    mask: Tensor | None  # [1, 1, n, start + n] additive, or None: causal (a one-node tree sees the whole prefix)
+    logits_rows: int = 0  # logits for the last this many positions only (a prompt chunk: 1); 0: every position
+
+    @property
+    def length(self) -> int:
+        return self.ids.shape[0]
+
+
+def tree_segment(slot: int, tree: DraftTree, topo: Topology, dtype: torch.dtype) -> Segment:
+    """A tree's verification as a segment: every node after the slot's prefix, seeing the prefix and its ancestors."""
+    ids = tree.tokens.clamp_min(0)  # an empty slot (-1) is verified as token 0, never accepted
+    mask = topo.attention_mask(dtype) if tree.num_nodes > 1 else None
+    return Segment(slot, topo.cache_len, ids, topo.position_ids()[0], mask)
+
+
 class PositionalKVLayer(KVBuffer, CacheLayerMixin):
     """One layer's KVBuffer seen through transformers' cache-layer interface."""
 
@@ -149,19 +174,31 @@ class PromptPrefill:
     @torch.inference_mode()
     def advance(self, limit: int | None = None) -> int:
         """Encode the next chunk, after the cached prefix, at most `limit` positions of it; returns how many."""
-        target, lo = self.target, self.next
+        chunk = self.segment(0, limit)
+        part = self.target._run(
+            chunk.ids.unsqueeze(0), chunk.positions.unsqueeze(0), chunk.mask, self.taps, chunk.logits_rows
+        )
+        return self.take(part, chunk.length)
+
+    def segment(self, slot: int, limit: int | None = None) -> Segment:
+        """The next chunk (at most `limit` positions) as a segment of cache slot `slot`: a ragged batch runs it in
+        its step's forward (graft/batch.py); `take` its output afterwards."""
+        lo = self.next
         hi = min(lo + self.chunk, self.length, lo + limit if limit is not None else self.length)
         # later chunks see the cached prefix (compact: no mask, the attention is causal over the cache)
-        mask = None if lo == 0 or target._compact() else target._chunk_mask(hi - lo, lo)
+        mask = None if lo == 0 or self.target._compact() else self.target._chunk_mask(hi - lo, lo)
         keep = 0 if self.all_logits or self.successors_k else 1  # else only the last chunk's last logits are used
-        part = target._run(self.ids[:, lo:hi], self.positions[:, lo:hi], mask, self.taps, logits_to_keep=keep)
+        return Segment(slot, lo, self.ids[0, lo:hi], self.positions[0, lo:hi], mask, logits_rows=keep)
+
+    def take(self, part: ForwardOutput, encoded: int) -> int:
+        """A chunk's forward output, `encoded` positions of the prompt; returns `encoded`."""
         if self.successors_k:
             self.successors.append(part.logits.topk(self.successors_k, dim=-1).indices)  # [chunk, k]
             if not self.all_logits:
                 part.logits = part.logits[-1:]
         self.parts.append(part)
-        self.next = hi
-        return hi - lo
+        self.next += encoded
+        return encoded
 
     def output(self) -> ForwardOutput:
         """What the whole prompt's prefill gives, once every chunk ran."""
@@ -184,6 +221,9 @@ class PromptPrefill:
 class TargetBackend(ABC):
     """A causal LM seen as: reset(capacity), prefill(prompt), verify(tree), commit(path); embed, lm_head."""
 
+    # whether forward_segments runs: several sequences' trees and prompt chunks in one forward, each row over its
+    # own cache slot, no padding (the CPU engine); else a batch verifies padded rows (verify_rows)
+    ragged_rows = False
     # whether the forward's attention takes compact masks (graft/layers.py: grouped_sdpa): a tree's [n, n] block with
     # the committed prefix seen unmasked, and no mask for a prompt chunk (causal), instead of [n, S] masks
     compact_masks = False
@@ -331,6 +371,11 @@ class TargetBackend(ABC):
         verify() gives."""
         if self.compile_mode is not None or len(self.devices) > 1:
             raise ValueError("a batch verifies on one device, eager (not hardware.compile, not sharded)")
+        if self.ragged_rows:  # each tree at its own size: no padding to `width`
+            segments = [
+                tree_segment(first + row, tree, topo, self.dtype) for row, (tree, topo) in enumerate(zip(trees, topos))
+            ]
+            return self.forward_segments(slots, segments, taps)
         width, capacity = max([width or 0, *(tree.num_nodes for tree in trees)]), slots.capacity
         ids = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)  # [rows, width]
         positions = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)
@@ -352,6 +397,12 @@ class TargetBackend(ABC):
             )
             for row, tree in enumerate(trees)
         ]
+
+    def forward_segments(self, slots, segments: list[Segment], taps=()) -> list[ForwardOutput]:
+        """One forward over several sequences' segments (a ragged backend: `ragged_rows`), each written into its
+        slot of `slots` (graft/backends/slots.py) after its start; each segment's logits (its `logits_rows` last)
+        and taps, as verify() and prefill() give them."""
+        raise ValueError(f"{type(self).__name__} verifies a batch as padded rows (verify_rows), not segments")
 
     def _forward_rows(self, ids, positions, mask, taps, cache) -> tuple[Tensor, Tensor | None]:
         """ids, positions [rows, n]; mask [rows, 1, n, capacity] additive; `cache` the rows' (RowsKVCache).

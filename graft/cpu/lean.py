@@ -139,9 +139,7 @@ class LeanForward:
                 shape = (1, self.kv_heads, 0, self.head_dim)
                 buffer.lazy_initialization(x.new_empty(shape), x.new_empty(shape))
             buffer.reserve(start + n)
-        flags = [0] * len(self.layers)
-        for index, where in taps:
-            flags[index] |= {"input": 1, "output": 2}.get(where, 0)
+        flags = self._tap_flags(taps)
         outputs = self.native.lean_layers(
             x[0],
             self._native_weights,
@@ -163,11 +161,7 @@ class LeanForward:
         )
         for buffer in cache.layers:
             buffer.length = start + n
-        pieces = iter(outputs[1:])
-        for index, flag in enumerate(flags):
-            for bit, where in ((1, "input"), (2, "output")):
-                if flag & bit:
-                    captured[(index, where)] = next(pieces).unsqueeze(0)
+        self._captured_taps(flags, outputs[1:], captured)
         return outputs[0].unsqueeze(0)
 
     @torch.inference_mode()
@@ -193,6 +187,115 @@ class LeanForward:
         else:
             logits = self.lm_head(self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, self.final_norm))
         return logits, captured
+
+    @torch.inference_mode()
+    def rows(self, segments: list, slots, taps) -> tuple[list[Tensor], dict]:
+        """Several sequences' segments (graft/backends/target.py: Segment) in one forward over the cache slots of
+        `slots` (graft/backends/slots.py): the products once over every row, each segment's attention over its own
+        slot. Returns each segment's logits [its logits_rows (0: all), vocab] and the taps {key: [total, hidden]}."""
+        ids = torch.cat([s.ids for s in segments]).unsqueeze(0)  # [1, total]
+        x = self.embed(ids)
+        cos, sin = self.rotary(x, torch.cat([s.positions for s in segments]).unsqueeze(0))  # [1, total, head_dim]
+        masks = [None if s.mask is None or s.length == 1 else s.mask for s in segments]  # one node sees the prefix
+        captured = {}
+        if self.native is not None:
+            x = self._native_rows(x, cos, sin, masks, segments, slots, taps, captured)
+        else:
+            x = self._python_rows(x, cos.unsqueeze(1), sin.unsqueeze(1), masks, segments, slots, taps, captured)
+        for segment in segments:
+            for buffer in slots.slot[segment.slot].layers:
+                buffer.length = segment.start + segment.length
+        normed = self._norm(x, self.final_norm) if any(where == "final" for _, where in taps) else None
+        captured.update({key: normed for key in taps if key[1] == "final"})
+        rows, first = [], 0  # the rows whose logits are asked for: no LM head over a prompt chunk's inner rows
+        for segment in segments:
+            keep = segment.logits_rows or segment.length
+            rows.append((first + segment.length - keep, keep))
+            first += segment.length
+        every = all(keep == s.length for (_, keep), s in zip(rows, segments))
+        picked = x[0] if every else torch.cat([x[0, lo : lo + keep] for lo, keep in rows])
+        logits = self.lm_head(normed[0] if every and normed is not None else self._norm(picked, self.final_norm))
+        return list(logits.split([keep for _, keep in rows])), captured
+
+    def _native_rows(self, x, cos, sin, masks, segments, slots, taps, captured) -> Tensor:
+        """The rows' layer loop in C++ (lean_rows): x [1, total, hidden] in, out; `captured` filled."""
+        flags = self._tap_flags(taps)
+        outputs = self.native.lean_rows(
+            x[0],
+            self._native_weights,
+            len(native.LAYER_FIELDS),
+            slots.keys,
+            slots.values,
+            cos[0].contiguous(),
+            sin[0].contiguous(),
+            [torch.empty(0) if mask is None else mask for mask in masks],
+            [s.slot for s in segments],
+            [s.start for s in segments],
+            [s.length for s in segments],
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.eps,
+            self.scaling,
+            self._small_rows,
+            flags,
+            self._native_prefetch,
+        )
+        self._captured_taps(flags, outputs[1:], captured)
+        return outputs[0].unsqueeze(0)
+
+    def _python_rows(self, x, cos, sin, masks, segments, slots, taps, captured) -> Tensor:
+        """The rows' layer loop in Python: x [1, total, hidden]; cos, sin [1, 1, total, head_dim]."""
+        total, q_size = x.shape[1], self.heads * self.head_dim
+        bounds, first = [], 0
+        for segment in segments:
+            bounds.append((first, first + segment.length))
+            first += segment.length
+        for index, layer in enumerate(self.layers):
+            if (index, "input") in taps:
+                captured[(index, "input")] = x
+            h = self._norm(x, layer.input_norm)
+            qkv = layer.qkv(h).view(1, total, self.heads + 2 * self.kv_heads, self.head_dim)
+            qk = qkv[:, :, : self.heads + self.kv_heads]
+            if layer.qk_norm is not None:
+                qk = self._norm(qk, layer.qk_norm)
+            qk = apply_rotary(qk.transpose(1, 2), cos, sin)  # [1, heads + kv_heads, total, head_dim]
+            q, k = qk.split([self.heads, self.kv_heads], dim=1)
+            v = qkv[:, :, self.heads + self.kv_heads :].transpose(1, 2)
+            keys, values, merged = slots.keys[index], slots.values[index], []
+            for segment, mask, (lo, hi) in zip(segments, masks, bounds):
+                slot, start, end = segment.slot, segment.start, segment.start + segment.length
+                keys[slot, :, start:end], values[slot, :, start:end] = k[0, :, lo:hi], v[0, :, lo:hi]
+                out, _ = grouped_sdpa(
+                    None, q[:, :, lo:hi], keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], mask,
+                    scaling=self.scaling,
+                )  # fmt: skip
+                merged.append(out)
+            x = x + layer.o(torch.cat(merged, dim=1).reshape(1, total, q_size))
+            h = self._norm(x, layer.post_norm)
+            if layer.mlp is None:
+                gate, up = layer.gate_up(h).chunk(2, dim=-1)
+                x = x + layer.down(F.silu(gate) * up)
+            else:
+                x = x + layer.mlp(h)
+            if (index, "output") in taps:
+                captured[(index, "output")] = x
+        return x
+
+    def _tap_flags(self, taps) -> list[int]:
+        """Per layer: 1 capture its input, 2 its output (the native loops' tap_flags)."""
+        flags = [0] * len(self.layers)
+        for index, where in taps:
+            flags[index] |= {"input": 1, "output": 2}.get(where, 0)
+        return flags
+
+    def _captured_taps(self, flags: list[int], pieces, captured: dict) -> None:
+        """The native loops' captured tensors [n, hidden], in layer order, into `captured` as [1, n, hidden]."""
+        pieces = iter(pieces)
+        for index, flag in enumerate(flags):
+            for bit, where in ((1, "input"), (2, "output")):
+                if flag & bit:
+                    captured[(index, where)] = next(pieces).unsqueeze(0)
 
     def _python_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, taps, captured) -> Tensor:
         """The layer loop in Python: x [1, n, hidden] in, out; cos, sin [1, 1, n, head_dim]."""
@@ -286,6 +389,19 @@ class LeanBackend(TargetBackend):
                 linear, one_row=kernels.get("one_row"), products=kernels, native_module=self._panel_module
             )
         return self._make_linear(linear)
+
+    ragged_rows = True  # a batch's trees and prompt chunks run as segments of one forward (LeanForward.rows)
+
+    def forward_segments(self, slots, segments, taps=()) -> list[ForwardOutput]:
+        wanted = {(tap.layer, tap.where) for tap in taps}
+        logits, captured = self.lean.rows(segments, slots, wanted)
+        hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps, self.device)
+        outputs, first = [], 0
+        for segment, rows in zip(segments, logits):
+            part = None if hidden is None else hidden[first : first + segment.length]
+            outputs.append(ForwardOutput(logits=rows.float(), hidden=part))
+            first += segment.length
+        return outputs
 
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         wanted = {(tap.layer, tap.where) for tap in taps}

@@ -251,6 +251,7 @@ def run_conversations(
         model.target, drafters, queue, max_new_tokens, model.stop_ids, sampling, capacity, answered, record_gaps
     )
     gens = [g for _, generations, _ in talks for g in generations]
+    steps = [step for step in steps if step["slots"]]  # a forward of newcomers' chunks alone decodes nothing
     totals = {
         "tokens": sum(len(g.new_tokens) for g in gens),
         "wall_s": time.perf_counter() - started,

@@ -47,8 +47,9 @@ def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, 
 TIMED = {"graft_auto", "eagle3_auto"}
 
 
+# ":packed": the CPU engine, whose batch is ragged segments of one forward; else the transformers forward, padded rows
 @pytest.mark.parametrize("batch", [4, 8])
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_llama:packed", "tiny_qwen3:packed"])
 def test_every_method_in_a_batch_decodes_what_it_decodes_alone(tiny, name, batch):
     target = tiny(name).target
     prompts = _prompts(target.vocab_size)
@@ -104,10 +105,34 @@ def test_a_stop_token_ends_one_sequence_and_the_batch_goes_on(tiny):
         assert (done[i].new_tokens, done[i].stop_reason) == (want[i].new_tokens, want[i].stop_reason), i
 
 
-def test_the_cpu_engine_refuses_a_batch_with_the_path_that_batches(tiny):
+def test_the_cpu_engine_batch_runs_its_native_loop_once_a_step_for_every_slot(tiny, monkeypatch):
+    """On the engine a step is one lean_rows call over every live slot's tree (and the newcomers' chunks riding
+    in it), never one forward per slot."""
     target = tiny("tiny_llama:packed").target
-    with pytest.raises(ValueError, match="hardware.fast_path=none"):
-        run_batch(target, "ar", _prompts(target.vocab_size, lengths=(4, 5)), batch=2)
+    assert target.ragged_rows and target.native is not None
+    calls, rows = [], target.lean.native.lean_rows
+    monkeypatch.setattr(target.lean, "native", _Recording(target.lean.native, calls))
+    prompts = _prompts(target.vocab_size)
+    done, _, steps, _ = run_batch(target, "graft", prompts, batch=4)
+    alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
+    assert [done[i].new_tokens for i in range(6)] == [a.new_tokens for a in alone]
+    assert len(calls) == len(steps)  # one forward a step, prefill rounds included
+    assert max(segments for segments in calls) == 4
+    assert rows is not None
+
+
+class _Recording:
+    """The native module with its lean_rows calls counted (segments per call)."""
+
+    def __init__(self, module, calls: list):
+        self._module, self._calls = module, calls
+
+    def lean_rows(self, *args):
+        self._calls.append(len(args[8]))
+        return self._module.lean_rows(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
 
 
 def test_a_shared_recycling_table_learns_from_every_sequence_and_stays_lossless(tiny):

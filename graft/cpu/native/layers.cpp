@@ -39,17 +39,25 @@ at::Tensor product_of(const at::Tensor& x, const at::Tensor* w, int field, int64
 // A decoder layer after its input norm: attention reads `input` [n, width] (the normed residual, or a head's
 // wider [norm(embeds); norm(hidden)]), both sublayers add into `residual` [n, hidden]; w in LAYER_FIELDS order,
 // prefetch the tile prefetch modes of its products in LayerProduct order.
+// `attention(qkv, qk_norm)` returns the merged heads [n, heads * head_dim] (one cache, or several sequences').
+template <typename Attention>
 at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, const at::Tensor* w,
-                         const int64_t* prefetch, const at::Tensor& keys, const at::Tensor& values, const float* cos,
-                         const float* sin, const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, float eps, double scaling, int64_t small_rows) {
+                         const int64_t* prefetch, const Attention& attention, float eps, int64_t small_rows) {
   at::Tensor qkv = product_of(input, w, kQkv, small_rows, prefetch[kQkvProduct]);
-  at::Tensor merged =
-      attend(qkv, heads, kv_heads, head_dim, w[kQkNorm], cos, sin, keys, values, start, mask, scaling, eps);
+  at::Tensor merged = attention(qkv, w[kQkNorm]);
   at::Tensor x = residual.add(product_of(merged, w, kO, small_rows, prefetch[kOProduct]));  // residual + o(...)
   at::Tensor gate_up =
       product_of(rms_norm_rows(x, w[kPostNorm], eps), w, kGateUp, small_rows, prefetch[kGateUpProduct]);
   return x.add(product_of(swiglu(gate_up), w, kDown, small_rows, prefetch[kDownProduct]));
+}
+
+// Attention over one cache: rows start.. of `keys` / `values` written, as attend() does.
+auto one_cache(const at::Tensor& keys, const at::Tensor& values, const float* cos, const float* sin,
+               const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps,
+               double scaling) {
+  return [&, cos, sin, start, heads, kv_heads, head_dim, eps, scaling](const at::Tensor& qkv, const at::Tensor& norm) {
+    return attend(qkv, heads, kv_heads, head_dim, norm, cos, sin, keys, values, start, mask, scaling, eps);
+  };
 }
 
 }  // namespace
@@ -80,9 +88,10 @@ std::vector<at::Tensor> lean_layers(at::Tensor x, const std::vector<at::Tensor>&
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const at::Tensor* w = weights.data() + layer * per_layer;
     if (tap_flags[layer] & 1) result.push_back(x);
-    x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer,
-                      keys_per_layer[layer], values_per_layer[layer], cos.data_ptr<float>(), sin.data_ptr<float>(),
-                      mask, start, heads, kv_heads, head_dim, feps, scaling, small_rows);
+    const auto attention = one_cache(keys_per_layer[layer], values_per_layer[layer], cos.data_ptr<float>(),
+                                     sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps, scaling);
+    x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer, attention,
+                      feps, small_rows);
     if (tap_flags[layer] & 2) result.push_back(x);
   }
   result[0] = x;
@@ -111,8 +120,66 @@ at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const 
     both.select(1, 0).copy_(rms_norm_rows(embeds, w[kInputNorm], feps));
     both.select(1, 1).copy_(rms_norm_rows(hidden, w[kHiddenNorm], feps));
   }
-  return decoder_layer(input, hidden, w.data(), prefetch.data(), keys, values, cos.data_ptr<float>(),
-                       sin.data_ptr<float>(), mask, start, heads, kv_heads, head_dim, feps, scaling, small_rows);
+  const auto attention = one_cache(keys, values, cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start, heads,
+                                   kv_heads, head_dim, feps, scaling);
+  return decoder_layer(input, hidden, w.data(), prefetch.data(), attention, feps, small_rows);
+}
+
+// Several sequences in one forward (a batch's step: trees, decode tokens, prompt chunks): x [total, hidden] holds
+// segment s's lengths[s] rows after the previous segments'. The products run once over all rows; segment s's
+// attention reads and writes only cache slot slots[s] (keys, values [slots, kv_heads, capacity, head_dim]), after
+// its starts[s] positions, with masks[s] as attend's (empty: causal). So a row costs its own prefix and tree, never
+// the widest tree or the whole capacity, and its attention is the bits a batch-1 forward gives. cos, sin
+// [total, head_dim]; the rest as lean_layers'.
+std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& weights, int64_t per_layer,
+                                  const std::vector<at::Tensor>& keys_per_layer,
+                                  const std::vector<at::Tensor>& values_per_layer, const at::Tensor& cos,
+                                  const at::Tensor& sin, const std::vector<at::Tensor>& masks,
+                                  const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
+                                  const std::vector<int64_t>& lengths, int64_t heads, int64_t kv_heads,
+                                  int64_t head_dim, double eps, double scaling, int64_t small_rows,
+                                  const std::vector<int64_t>& tap_flags, const std::vector<int64_t>& prefetch) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: contiguous [n, hidden] float32");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos, sin: contiguous [n, head_dim]");
+  const int64_t num_layers = static_cast<int64_t>(weights.size()) / per_layer;
+  const size_t segments = slots.size();
+  TORCH_CHECK(masks.size() == segments && starts.size() == segments && lengths.size() == segments,
+              "one mask, start and length per segment");
+  TORCH_CHECK(static_cast<int64_t>(keys_per_layer.size()) == num_layers &&
+                  static_cast<int64_t>(values_per_layer.size()) == num_layers &&
+                  static_cast<int64_t>(tap_flags.size()) == num_layers &&
+                  static_cast<int64_t>(prefetch.size()) == kProducts * num_layers,
+              "one cache layer, one tap flag and four prefetch modes per layer");
+  std::vector<int64_t> offsets(segments + 1, 0);
+  for (size_t s = 0; s < segments; ++s) offsets[s + 1] = offsets[s] + lengths[s];
+  TORCH_CHECK(offsets[segments] == x.size(0), "the segments' lengths add up to ", offsets[segments], " rows, not ",
+              x.size(0));
+  const float feps = static_cast<float>(eps);
+  const float* cos_rows = cos.data_ptr<float>();
+  const float* sin_rows = sin.data_ptr<float>();
+  std::vector<at::Tensor> result{x};
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    const at::Tensor* w = weights.data() + layer * per_layer;
+    const at::Tensor& keys = keys_per_layer[layer];
+    const at::Tensor& values = values_per_layer[layer];
+    const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
+      at::Tensor merged = at::empty({qkv.size(0), heads * head_dim}, qkv.options());
+      for (size_t s = 0; s < segments; ++s) {
+        const int64_t first = offsets[s], n = lengths[s];
+        merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, head_dim, norm,
+                                                cos_rows + first * head_dim, sin_rows + first * head_dim,
+                                                keys.narrow(0, slots[s], 1), values.narrow(0, slots[s], 1), starts[s],
+                                                masks[s], scaling, feps));
+      }
+      return merged;
+    };
+    if (tap_flags[layer] & 1) result.push_back(x);
+    x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer, attention,
+                      feps, small_rows);
+    if (tap_flags[layer] & 2) result.push_back(x);
+  }
+  result[0] = x;
+  return result;
 }
 
 }  // namespace graft
