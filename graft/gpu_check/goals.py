@@ -19,6 +19,7 @@ class Goal:
     goal: str  # as docs/gpu.md states it
     compare: str | None = None  # ">=" or "<=" against `limit`; None: a figure shown without a goal
     limit: float | None = None
+    gpu_only: bool = False  # a timing goal set for a GPU: on another device its figure reads "n/a", never pass
 
 
 GOALS = (
@@ -30,10 +31,19 @@ GOALS = (
         ">= 0.60",
         ">=",
         0.60,
+        gpu_only=True,
     ),
-    Goal("4", "verify60_over_decode_1k", "verify(60) / decode at 1K context", "<= 1.3", "<=", 1.3),
-    Goal("4", "verify60_over_decode_8k", "verify(60) / decode at 8K context", "<= 1.3", "<=", 1.3),
-    Goal("4", "eagle3_step_over_decode", "EAGLE-3 whole step / AR step (events clock)", "<= 1.39", "<=", 1.39),
+    Goal("4", "verify60_over_decode_1k", "verify(60) / decode at 1K context", "<= 1.3", "<=", 1.3, gpu_only=True),
+    Goal("4", "verify60_over_decode_8k", "verify(60) / decode at 8K context", "<= 1.3", "<=", 1.3, gpu_only=True),
+    Goal(
+        "4",
+        "eagle3_step_over_decode",
+        "EAGLE-3 whole step / AR step (events clock)",
+        "<= 1.39",
+        "<=",
+        1.39,
+        gpu_only=True,
+    ),
     Goal("4", "graft_step_over_decode", "Graft whole step / AR step (7 levels, fixed-size tree)", "(no goal)"),
     Goal("4", "eagle3_t1_over_greedy", "EAGLE-3 step at temperature 1 / greedy step", "(no goal)"),
     Goal("4", "graft_t1_over_greedy", "Graft step at temperature 1 / greedy step", "(no goal)"),
@@ -62,8 +72,8 @@ GOALS = (
         "<=",
         0,
     ),
-    Goal("7", "graphs_timed", "graphs compiled in timed runs", "0", "<=", 0),
-    Goal("7", "rerecords_timed", "CUDA-graph recordings in timed runs", "0", "<=", 0),
+    Goal("7", "graphs_timed", "graphs compiled in timed runs", "0", "<=", 0, gpu_only=True),
+    Goal("7", "rerecords_timed", "CUDA-graph recordings in timed runs", "0", "<=", 0, gpu_only=True),
     Goal("5", "verify60_over_decode", "MoE (235B-shaped, 4 layers): verify(60) / decode", "(no goal; bound in column)"),
     Goal("2", "lossless", "lossless, greedy: every method's tokens = AR's (float ties allowed)", "yes", "==", 1),
     Goal("8", "lossless", "lossless, sampled: every method's chi-square p > 0.001", "yes", "==", 1),
@@ -72,16 +82,18 @@ GOALS = (
 COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
 
 
-def verdict(goal: Goal, value) -> str:
+def verdict(goal: Goal, value, device: str = "cuda") -> str:
     if value is None:
         return "n/a"
+    if goal.gpu_only and not device.startswith("cuda"):
+        return "n/a (GPU goal)"
     if goal.compare is None:
         return "-"
     return "pass" if COMPARE[goal.compare](float(value), goal.limit) else "FAIL"
 
 
-def goal_rows(parts: dict) -> list[dict]:
-    """[{figure, value, goal, result, note}] for every goal, from the parts' `ratios`."""
+def goal_rows(parts: dict, device: str = "cuda") -> list[dict]:
+    """[{figure, value, goal, result, note}] for every goal, from the parts' `ratios` measured on `device`."""
     rows = []
     for goal in GOALS:
         ratios = parts.get(goal.part, {}).get("result", {}).get("ratios", {})
@@ -93,12 +105,17 @@ def goal_rows(parts: dict) -> list[dict]:
                 "figure": goal.label,
                 "value": value,
                 "goal": goal.goal,
-                "result": verdict(goal, value),
+                "result": verdict(goal, value, device),
                 "note": ratios.get(f"{goal.key}_note"),
                 "part": goal.part,
             }
         )
     return rows
+
+
+def failed(rows: list[dict]) -> list[str]:
+    """The figures whose goal failed (the device check then exits 1)."""
+    return [row["figure"] for row in rows if row["result"] == "FAIL"]
 
 
 def goals_text(rows: list[dict]) -> str:

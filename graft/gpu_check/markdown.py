@@ -112,8 +112,8 @@ def host_syncs(out: dict) -> list[str]:
     return lines
 
 
-def goals(parts: dict) -> list[str]:
-    rows = [[r["figure"], r["value"], r["goal"], r["result"], r["note"]] for r in goal_rows(parts)]
+def goals(parts: dict, device: str = "cuda") -> list[str]:
+    rows = [[r["figure"], r["value"], r["goal"], r["result"], r["note"]] for r in goal_rows(parts, device)]
     return ["## Goals (docs/gpu.md)", "", *table(["figure", "value", "goal", "result", "note"], rows)]
 
 
@@ -213,7 +213,7 @@ def render(report: dict) -> str:
     result = {k: p.get("result", {}) for k, p in parts.items()}  # a part cut short keeps what it measured
     rows = [[k, p["name"], p["status"], p.get("seconds"), p.get("budget_s"), note_of(p)] for k, p in parts.items()]
     lines = header(report, result.get("1", {}))
-    lines += goals(parts)
+    lines += goals(parts, report.get("device", "cuda"))
     lines += ["## Parts", "", *table(["part", "name", "status", "seconds", "budget s", "note"], rows)]
     lines += lossless(result.get("2", {})) + host_syncs(result.get("3", {})) + dense(result.get("4", {}))
     lines += moe(result.get("5", {}))

@@ -117,7 +117,7 @@ class Report:
 
     def finish(self) -> None:
         self.data["finished"] = True
-        self.data["summary"] = summarize(self.data["parts"])
+        self.data["summary"] = summarize(self.data["parts"], self.data.get("device", "cuda"))
         self.save()
 
 
@@ -147,7 +147,7 @@ class Context:
         return ["hardware=gpu", f"hardware.device={self.device.type}", *self.plan.hardware]
 
 
-def summarize(parts: dict) -> dict:
+def summarize(parts: dict, device: str = "cuda") -> dict:
     """The headline numbers of every part, for reading the JSON's end first."""
     summary = {"status": {k: p["status"] for k, p in parts.items()}}
     get = lambda k: parts.get(k, {}).get("result", {})  # noqa: E731
@@ -174,7 +174,7 @@ def summarize(parts: dict) -> dict:
         summary["moe_verify_median_ms"] = {n: r["median_ms"] for n, r in get("5")["verify"].items()}
     if "6" in parts:
         summary["head235_loads"] = parts["6"]["status"] == "ok"
-    summary["goals"] = {row["figure"]: [row["value"], row["goal"], row["result"]] for row in goal_rows(parts)}
+    summary["goals"] = {row["figure"]: [row["value"], row["goal"], row["result"]] for row in goal_rows(parts, device)}
     failed = {
         k: p.get("error") or p.get("reason") for k, p in parts.items() if p["status"] in ("failed", "interrupted")
     }

@@ -194,10 +194,17 @@ def batch_summary(records: list[dict], batch_size: int) -> dict:
     throughput over the baseline's (speedup_throughput: batched AR at the same batch size, same prompts)."""
     groups: dict[str, dict] = {}
     latency: dict[str, list[float]] = {}
+    members: dict[str, int] = {}
+    for record in records:
+        if "batch" in record:
+            members[record["batch"]["group"]] = members.get(record["batch"]["group"], 0) + 1
     for record in records:
         if record.get("status") != "ok" or "batch" not in record:
             continue
-        totals = groups[record["batch"]["group"]] = record["batch"]["totals"]
+        name = record["batch"]["group"]
+        if members[name] != _group_size(name):  # a group cut by a kill: its totals count prompts measured again
+            continue
+        totals = groups[name] = record["batch"]["totals"]
         single = next((role for role in totals if role != "baseline"), None)  # a single-method run's method
         for role, side in record_sides(record, method=single, baseline="baseline").items():
             if side["totals"].get("tokens_per_s") is not None:
@@ -205,11 +212,9 @@ def batch_summary(records: list[dict], batch_size: int) -> dict:
     roles: dict[str, dict] = {}
     for totals in groups.values():
         for role, t in totals.items():
-            into = roles.setdefault(
-                role, dict.fromkeys(("tokens", "wall_s", "prefill_s", "steps", "nodes", "sequences"), 0)
-            )
+            into = roles.setdefault(role, dict.fromkeys(BATCH_TOTALS, 0))
             for key in into:
-                into[key] += t[key]
+                into[key] += t.get(key, 0)  # (runs before `positions` and the steady counts: 0)
     out = {}
     for role, t in roles.items():
         decode_s = t["wall_s"] - t["prefill_s"]
@@ -218,6 +223,10 @@ def batch_summary(records: list[dict], batch_size: int) -> dict:
             "throughput_decode_tokens_per_s": _ratio(t["tokens"], decode_s) if decode_s > 0 else None,
             "nodes_per_step": _ratio(t["nodes"], t["steps"]),
             "sequences_per_step": _ratio(t["sequences"], t["steps"]),
+            # outside the ramp-up and the drain (graft/batch.py: occupancy), where methods are compared
+            "steady_sequences_per_step": _ratio(t["steady_sequences"], t["steady_steps"]),
+            "positions_per_node": _ratio(t["positions"], t["nodes"]),  # 1.0: no padding computed
+            "prefill_share": _ratio(t["prefill_s"], t["wall_s"]),
             "latency_tokens_per_s_p50": _percentile(latency.get(role, []), 0.5),
             "latency_tokens_per_s_p90": _percentile(latency.get(role, []), 0.9),
             **t,
@@ -227,4 +236,16 @@ def batch_summary(records: list[dict], batch_size: int) -> dict:
         row["speedup_throughput"] = (
             _ratio(row["throughput_tokens_per_s"], base) if base and role != "baseline" else None
         )
-    return {"batch_size": batch_size, "groups": len(groups), "roles": out}
+    cut = sorted(name for name, count in members.items() if count != _group_size(name))
+    return {"batch_size": batch_size, "groups": len(groups), "groups_cut": cut, "roles": out}
+
+
+# what a batched group's totals sum per role (graft/run/runner.py: run_conversations)
+BATCH_TOTALS = (
+    "tokens", "wall_s", "prefill_s", "steps", "nodes", "positions", "sequences", "steady_steps", "steady_sequences",
+)  # fmt: skip
+
+
+def _group_size(name: str) -> int:
+    """The records a batched group holds: its name is "<first record id>+<count>"."""
+    return int(name.rsplit("+", 1)[1])

@@ -283,8 +283,13 @@ class RunDir:
         tmp.replace(self.samples_path)
 
     def append(self, record: dict) -> None:
+        self.append_all([record])
+
+    def append_all(self, records: list[dict]) -> None:
+        """Records in one write: a batched group's records land together or not at all (a kill cannot fall
+        between them, which would leave a group's totals counting prompts measured again on resume)."""
         with open(self.samples_path, "a") as f:
-            f.write(json.dumps(record, default=float) + "\n")
+            f.write("".join(json.dumps(record, default=float) + "\n" for record in records))
             f.flush()
             os.fsync(f.fileno())
 

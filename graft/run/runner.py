@@ -22,7 +22,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from graft.backends.target import buckets_between, capacity_bucket, compile_counts, uses_cudagraphs
 from graft.config.experiment import ExperimentConfig
 from graft.schema import ConfigError
-from graft.batch import BatchRequest, generate_batch
+from graft.batch import BatchRequest, generate_batch, occupancy
 from graft.data.loading import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.data.scoring import score as score_answer
 from graft.decode import Generation, SamplingConfig, generate
@@ -43,6 +43,9 @@ from graft.analysis.stats import INTERVAL_METHOD, METRICS, intervals
 from graft.tree import DraftTree, NodeSource, topology
 
 log = logging.getLogger(__name__)
+# a batched run measures streams of at least this many times B sequences (the dataset repeated where it has
+# fewer: stream_repeats), so that a batch spends most of its steps full, between its ramp-up and its drain
+STREAM_FACTOR = 4
 
 
 class PromptTooLong(Exception):
@@ -170,8 +173,8 @@ def measure_prompt(
 
 
 def batched_hardware(hardware, batch_size: int):
-    """The hardware a batch runs on: the transformers forward (the CPU engine verifies one sequence at a time;
-    said in one line), eager and on one device (refused otherwise, before the model loads)."""
+    """The hardware a batch runs on: the configured forward (the CPU engine runs ragged rows, the transformers
+    forward padded ones), eager and on one device (refused otherwise, before the model loads)."""
     if batch_size == 1:
         return hardware
     if hardware.compile != "off" or hardware.tensor_parallel or hardware.device_map:
@@ -179,17 +182,16 @@ def batched_hardware(hardware, batch_size: int):
             f"run.batch_size={batch_size} decodes on one device, eager; not with hardware.compile={hardware.compile}, "
             f"tensor_parallel={hardware.tensor_parallel} or device_map={hardware.device_map} (run.batch_size=1 runs those)"
         )
-    # rows are padded to one width, so a pruned tree's kept size is not read back per slot (B syncs a step)
-    hardware = dataclasses.replace(hardware, tree_bucket=0)
-    if hardware.fast_path != "none":
-        log.info(
-            "run.batch_size=%d: batches verify on the transformers forward (hardware.fast_path=none); the CPU "
-            "engine (fast_path=%s) verifies one sequence at a time",
-            batch_size,
-            hardware.fast_path,
-        )
-        return dataclasses.replace(hardware, fast_path="none")
-    return hardware
+    # padded rows are verified at one width, so a pruned tree's kept size is not read back per slot (B syncs a step)
+    return dataclasses.replace(hardware, tree_bucket=0)
+
+
+def stream_repeats(batch_size: int, prompts: int, repeats: int) -> int:
+    """The passes over the dataset a run makes: run.repeats, raised at run.batch_size = B > 1 until the stream holds
+    at least STREAM_FACTOR x B sequences (a small dataset repeated, each repeat its own record)."""
+    if batch_size == 1 or prompts == 0:
+        return repeats
+    return max(repeats, -(-STREAM_FACTOR * batch_size // prompts))
 
 
 def conversation_capacity(model: LoadedModel, prompts: list[Prompt], max_new_tokens: int, max_nodes: int) -> int:
@@ -251,6 +253,7 @@ def run_conversations(
         model.target, drafters, queue, max_new_tokens, model.stop_ids, sampling, capacity, answered, record_gaps
     )
     gens = [g for _, generations, _ in talks for g in generations]
+    full = occupancy(steps, len(drafters))
     steps = [step for step in steps if step["slots"]]  # a forward of newcomers' chunks alone decodes nothing
     totals = {
         "tokens": sum(len(g.new_tokens) for g in gens),
@@ -258,7 +261,10 @@ def run_conversations(
         "prefill_s": sum(g.prefill_s for g in gens),
         "steps": len(steps),
         "nodes": sum(step["nodes"] for step in steps),
+        "positions": sum(step["positions"] for step in steps),  # what the verify forwards computed, padding too
         "sequences": sum(len(step["slots"]) for step in steps),
+        "steady_steps": full["steady_steps"],
+        "steady_sequences": full["steady"] * full["steady_steps"],
     }
     return results, totals
 
@@ -520,7 +526,13 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
     # the summary describes this command's prompts: records of a larger earlier selection stay in
     # samples.jsonl but are not counted (a rerun with fewer prompts reports those only)
     # repeat k (run.repeats) of every prompt after repeat k - 1 of all of them, each its own record (repeat_id)
-    passes = [(k, i, p) for k in range(1, run_cfg.repeats + 1) for i, p in enumerate(prompts)]
+    repeats = stream_repeats(run_cfg.batch_size, len(prompts), run_cfg.repeats)
+    if repeats > run_cfg.repeats:
+        log.info(
+            "run.batch_size=%d: %d prompts repeated %d times, a stream of at least %d x B sequences",
+            run_cfg.batch_size, len(prompts), repeats, STREAM_FACTOR,
+        )  # fmt: skip
+    passes = [(k, i, p) for k in range(1, repeats + 1) for i, p in enumerate(prompts)]
     selected = {repeat_id(p.id, k) for k, _, p in passes}
     earlier = rundir.finished()
     records = [r for r in earlier if r["id"] in selected]
@@ -588,17 +600,19 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
             )
         )
         with logging_redirect_tqdm(tqdm_class=tqdm):  # a line logged mid-run is written above the bar
-            for record in measured:
-                rundir.append(record)
-                records.append(record)
+            for written in measured:  # a record, or a batched group's records (written in one go)
+                written = written if isinstance(written, list) else [written]
+                rundir.append_all(written)
+                records.extend(written)
                 summary = summaries()
                 rundir.write_summary(summary)
-                if comparison:
-                    for name in contenders:
-                        logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
-                else:
-                    logger.log_sample(record, summary)
-                bar.update(1)
+                for record in written:
+                    if comparison:
+                        for name in contenders:
+                            logger.log_sample(method_view(record, name), summary["methods"][name], prefix=f"{name}/")
+                    else:
+                        logger.log_sample(record, summary)
+                bar.update(len(written))
                 bar.set_postfix(done=len(records))
         bar.close()
         summary["peak_memory"] = peak_memory(model.target.devices)
@@ -615,9 +629,9 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
         summary["intervals"] = intervals(named)
         summary["interval_method"] = INTERVAL_METHOD
         if run_cfg.batch_size > 1:  # throughput over the whole batch, per-sequence latency, nodes per batched step
-            summary["batch"] = batch_summary(records, run_cfg.batch_size)
-        if run_cfg.repeats > 1:  # each headline ratio per repeat: the machine's noise between runs
-            add_repeats(summary, records, run_cfg.repeats, list(contenders) if comparison else None)
+            summary["batch"] = {**batch_summary(records, run_cfg.batch_size), "stream_repeats": repeats}
+        if repeats > 1:  # each headline ratio per repeat: the machine's noise between runs
+            add_repeats(summary, records, repeats, list(contenders) if comparison else None)
         rundir.write_summary(summary)
         if comparison:
             for name, method_summary in summary["methods"].items():
@@ -631,9 +645,10 @@ def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, 
 
 
 def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool):
-    """The records of `todo` measured run.batch_size sequences at a time: groups of twice the batch size (so
-    that finished sequences hand their slots to newcomers), every role over a group in rotating order, after an
-    untimed warm-up of every role on the first prompts; a group's records are written when it is done."""
+    """The records of `todo` measured run.batch_size sequences at a time: groups of STREAM_FACTOR x B sequences,
+    each a stream at concurrency B (finished sequences hand their slots to newcomers), every role over a group in
+    rotating order, after an untimed warm-up of every role on the first prompts; a group's records are written
+    together when it is done (one list per group)."""
     run_cfg, size = cfg.run, cfg.run.batch_size
     slot_drafters = {} if baseline is None else {"baseline": [Autoregressive(model.target) for _ in range(size)]}
     methods = {m.name: m for m in cfg.compared}
@@ -645,7 +660,7 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
         first = [prompt for _, _, prompt in todo[:size]]
         for drafters in slot_drafters.values():
             run_conversations(model, drafters, first, run_cfg.warmup_tokens, sampling, run_cfg.seed, False)
-    group = 2 * size
+    group = STREAM_FACTOR * size
     for start in range(0, len(todo), group):
         chunk = todo[start : start + group]
         results, totals = measure_group(
@@ -653,21 +668,25 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
         )
         name = f"{repeat_id(chunk[0][2].id, chunk[0][0])}+{len(chunk)}"  # the group: its first record and size
         batch = {"size": size, "group": name, "totals": totals}
+        written = []
         for at, (repeat, index, prompt) in enumerate(chunk):
             own = {role: results[role][at] for role in results}
-            yield prompt_record(
-                model,
-                contenders,
-                baseline,
-                prompt,
-                index,
-                run_cfg,
-                sampling,
-                comparison,
-                repeat=repeat,
-                measured=own,
-                batch=batch,
+            written.append(
+                prompt_record(
+                    model,
+                    contenders,
+                    baseline,
+                    prompt,
+                    index,
+                    run_cfg,
+                    sampling,
+                    comparison,
+                    repeat=repeat,
+                    measured=own,
+                    batch=batch,
+                )
             )
+        yield written  # the group's records in one write (their totals are the group's)
 
 
 def cost_profile_batch(drafter) -> int | None:

@@ -218,3 +218,54 @@ def test_the_equality_table_tool_prints_one_cell_per_batch_size(capsys):
     batch_lossless.main(["--models", "tiny_llama", "--methods", "pld", "--sizes", "1,3", "--new-tokens", "6"])
     rows = capsys.readouterr().out.splitlines()
     assert rows[-1] == "| tiny_llama | pld | 8/8 equal | 8/8 equal |"
+
+
+def positions_per_node(steps: list[dict]) -> float:
+    """Positions a batch's verify forwards computed per real tree node (padding and padding rows included)."""
+    decoding = [step for step in steps if step["slots"]]
+    return sum(step["positions"] for step in decoding) / sum(step["nodes"] for step in decoding)
+
+
+def test_on_the_engine_a_step_computes_only_real_nodes(tiny):
+    """Ragged rows at B = 8: every method's forwards compute its trees' nodes and nothing else (at most 1.05
+    positions per node); the padded transformers path computes more for pld's trees of varying size (the check's
+    negative control)."""
+    engine = tiny("tiny_llama:packed").target
+    prompts = _prompts(engine.vocab_size, lengths=(5, 17, 9, 30, 12, 7, 21, 11, 6, 14))
+    for method in group_options("method"):
+        _, _, steps, _ = run_batch(engine, method, prompts, batch=8)
+        assert positions_per_node(steps) <= 1.05, method
+    plain = tiny("tiny_llama").target
+    _, _, steps, _ = run_batch(plain, "pld", prompts, batch=8)
+    assert positions_per_node(steps) > 1.05
+
+
+def test_on_the_engine_newcomers_prompts_ride_in_the_steps_one_chunk_a_step(tiny, monkeypatch):
+    """hardware.prefill_chunk=4 on the engine: no prefill forward runs between two steps while sequences decode;
+    the newcomers' chunks ride in the steps' forwards, at most 4 prompt positions a step, so a 40-token prompt is
+    spread over at least 10 steps; every sequence decodes AR's tokens; leavers free slots for newcomers."""
+    from graft.backends.target import PromptPrefill
+
+    target = tiny("tiny_llama:packed").target
+    prompts = _prompts(target.vocab_size, lengths=(5, 6, 40, 7, 9))
+    alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY).new_tokens for p in prompts]
+    separate = []
+    monkeypatch.setattr(PromptPrefill, "advance", lambda *a, **k: separate.append(1))
+    monkeypatch.setattr(target, "prefill_chunk", 4)
+    done, slots, steps, _ = run_batch(target, "ar", prompts, batch=3)
+    assert [done[i].new_tokens for i in range(5)] == alone
+    assert not separate  # no prompt encoded in a forward of its own
+    decoding = [step for step in steps if step["slots"]]
+    assert max(step["prefill"] for step in decoding) == 4
+    assert sum(1 for step in decoding if step["prefill"]) >= 10
+    assert len(set(slots.values())) == 3 and len(done) == 5
+
+
+def test_occupancy_leaves_out_the_ramp_up_and_the_drain():
+    from graft.batch import occupancy
+
+    steps = [{"slots": s, "queued": q} for s, q in (([0], 5), ([0, 1], 4), ([0, 1, 2], 3), ([0, 1, 2], 1))]
+    steps += [{"slots": [0, 1], "queued": 0}, {"slots": [0], "queued": 0}, {"slots": [], "queued": 0}]
+    found = occupancy(steps, 3)
+    assert found["steady"] == 3.0 and found["steady_steps"] == 2
+    assert found["mean"] == 12 / 6

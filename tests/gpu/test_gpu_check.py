@@ -516,3 +516,20 @@ def test_quick_syncs_and_sampling(quick):
     assert sorted(sampled["methods"]) == sorted({"ar", *QUICK.lossless_methods})
     assert all(row["draws"] == QUICK.sample_draws for row in sampled["methods"].values())
     assert sampled["ratios"]["lossless"] is True
+
+
+def test_a_missed_timing_goal_fails_on_a_gpu_and_reads_na_on_a_cpu():
+    """The device check exits 1 on a failed goal (graft/gpu_check/__main__.py: `failed`); a GPU timing goal measured
+    on a CPU is "n/a (GPU goal)", never pass or fail, while lossless fails on any device."""
+    from graft.gpu_check.goals import failed, goal_rows
+
+    step = "EAGLE-3 whole step / AR step (events clock)"
+    parts = {"4": {"result": {"ratios": {"eagle3_step_over_decode": 5.25}}}}
+    assert failed(goal_rows(parts, "cuda")) == [step]
+    on_cpu = {r["figure"]: r["result"] for r in goal_rows(parts, "cpu")}
+    assert on_cpu[step] == "n/a (GPU goal)" and failed(goal_rows(parts, "cpu")) == []
+    parts["2"] = {"result": {"ratios": {"lossless": False}}}
+    assert failed(goal_rows(parts, "cpu")) == ["lossless, greedy: every method's tokens = AR's (float ties allowed)"]
+    parts["4"]["result"]["ratios"]["eagle3_step_over_decode"] = 1.2
+    parts["2"]["result"]["ratios"]["lossless"] = True
+    assert failed(goal_rows(parts, "cuda:0")) == []

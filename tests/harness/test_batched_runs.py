@@ -38,10 +38,12 @@ def alone_and_batched(tmp_path_factory):
 
 
 def test_a_batched_comparison_writes_the_tokens_of_a_batch_1_run(alone_and_batched):
+    """Six prompts at B = 3 are a stream of twelve (the dataset twice: at least 4 x B sequences), the second pass
+    recorded as repeats; every record holds the tokens of the batch-1 run's."""
     root, _, batched = alone_and_batched
     one, three = records(root / "b1"), records(root / "b3")
-    assert [r["id"] for r in three] == [r["id"] for r in one]
-    assert [tokens(r) for r in three] == [tokens(r) for r in one]
+    assert [r["id"] for r in three] == [r["id"] for r in one] + [f"{r['id']}#2" for r in one]
+    assert [tokens(r) for r in three] == [tokens(r) for r in one] * 2
     assert batched["methods"]["pld"]["lossless"] and batched["methods"]["graft"]["lossless"]
     for record in three:
         assert record["batch"]["size"] == 3
@@ -53,14 +55,17 @@ def test_summary_gives_throughput_against_batched_ar(alone_and_batched):
     _, alone, batched = alone_and_batched
     assert "batch" not in alone
     table = batched["batch"]
-    assert table["batch_size"] == 3 and table["groups"] == 1  # six prompts: one group of twice the batch
+    assert table["batch_size"] == 3 and table["groups"] == 1  # six prompts twice: one stream of 4 x B
+    assert table["stream_repeats"] == 2 and table["groups_cut"] == []
     roles = table["roles"]
     assert set(roles) == {"baseline", "pld", "graft"}
     assert roles["baseline"]["speedup_throughput"] is None
     for role, row in roles.items():
         assert row["throughput_tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"])
         assert row["throughput_decode_tokens_per_s"] > row["throughput_tokens_per_s"]
-        assert 1 <= row["sequences_per_step"] <= 3
+        assert 1 <= row["sequences_per_step"] <= row["steady_sequences_per_step"] <= 3
+        assert row["positions_per_node"] == 1.0  # the CPU engine's ragged rows: no padding computed
+        assert 0 < row["prefill_share"] < 1
         assert row["latency_tokens_per_s_p50"] <= row["latency_tokens_per_s_p90"]
         if role != "baseline":
             want = row["throughput_tokens_per_s"] / roles["baseline"]["throughput_tokens_per_s"]
@@ -82,14 +87,34 @@ def test_an_interrupted_batched_run_resumes_without_lost_or_duplicated_records(
 
     monkeypatch.setattr(runner, "measure_group", cut_after_the_first_group)
     with pytest.raises(KeyboardInterrupt):
-        run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")  # groups of four: cut after the first
-    assert len(records(tmp_path / "cut")) == 4
+        run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")  # 12 sequences in groups of 8: cut after one
+    assert len(records(tmp_path / "cut")) == 8
     monkeypatch.setattr(runner, "measure_group", real)
     summary = run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")
-    resumed = records(tmp_path / "cut")
-    assert sorted(r["id"] for r in resumed) == sorted(r["id"] for r in records(root / "b1"))  # none lost, none twice
-    assert {r["id"]: tokens(r) for r in resumed} == {r["id"]: tokens(r) for r in records(root / "b1")}
-    assert summary["batch"]["groups"] == 2 and summary["n_prompts"] == 6
+    resumed, alone = records(tmp_path / "cut"), records(root / "b1")
+    want = [r["id"] for r in alone] + [f"{r['id']}#2" for r in alone]
+    assert sorted(r["id"] for r in resumed) == sorted(want)  # none lost, none twice
+    assert {r["id"].split("#")[0]: tokens(r) for r in resumed} == {r["id"]: tokens(r) for r in alone}
+    assert summary["batch"]["groups"] == 2
+    for role, row in summary["batch"]["roles"].items():  # the totals are the records' own
+        side = (lambda r: r["baseline"]) if role == "baseline" else (lambda r, m=role: r["methods"][m]["side"])
+        assert row["tokens"] == sum(side(r)["totals"]["new_tokens"] for r in resumed), role
+
+
+def test_the_totals_of_a_group_cut_by_a_kill_are_not_counted():
+    """A group whose records are not all there (a kill between two writes, before records were written per
+    group) is left out of the throughput and named; whole groups are counted once."""
+    from graft.records.metrics import batch_summary
+
+    def record(i, group):
+        totals = {"baseline": {"tokens": 10, "wall_s": 1.0, "prefill_s": 0.1, "steps": 5, "nodes": 5, "sequences": 10}}
+        side = {"totals": {"tokens_per_s": 10.0}}
+        batch = {"group": group, "totals": totals}
+        return {"id": f"p{i}", "status": "ok", "batch": batch, "baseline": side, "methods": {}}
+
+    found = batch_summary([record(0, "p0+2"), record(1, "p0+2"), record(2, "p2+4")], 2)
+    assert found["groups"] == 1 and found["groups_cut"] == ["p2+4"]
+    assert found["roles"]["baseline"]["tokens"] == 10
 
 
 def test_a_batch_refuses_what_it_cannot_run_before_the_model_loads(tmp_path):

@@ -7,8 +7,11 @@
 // SiLU(gate) * up, and attention for few rows. The products are the panel kernel where it measured faster at load,
 // else oneDNN's packed linear (products.cpp). Activations and caches are float32 (products may read bfloat16
 // weights: a bfloat16 draft head); the callers fall back to Python where the build is missing.
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "native.h"
@@ -30,6 +33,9 @@ enum LayerField : int {
 };
 
 // A layer's products in the order of its `prefetch` modes (graft/cpu/native/build.py: PRODUCTS).
+// lean_rows runs its segments' attention one thread a segment when none is longer than this many rows
+constexpr int64_t kSegmentRowsInParallel = 64;
+
 enum LayerProduct : int { kQkvProduct = 0, kOProduct = 1, kGateUpProduct = 2, kDownProduct = 3, kProducts = 4 };
 
 at::Tensor product_of(const at::Tensor& x, const at::Tensor* w, int field, int64_t small_rows, int64_t prefetch) {
@@ -151,7 +157,11 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
                   static_cast<int64_t>(prefetch.size()) == kProducts * num_layers,
               "one cache layer, one tap flag and four prefetch modes per layer");
   std::vector<int64_t> offsets(segments + 1, 0);
-  for (size_t s = 0; s < segments; ++s) offsets[s + 1] = offsets[s] + lengths[s];
+  int64_t longest = 0;
+  for (size_t s = 0; s < segments; ++s) {
+    offsets[s + 1] = offsets[s] + lengths[s];
+    longest = std::max(longest, lengths[s]);
+  }
   TORCH_CHECK(offsets[segments] == x.size(0), "the segments' lengths add up to ", offsets[segments], " rows, not ",
               x.size(0));
   const float feps = static_cast<float>(eps);
@@ -164,12 +174,23 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
     const at::Tensor& values = values_per_layer[layer];
     const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
       at::Tensor merged = at::empty({qkv.size(0), heads * head_dim}, qkv.options());
-      for (size_t s = 0; s < segments; ++s) {
+      const auto segment = [&](int64_t s) {
         const int64_t first = offsets[s], n = lengths[s];
         merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, head_dim, norm,
                                                 cos_rows + first * head_dim, sin_rows + first * head_dim,
                                                 keys.narrow(0, slots[s], 1), values.narrow(0, slots[s], 1), starts[s],
                                                 masks[s], scaling, feps));
+      };
+      // many short segments: one thread a segment (each attend then runs alone); a long one (a prompt chunk)
+      // keeps attend's own split over its heads
+      if (segments > 1 && longest <= kSegmentRowsInParallel) {
+        const at::ThreadLocalState caller;  // inference mode and the like hold on the workers too
+        at::parallel_for(0, static_cast<int64_t>(segments), 1, [&](int64_t lo, int64_t hi) {
+          const at::ThreadLocalStateGuard as_caller(caller);
+          for (int64_t s = lo; s < hi; ++s) segment(s);
+        });
+      } else {
+        for (size_t s = 0; s < segments; ++s) segment(static_cast<int64_t>(s));
       }
       return merged;
     };
