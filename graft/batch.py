@@ -2,17 +2,19 @@
 sequence's tree per step, with continuous batching (a sequence that stops leaves its slot and the next request
 takes it, so the batch stays full until the requests run out).
 
-Per step: every live slot's drafter proposes its tree (draft); one forward verifies them all
-(TargetBackend.verify_rows: each tree after its own slot's prefix, padded to one width); then per slot, as in
-graft/decode.py, acceptance, the commit into the slot's own cache (graft/backends/slots.py), the stop checks and
-the drafter's update (extend). Each sequence keeps its own cache length, positions and drafter, so its tokens are
-what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py decides).
+Per step: the live slots draft in lockstep (Drafter.propose_steps: each round every slot's pending model call runs
+as one, e.g. one EAGLE head forward over every slot's frontier); one forward verifies every tree; then per slot, as
+in graft/decode.py, acceptance, the commit into the slot's own cache (graft/backends/slots.py), the stop checks and
+the drafter's update (extend). Each sequence keeps its own cache length, positions and drafter state, so its
+tokens are what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py).
 
-Newcomers' prompts are encoded between two steps, at most one chunk's worth of positions (hardware.prefill_chunk)
-while sequences decode. On a GPU (fixed-size trees, device acceptance) a step reads the host once for the whole
-batch, every slot's accepted path in one copy, and its forward has a fixed shape per bucket of live slots
-(`rows_bucket`). The CPU engine verifies one sequence at a time: batches run on the transformers forward
-(graft/run/runner.py: batched_hardware).
+Two forwards verify a batch. On a ragged backend (the CPU engine: TargetBackend.ragged_rows) each tree is a
+segment of one forward (forward_segments): only real nodes are computed, each over its own slot's prefix, and the
+newcomers' prompt chunks ride in the same forward, at most one chunk's worth of positions (hardware.prefill_chunk)
+a step. Otherwise (the transformers forward) the trees are padded rows (verify_rows) and newcomers' chunks run
+between two steps, at most one chunk's worth while sequences decode. On a GPU (fixed-size trees, device
+acceptance) a step reads the host once for the whole batch and its padded forward has a fixed shape per bucket of
+live slots (`rows_bucket`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from graft.acceptance import (
 from graft.backends.slots import SlotCaches
 from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment
 from graft.decode import Generation, SamplingConfig, _top2, keep_committed, read_back, record_step
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, run_calls
 from graft.tree import DraftTree, topology
 
 
@@ -304,17 +306,33 @@ class _Run:
 
     def draft(self, live: dict[int, _Live]) -> tuple[dict, dict]:
         """Every live slot's proposal, cut to the context left ({slot: Proposal}, {slot: seconds}); a slot whose
-        context is full leaves."""
+        context is full leaves. The slots draft in lockstep (Drafter.propose_steps): each round, every slot's
+        pending model call runs together (graft/drafter.py: run_calls, one head forward for all slots' frontiers);
+        each slot is charged an equal share of the drafting seconds."""
         target, slots, clock = self.target, self.slots, self.clock
+        t0 = clock()
+        for slot in live:
+            self.drafters[slot].lockstep = len(live)
+        steps = {slot: self.drafters[slot].propose_steps(entry.state) for slot, entry in sorted(live.items())}
+        pending, drafted = {}, {}
+        for slot, step in steps.items():
+            target.cache = slots.slot[slot]  # a drafter may read the target's cache (its length)
+            _advance(step, slot, None, pending, drafted, first=True)
+        while pending:
+            calls = list(pending.items())
+            pending = {}
+            for (slot, _), result in zip(calls, run_calls([call for _, call in calls])):
+                target.cache = slots.slot[slot]
+                _advance(steps[slot], slot, result, pending, drafted)
+        for slot in live:
+            self.drafters[slot].lockstep = 1
+        share = (clock() - t0) / max(len(drafted), 1)
         proposals, draft_s = {}, {}
-        for slot, entry in sorted(live.items()):
-            target.cache = slots.slot[slot]
-            t0 = clock()
-            proposal = self.drafters[slot].propose(entry.state)
-            room = target.max_context - target.cache_len
+        for slot, proposal in sorted(drafted.items()):
+            room = target.max_context - slots.slot[slot].layers[0].length
             if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
                 proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
-            proposals[slot], draft_s[slot] = proposal, clock() - t0
+            proposals[slot], draft_s[slot] = proposal, share
         for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
             live[slot].gen.stop_reason = "context"
             self.leave(live, slot)
@@ -374,6 +392,14 @@ class _Run:
         read_back(entry.gen, entry.sources, entry.kept, entry.top2 if self.record_gaps else None)
         self.free.append(slot)
         self.on_done(entry.request, entry.gen, slot)
+
+
+def _advance(step, slot: int, result, pending: dict, drafted: dict, first: bool = False) -> None:
+    """A slot's drafting generator one call further: its next call into `pending`, or its proposal into `drafted`."""
+    try:
+        pending[slot] = next(step) if first else step.send(result)
+    except StopIteration as done:
+        drafted[slot] = done.value
 
 
 def _padding(device) -> DraftTree:

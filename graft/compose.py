@@ -25,13 +25,13 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Generator, Literal
 
 import torch
 from torch import Tensor
 
 from graft.backends.target import TargetBackend
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.fixed_size import Deferred
 from graft.grafting import Grafted
 from graft.fixed_size import compact
@@ -100,6 +100,11 @@ class DraftSource(Proposer, ABC):
     def draft(self, state: SequenceState, split: "Split", total_tokens: int) -> Draft:
         """The source's tree for this step, following `split` within `total_tokens`."""
 
+    def draft_steps(self, state: SequenceState, split: "Split", total_tokens: int) -> Generator:
+        """draft() as a generator of its model calls (graft/drafter.py: Drafter.propose_steps); by default none."""
+        return self.draft(state, split, total_tokens)
+        yield  # a generator
+
 
 class Split:
     """How many draft nodes a step keeps, decided from the draft's confidence while it is drafted.
@@ -114,6 +119,7 @@ class Split:
 
     supports_fixed_size = False
     fixed_size = False
+    time_share = 1.0  # what of the seconds it times are this sequence's (a batch drafting in lockstep: 1 / slots)
 
     def level_cap(self) -> Tensor | None:
         return None
@@ -219,6 +225,8 @@ class Trim(ABC):
     """Cuts the united tree before it is verified: start() when the step's drafting begins, cut(tree, state)
     -> an ancestor-closed subset of its nodes (root first, the order kept), observe(step) after the
     verification of what it kept. A trim reads the tree on the host (no fixed-size trees)."""
+
+    time_share = 1.0  # what of the seconds it times are this sequence's (a batch drafting in lockstep: 1 / slots)
 
     def prepare(self, target: TargetBackend, total_tokens: int, batch_size: int = 1) -> None:
         """Once the drafter is built on `target`: a trim that reads the target's costs gets them here, at the
@@ -375,20 +383,29 @@ class ComposedDrafter(Drafter):
     def propose(self, state: SequenceState) -> Proposal:
         """One step's tree, in the paper's steps: draft (the split prunes it as the source drafts), retrieve and
         graft (the attach policy), then trim (beyond the paper). SAM-Decoding's switch chooses instead of uniting."""
+        return drive(self.propose_steps(state))
+
+    def propose_steps(self, state: SequenceState) -> Generator:
+        for timed in (self.split, self.trim):  # a timed part's share of drafting done in lockstep with other slots
+            if timed is not None:
+                timed.time_share = 1.0 / self.lockstep
         if self.trim is not None:
             self.trim.start()  # the trim times the whole step's drafting
         if self.params.combine == "switch":
-            united = self._switch(state)
+            united = yield from self._switch(state)
         else:
-            united = self.graft(self.draft(state), self.retrieve(state))
+            united = self.graft((yield from self.draft_steps(state)), self.retrieve(state))
         return self.trimmed(united, state)
 
     def draft(self, state: SequenceState) -> Draft:
         """Draft and prune: the source's tree within the budget, cut where the split's confidence checks say (a
         bare root for the methods without a source)."""
+        return drive(self.draft_steps(state))
+
+    def draft_steps(self, state: SequenceState) -> Generator:
         if self.source is None:
             return Draft(self._bare_root(state))
-        return self.source.draft(state, self.split, self.params.total_tokens)
+        return (yield from self.source.draft_steps(state, self.split, self.params.total_tokens))
 
     def retrieve(self, state: SequenceState) -> Retrieval:
         """Retrieve: the retrievers over the sequence as it stands (what earlier verifications taught them)."""
@@ -450,7 +467,7 @@ class ComposedDrafter(Drafter):
     def _bare_root(self, state: SequenceState) -> DraftTree:
         return DraftTree.root_only(state.root_on(self.target.device), self.target.device)
 
-    def _switch(self, state: SequenceState) -> Proposal:
+    def _switch(self, state: SequenceState) -> Generator:
         """SAM-Decoding: the retrieved subtree alone when there is one, else the draft."""
         started = time.perf_counter()
         bare = DraftTree.root_only(state.root, self.target.device)
@@ -459,7 +476,7 @@ class ComposedDrafter(Drafter):
         note = self._retrieval_note(bare, grafted, started)
         if grafted.added:
             return Proposal(grafted.tree, {"stage": "retrieval", **note})
-        draft = self.source.draft(state, self.split, self.params.total_tokens)
+        draft = yield from self.source.draft_steps(state, self.split, self.params.total_tokens)
         return Proposal(draft.tree, {"stage": "draft", **note, "draft_nodes": draft.tree.num_nodes - 1})
 
     def _retrieval_note(self, draft: DraftTree, grafted: Grafted, started: float) -> dict:

@@ -16,6 +16,7 @@ and registers itself with `graft.registry.register("drafter", name, params)`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +96,7 @@ class Drafter(ABC):
     """The protocol. Subclasses implement propose(); reset() and update() default to nothing."""
 
     needs: TargetNeeds = TargetNeeds()
+    lockstep = 1  # the sequences drafting with it in lockstep this step (graft/batch.py sets it; timed parts share)
 
     def __init__(self, target: TargetBackend, method=None, batch_size: int = 1):
         self.target = target
@@ -114,9 +116,36 @@ class Drafter(ABC):
     def propose(self, state: SequenceState) -> Proposal:
         """The tree to verify next, rooted at state.root."""
 
+    def propose_steps(self, state: SequenceState) -> Generator:
+        """propose() as a generator of the model calls it makes (each with `run()` and a `run_all(calls)` that
+        runs several sequences' calls as one), so a batch (graft/batch.py) drafts every slot in lockstep; it
+        returns the Proposal. By default it makes none: propose() itself."""
+        return self.propose(state)
+        yield  # a generator
+
     def update(self, step: StepFeedback) -> None:
         pass
 
     def share_with(self, first: "Drafter") -> None:
         """In a batch (graft/batch.py), called on slot b's drafter with slot 0's: state the method shares across
         the batch is taken from it; by default every sequence keeps its own."""
+
+
+def drive(steps: Generator):
+    """Run a drafting generator alone: each call it yields run as it comes (`call.run()`); returns its value."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(call.run())
+    except StopIteration as done:
+        return done.value
+
+
+def run_calls(calls: list) -> list:
+    """Several sequences' pending calls, each kind's together (`type(call).run_all`), results in order."""
+    results: list = [None] * len(calls)
+    for kind in {type(call) for call in calls}:
+        mine = [i for i, call in enumerate(calls) if type(call) is kind]
+        for i, result in zip(mine, kind.run_all([calls[i] for i in mine])):
+            results[i] = result
+    return results

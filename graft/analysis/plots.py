@@ -846,7 +846,9 @@ def batch_scaling(rows, out: Path) -> list[Path]:
     written = []
     if rows.empty or rows["batch_size"].nunique() < 2:
         return written
-    for (model, dataset), group in rows.groupby(["model", "dataset"]):
+    from graft.analysis.tables import batch_series
+
+    for (model, dataset, temperature, new_tokens, stream), group in batch_series(rows):
         if group["batch_size"].nunique() < 2:
             continue
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -890,6 +892,15 @@ def batch_scaling(rows, out: Path) -> list[Path]:
         right.set_title("throughput, prefill included", fontsize=9)
         handles, labels = right.get_legend_handles_labels()
         _legend_below(fig, handles, labels)
-        _suptitle_layout(fig, f"{model} / {dataset_label(dataset)} on {group['hardware'].iloc[0]}: batch scaling")
-        written += _save(fig, out, f"batch_scaling_{model}_{dataset}")
+        setting = f"{new_tokens} new tokens" + (f", temperature {temperature:g}" if temperature else "")
+        setting += f", {stream} stream" if stream else ""
+        title = f"{model} / {dataset_label(dataset)} on {group['hardware'].iloc[0]}: batch scaling ({setting})"
+        _suptitle_layout(fig, title)
+        # one file per series: the settings that split series name it
+        suffix = (
+            f"_{new_tokens}tok"
+            + (f"_t{temperature:g}" if temperature else "")
+            + ("_groups" if stream == "groups of 2B" else "")
+        )
+        written += _save(fig, out, f"batch_scaling_{model}_{dataset}{suffix}")
     return written

@@ -451,6 +451,10 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
     for run in dict.fromkeys(per_sequence["run"]):
         summary = read_summary(Path(run))
         batch = summary.get("batch")
+        new_tokens = (_run_config(Path(run)).get("run") or {}).get("max_new_tokens")
+        # how the batch was kept full: a steady stream of >= 4 B sequences, or (older runs) groups of 2 B drained
+        # in turn; batch 1 runs one sequence at a time, which any series may start from
+        stream = None if not batch else "steady" if batch.get("stream_repeats") is not None else "groups of 2B"
         if batch:
             size = batch["batch_size"]
             found = {("ar" if role == "baseline" else role): row for role, row in batch["roles"].items()}
@@ -473,9 +477,23 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
                     "throughput_tokens_per_s": throughput,
                     "speedup_throughput": throughput / base if throughput and base and method != "ar" else None,
                     "latency_tokens_per_s_p50": row.get("latency_tokens_per_s_p50"),
+                    "steady_sequences_per_step": row.get("steady_sequences_per_step"),
+                    "max_new_tokens": new_tokens,
+                    "stream": stream,
                 }
             )
     return per_sequence.merge(pd.DataFrame(rows), on=["run", "method"], how="inner")
+
+
+def batch_series(rows: pd.DataFrame):
+    """(model, dataset, temperature, max_new_tokens, stream) and its rows: the runs one batch-size series may draw
+    together. Runs that differ in temperature, answer length or how their batch was kept full (a steady stream, or
+    groups drained in turn) are never one series; a batch-1 run joins every series of its other settings."""
+    keys = ["model", "dataset", "temperature", "max_new_tokens"]
+    for key, group in rows.groupby(keys, dropna=False):
+        streams = sorted({s for s in group["stream"] if isinstance(s, str)}) or [None]
+        for stream in streams:
+            yield (*key, stream), group[group["stream"].isna() | (group["stream"] == stream)]
 
 
 def batch_table(rows: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:

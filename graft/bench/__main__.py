@@ -6,8 +6,9 @@ python -m graft.bench memory                                       # peak memory
 python -m graft.bench dflash-accuracy [--drafter heads/...]        # a block drafter's per-position accuracy
 python -m graft.bench native-ab --ref REV                          # two builds of the native kernels, A/B
 python -m graft.bench moe-experts [--rounds 15]                    # verify time against the experts a tree touches
-python -m graft.bench batch [--sizes 4,8]                          # AR's throughput at batch 1 and batched
+python -m graft.bench batch [--sizes 1,8,32] [--vllm PYTHON]       # AR's throughput against B, beside vLLM
 python -m graft.bench batch-lossless [--sizes 1,4,8]               # batched tokens against batch-1 AR's
+python -m graft.bench batch-ops [--sizes 1,8,16]                   # ATen ops, padding and reads per batched step
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ COMMANDS = {  # command -> (module, what it measures)
     "dflash-accuracy": ("graft.bench.dflash_accuracy", "a block drafter's per-position top-1 accuracy"),
     "native-ab": ("graft.bench.native_ab", "this checkout's native kernels against another commit's, in one process"),
     "moe-experts": ("graft.bench.moe_experts", "MoE verify time against the experts a tree touches"),
-    "batch": ("graft.bench.batch", "AR's throughput at batch 1 (engine and transformers) and batched"),
+    "batch": ("graft.bench.batch", "AR's throughput against the batch size, beside batch 1 and vLLM"),
     "batch-lossless": (
         "graft.bench.batch_lossless",
         "each method's batched tokens against batch-1 AR's, per model and B",
     ),
+    "batch-ops": ("graft.bench.batch_ops", "ATen ops, positions per node and host reads per batched step"),
 }
 
 

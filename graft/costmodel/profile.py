@@ -25,7 +25,7 @@ drafters' step cost.
 - draft (`--methods`): each method's mean draft ms per step (propose + update) in the same loop on the
   dataset's first prompt, for projecting onto this device runs recorded elsewhere; `ar` always.
 - batch (`--batch B`, default 1): the verify table is one forward of B trees of k nodes each, every row after
-  the context (TargetBackend.verify_rows over B slots, on the transformers forward, as run.batch_size=B runs);
+  the context (TargetBackend.verify_rows over B slots, on the run's forward, as run.batch_size=B runs);
   the overhead, commit move and draft costs stay one sequence's, and an MoE target's experts are not measured.
   `project` with such a profile projects runs to batch B.
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch < 1:
         raise ConfigError(f"--batch {args.batch}: expected an integer >= 1 (sequences per verify forward)")
     cfg = validate(compose_checked([*args.overrides, "logger=none"]))
-    hardware = batched_hardware(cfg.hardware, args.batch)  # a batch verifies on the transformers forward
+    hardware = batched_hardware(cfg.hardware, args.batch)  # as a batched run: eager, one device
     started = time.perf_counter()
     model = load_model(cfg.model, hardware, progress=False)
     target = model.target

@@ -198,7 +198,7 @@ class LeanForward:
         cos, sin = self.rotary(x, torch.cat([s.positions for s in segments]).unsqueeze(0))  # [1, total, head_dim]
         masks = [None if s.mask is None or s.length == 1 else s.mask for s in segments]  # one node sees the prefix
         captured = {}
-        if self.native is not None:
+        if self.native is not None and max(s.length for s in segments) <= NATIVE_MAX_ROWS:
             x = self._native_rows(x, cos, sin, masks, segments, slots, taps, captured)
         else:
             x = self._python_rows(x, cos.unsqueeze(1), sin.unsqueeze(1), masks, segments, slots, taps, captured)
@@ -393,6 +393,15 @@ class LeanBackend(TargetBackend):
     ragged_rows = True  # a batch's trees and prompt chunks run as segments of one forward (LeanForward.rows)
 
     def forward_segments(self, slots, segments, taps=()) -> list[ForwardOutput]:
+        long = [s.length > NATIVE_MAX_ROWS for s in segments]
+        if self.native is not None and any(long) and not all(long):
+            # as batch 1 runs them, so with the same bits: few rows through the native loop, long ones (a prompt
+            # chunk) through the Python loop, in a forward of their own
+            outputs = {}
+            for group in (False, True):
+                mine = [i for i, is_long in enumerate(long) if is_long == group]
+                outputs.update(zip(mine, self.forward_segments(slots, [segments[i] for i in mine], taps)))
+            return [outputs[i] for i in range(len(segments))]
         wanted = {(tap.layer, tap.where) for tap in taps}
         logits, captured = self.lean.rows(segments, slots, wanted)
         hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps, self.device)

@@ -135,7 +135,7 @@ class AutoSplit(Split):
         return self._costs[total_tokens]
 
     def keep(self, scores: Tensor, total_tokens: int) -> int:
-        drafted = 1e3 * (time.perf_counter() - self.started)
+        drafted = 1e3 * (time.perf_counter() - self.started) * self.time_share
         self.steps += 1
         self.draft_ms += (drafted - self.draft_ms) / self.steps
         costs = [self.draft_ms + c for c in self._verify_costs(total_tokens)]
@@ -229,7 +229,8 @@ class AutoTrim(Trim):
 
     def cut(self, tree: DraftTree, state: SequenceState) -> DraftTree:
         self.steps += 1
-        self.propose_ms += (1e3 * (time.perf_counter() - self.started) - self.propose_ms) / self.steps
+        proposed = 1e3 * (time.perf_counter() - self.started) * self.time_share
+        self.propose_ms += (proposed - self.propose_ms) / self.steps
         value, places, parents = self.values(tree)
         order = [0] + sorted(range(1, len(value)), key=value.__getitem__, reverse=True)  # stable: parents first
         count = most_per_ms([value[i] for i in order], self.costs_ms(len(order), len(state.tokens)))

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Generator, Literal
 
 import torch
 from torch import Tensor
 
 from graft.backends.target import HiddenTap, TargetBackend, capacity_bucket
 from graft.compose import Draft, DraftSource, Split
-from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.draft_models.eagle.checkpoint import load_head, random_head
 from graft.draft_models.eagle.head import DraftHead
 from graft.kv import KVBuffer
@@ -216,7 +216,71 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
 Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top_k]) -> stop drafting here
 
 
-def expand(
+@dataclass
+class HeadCall:
+    """One drafting level's work for one sequence's head, as `expand_steps` asks for it: a forward over n new
+    entries on the sequence's head cache (`embeds` None: no forward, the scores of `last` alone), then each
+    output's top_k log-probabilities. A batch runs the calls of all its sequences as one forward (run_head_calls)."""
+
+    head: DraftHead
+    cache: KVBuffer
+    top_k: int
+    embeds: Tensor | None = None  # [n, H]
+    hidden: Tensor | None = None  # [n, H]
+    positions: Tensor | None = None  # [n]
+    allowed: Tensor | None = None  # [n, cache.length + n] bool
+    last: Tensor | None = None  # [1, H]: the output to score where there is no forward
+
+    def forward(self) -> Tensor:
+        if self.embeds is None:
+            return self.last
+        return head_step(self.head, self.cache, self.embeds, self.hidden, self.positions, self.allowed, compiled=True)
+
+    @torch.inference_mode()
+    def run(self) -> HeadResult:
+        """This sequence's call on its own (batch 1)."""
+        out = self.forward()
+        return (out, *self.head.top_log_probs(out, self.top_k))
+
+    @staticmethod
+    def run_all(calls: list["HeadCall"]) -> list[HeadResult]:
+        """Several sequences' calls: the forwards of one head as one forward over their rows, each on its own
+        cache (DraftHead.step_rows, where the head's engine has it), and the outputs' top-k in one pass per
+        (head, k)."""
+        return run_head_calls(calls)
+
+
+HeadResult = tuple  # (outputs [n, H], top values [n, k], top indices [n, k], draft-to-target offsets or None)
+
+
+@torch.inference_mode()
+def run_head_calls(calls: list[HeadCall]) -> list[HeadResult]:
+    outs: list = [call.last for call in calls]
+    forwards = [i for i, call in enumerate(calls) if call.embeds is not None]
+    for head in {id(calls[i].head): calls[i].head for i in forwards}.values():
+        mine = [i for i in forwards if calls[i].head is head]
+        rows = head.step_rows([calls[i] for i in mine]) if len(mine) > 1 else None
+        for i, out in zip(mine, rows or [calls[i].forward() for i in mine]):
+            outs[i] = out
+    results: list = [None] * len(calls)
+    for key in {(id(c.head), c.top_k) for c in calls}:
+        mine = [i for i, c in enumerate(calls) if (id(c.head), c.top_k) == key]
+        head, k = calls[mine[0]].head, calls[mine[0]].top_k
+        values, indices, d2t = head.top_log_probs(torch.cat([outs[i] for i in mine]), k)
+        first = 0
+        for i in mine:
+            n = outs[i].shape[0]
+            results[i] = (outs[i], values[first : first + n], indices[first : first + n], d2t)
+            first += n
+    return results
+
+
+def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, *args) -> Candidates:
+    """expand_steps run alone (its head calls one by one)."""
+    return drive(expand_steps(head, embed, cache, last, depth, top_k, *args))
+
+
+def expand_steps(
     head: DraftHead,
     embed,
     cache: KVBuffer,
@@ -225,15 +289,16 @@ def expand(
     top_k: int,
     checkpoint: Checkpoint | None = None,
     levels: int | None = None,
-) -> Candidates:
+) -> Generator[HeadCall, HeadResult, Candidates]:
     """Score the root's top-k children from the head's output `last` [H] at the last committed position,
     then `depth` times expand every frontier node by its top-k children, keeping the global top-k by
     cumulative log-probability as the next frontier. `checkpoint` may stop it after any level; `levels`
     stops it after that many (their checkpoint still runs), where the split says that deeper levels cannot
-    change its tree (Split.levels_needed)."""
+    change its tree (Split.levels_needed). A generator: it yields each level's HeadCall and is sent its
+    result, so a batch can run every sequence's level as one forward (`drive` runs it alone)."""
     device = last.device
     committed = cache.length
-    top_values, top_indices, d2t = head.top_log_probs(last[None], top_k)  # [1, k]
+    _, top_values, top_indices, d2t = yield HeadCall(head, cache, top_k, last=last[None])  # [1, k]
     to_target = (lambda ids: ids + d2t[ids]) if d2t is not None else (lambda ids: ids)  # noqa: E731
     scores = top_values[0]  # [k] cumulative log-probs of the frontier
     found = Candidates(
@@ -253,9 +318,9 @@ def expand(
         allowed = torch.ones(top_k, committed + tree_mask.shape[1], dtype=torch.bool, device=device)
         allowed[:, committed:] = tree_mask
         positions = torch.full((top_k,), committed + level, device=device)
-        out = head_step(head, cache, embed(frontier_tokens), frontier_hidden, positions, allowed, compiled=True)
+        call = HeadCall(head, cache, top_k, embed(frontier_tokens), frontier_hidden, positions, allowed)
+        out, top_values, top_indices, _ = yield call  # [k, k] per frontier node
         found.group_parent.append(frontier_flat + 1)
-        top_values, top_indices, _ = head.top_log_probs(out, top_k)  # [k, k] per frontier node
         cumulative = top_values + scores[:, None]  # [k, k]
         scores, best = best_k(cumulative.view(-1), top_k)
         rows = best // top_k
@@ -359,6 +424,11 @@ class _HeadSource(DraftSource):
     def update(self, step: StepFeedback) -> None:
         self.runner.update(step)
 
+    def share_with(self, first: "_HeadSource") -> None:
+        """In a batch the slots share one head's weights (read only), so a level's forward over every slot's
+        frontier is one call (run_head_calls); each slot keeps its own head cache."""
+        self.runner.head = first.runner.head
+
 
 _SAID_HEAD_DTYPE: set = set()
 
@@ -371,6 +441,10 @@ class EagleSource(_HeadSource):
 
     @torch.inference_mode()
     def draft(self, state: SequenceState, split: Split, total_tokens: int) -> Draft:
+        return drive(self.draft_steps(state, split, total_tokens))
+
+    @torch.inference_mode()  # (on a generator: every resume runs under it)
+    def draft_steps(self, state: SequenceState, split: Split, total_tokens: int) -> Generator:
         p, runner = self.params, self.runner
         split.start()
         # no work on candidates the split can never keep (a small budget keeps few, shallow nodes); a compiled
@@ -378,7 +452,9 @@ class EagleSource(_HeadSource):
         width = split.widest_useful(total_tokens) if runner.head.compiled_step is None else None
         top_k = p.top_k if width is None else min(p.top_k, width)
         levels = split.levels_needed(total_tokens)
-        found = expand(runner.head, self.embed, runner.cache, runner.last, p.depth, top_k, split.stop_after, levels)
+        found = yield from expand_steps(
+            runner.head, self.embed, runner.cache, runner.last, p.depth, top_k, split.stop_after, levels
+        )
         keep = split.keep(torch.cat(found.scores), total_tokens)
         if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
             root = state.root_on(runner.last.device)

@@ -53,6 +53,7 @@ def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, st
     from graft.records.reader import RecordError
     from graft.analysis.tables import (
         batch_rows,
+        batch_series,
         batch_table,
         best_settings,
         improvement,
@@ -104,8 +105,14 @@ def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, st
             latex += [f"% {title}", repeated.to_latex(escape=True), ""]
     batched = batch_rows(paths, partial=partial)
     if not batched.empty and batched["batch_size"].nunique() > 1:  # experiment=batch_scaling: one column per B
-        for (model, dataset), group in batched.groupby(["model", "dataset"]):
-            title = f"{model} / {dataset}: throughput over batched AR at the same batch size / tau ({group['hardware'].iloc[0]})"
+        for (model, dataset, temperature, new_tokens, stream), group in batch_series(batched):
+            if group["batch_size"].nunique() < 2:
+                continue
+            setting = f"temperature {temperature:g}, {new_tokens} new tokens" + (f", {stream} stream" if stream else "")
+            title = (
+                f"{model} / {dataset}: throughput over batched AR at the same batch size / tau ({setting}; "
+                f"{group['hardware'].iloc[0]})"
+            )
             table = batch_table(group, ordered(group["method"]))
             note = "AR's row: its throughput (new tokens per second over the whole batch, prefill included)."
             markdown += [f"### {title}", "", table.to_markdown(), "", note, ""]

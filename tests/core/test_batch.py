@@ -269,3 +269,51 @@ def test_occupancy_leaves_out_the_ramp_up_and_the_drain():
     found = occupancy(steps, 3)
     assert found["steady"] == 3.0 and found["steady_steps"] == 2
     assert found["mean"] == 12 / 6
+
+
+class _HeadRows:
+    """The native module with its head_rows calls recorded (segments per call)."""
+
+    def __init__(self, module, calls: list):
+        self._module, self._calls = module, calls
+
+    def head_rows(self, *args):
+        self._calls.append(len(args[3]))
+        return self._module.head_rows(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _head_rows_calls(target, monkeypatch, method: str) -> tuple[list, dict, list]:
+    calls = []
+    drafters = [make_drafter(method, target) for _ in range(4)]
+    for drafter in drafters:
+        layer = drafter.source.runner.head.engine
+        monkeypatch.setattr(layer, "module", _HeadRows(layer.module, calls))
+    for other in drafters[1:]:
+        other.share_with(drafters[0])
+    prompts = _prompts(target.vocab_size, lengths=(5, 9, 7, 11))
+    done = {}
+    queue = deque(BatchRequest(ids, tag=i) for i, ids in enumerate(prompts))
+    capacity = slot_capacity([len(p) for p in prompts], MAX_NEW, drafters[0].max_nodes())
+    generate_batch(target, drafters, queue, MAX_NEW, set(), GREEDY, capacity, lambda r, g, s: done.update({r.tag: g}))
+    return calls, done, prompts
+
+
+# graft_noprune: Graft's tree without the confidence stage, which stops a random head's tree at its root
+@pytest.mark.parametrize("method", ["eagle3", "graft_noprune"])
+def test_a_batch_drafts_each_eagle_level_in_one_head_forward_for_every_slot(tiny, monkeypatch, method):
+    """On the engine the slots draft in lockstep: each tree level is one head_rows forward over every live slot's
+    frontier (four slots: calls of four segments), and every sequence still decodes AR's tokens. Negative control:
+    slots that do not share their head's weights cannot batch it (no head_rows call at all)."""
+    target = tiny("tiny_llama:packed").target
+    calls, done, prompts = _head_rows_calls(target, monkeypatch, method)
+    alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY).new_tokens for p in prompts]
+    assert [done[i].new_tokens for i in range(4)] == alone
+    assert calls and max(calls) == 4 and min(calls) >= 2
+    from graft.methods.eagle3 import _HeadSource
+
+    monkeypatch.setattr(_HeadSource, "share_with", lambda self, first: None)
+    unshared, _, _ = _head_rows_calls(target, monkeypatch, method)
+    assert unshared == []

@@ -114,6 +114,11 @@ class _Leaky:
         self.leak(proposal.tree)
         return proposal
 
+    def propose_steps(self, state):  # what a batch drafts through (graft/batch.py: lockstep)
+        proposal = yield from self.inner.propose_steps(state)
+        self.leak(proposal.tree)
+        return proposal
+
 
 LEAKS = {
     "0-d index": (lambda tree: tree.tokens[tree.tokens.argmax()], "read"),

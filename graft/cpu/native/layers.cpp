@@ -8,7 +8,7 @@
 // else oneDNN's packed linear (products.cpp). Activations and caches are float32 (products may read bfloat16
 // weights: a bfloat16 draft head); the callers fall back to Python where the build is missing.
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
+#include <c10/core/InferenceMode.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -55,6 +55,59 @@ at::Tensor decoder_layer(const at::Tensor& input, const at::Tensor& residual, co
   at::Tensor gate_up =
       product_of(rms_norm_rows(x, w[kPostNorm], eps), w, kGateUp, small_rows, prefetch[kGateUpProduct]);
   return x.add(product_of(swiglu(gate_up), w, kDown, small_rows, prefetch[kDownProduct]));
+}
+
+// Where each segment's rows start in a forward over several sequences, and the total at the end.
+std::vector<int64_t> segment_offsets(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> offsets(lengths.size() + 1, 0);
+  for (size_t s = 0; s < lengths.size(); ++s) offsets[s + 1] = offsets[s] + lengths[s];
+  return offsets;
+}
+
+// Attention of several sequences' rows: segment s (rows offsets[s]..offsets[s + 1] - 1 of qkv) over its own cache
+// keys[s], values[s] [1, kv_heads, capacity, d] after its starts[s] positions, with masks[s] as attend's. Many
+// short segments run one thread a segment (each attend then runs alone); a long one (a prompt chunk) keeps
+// attend's own split over its heads. Returns [rows, heads * d].
+at::Tensor attend_segments(const at::Tensor& qkv, const at::Tensor& norm, const std::vector<at::Tensor>& keys,
+                           const std::vector<at::Tensor>& values, const float* cos, const float* sin,
+                           const std::vector<at::Tensor>& masks, const std::vector<int64_t>& starts,
+                           const std::vector<int64_t>& offsets, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           double scaling, float eps) {
+  const int64_t segments = static_cast<int64_t>(starts.size());
+  at::Tensor merged = at::empty({qkv.size(0), heads * head_dim}, qkv.options());
+  int64_t longest = 0;
+  for (int64_t s = 0; s < segments; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
+  const auto segment = [&](int64_t s) {
+    const int64_t first = offsets[s], n = offsets[s + 1] - offsets[s];
+    merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, head_dim, norm,
+                                            cos + first * head_dim, sin + first * head_dim, keys[s], values[s],
+                                            starts[s], masks[s], scaling, eps));
+  };
+  if (segments > 1 && longest <= kSegmentRowsInParallel) {
+    // the caller's inference mode holds on the workers (their tensors are inference tensors); nothing else of its
+    // thread state does: a Python dispatch mode there would wait for the GIL the caller holds
+    const bool inference = c10::InferenceMode::is_enabled();
+    at::parallel_for(0, segments, 1, [&](int64_t lo, int64_t hi) {
+      const c10::InferenceMode as_caller(inference);
+      for (int64_t s = lo; s < hi; ++s) segment(s);
+    });
+  } else {
+    for (int64_t s = 0; s < segments; ++s) segment(s);
+  }
+  return merged;
+}
+
+// What an EAGLE head's attention reads: [norm(embeds); hidden_norm(hidden)] [n, 2H] for EAGLE-3, `hidden` as it
+// is for EAGLE-1 (`embeds` empty).
+at::Tensor head_input(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w, float eps) {
+  if (!present(embeds)) return hidden;
+  TORCH_CHECK(embeds.sizes() == hidden.sizes() && embeds.is_contiguous(), "embeds: contiguous, as hidden");
+  const int64_t n = hidden.size(0), width = hidden.size(1);
+  at::Tensor input = at::empty({n, 2 * width}, hidden.options());
+  at::Tensor both = input.view({n, 2, width});
+  both.select(1, 0).copy_(rms_norm_rows(embeds, w[kInputNorm], eps));
+  both.select(1, 1).copy_(rms_norm_rows(hidden, w[kHiddenNorm], eps));
+  return input;
 }
 
 // Attention over one cache: rows start.. of `keys` / `values` written, as attend() does.
@@ -117,15 +170,7 @@ at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const 
               "hidden: contiguous [n, H] float32");
   TORCH_CHECK(static_cast<int64_t>(prefetch.size()) == kProducts, "four prefetch modes, one per product");
   const float feps = static_cast<float>(eps);
-  at::Tensor input = hidden;
-  if (present(embeds)) {  // EAGLE-3: both halves normed straight into one [n, 2H] row
-    TORCH_CHECK(embeds.sizes() == hidden.sizes() && embeds.is_contiguous(), "embeds: contiguous, as hidden");
-    const int64_t n = hidden.size(0), width = hidden.size(1);
-    input = at::empty({n, 2 * width}, hidden.options());
-    at::Tensor both = input.view({n, 2, width});
-    both.select(1, 0).copy_(rms_norm_rows(embeds, w[kInputNorm], feps));
-    both.select(1, 1).copy_(rms_norm_rows(hidden, w[kHiddenNorm], feps));
-  }
+  const at::Tensor input = head_input(embeds, hidden, w, feps);
   const auto attention = one_cache(keys, values, cos.data_ptr<float>(), sin.data_ptr<float>(), mask, start, heads,
                                    kv_heads, head_dim, feps, scaling);
   return decoder_layer(input, hidden, w.data(), prefetch.data(), attention, feps, small_rows);
@@ -156,12 +201,7 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
                   static_cast<int64_t>(tap_flags.size()) == num_layers &&
                   static_cast<int64_t>(prefetch.size()) == kProducts * num_layers,
               "one cache layer, one tap flag and four prefetch modes per layer");
-  std::vector<int64_t> offsets(segments + 1, 0);
-  int64_t longest = 0;
-  for (size_t s = 0; s < segments; ++s) {
-    offsets[s + 1] = offsets[s] + lengths[s];
-    longest = std::max(longest, lengths[s]);
-  }
+  const std::vector<int64_t> offsets = segment_offsets(lengths);
   TORCH_CHECK(offsets[segments] == x.size(0), "the segments' lengths add up to ", offsets[segments], " rows, not ",
               x.size(0));
   const float feps = static_cast<float>(eps);
@@ -172,27 +212,14 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
     const at::Tensor* w = weights.data() + layer * per_layer;
     const at::Tensor& keys = keys_per_layer[layer];
     const at::Tensor& values = values_per_layer[layer];
+    std::vector<at::Tensor> slot_keys, slot_values;
+    for (size_t s = 0; s < segments; ++s) {
+      slot_keys.push_back(keys.narrow(0, slots[s], 1));
+      slot_values.push_back(values.narrow(0, slots[s], 1));
+    }
     const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
-      at::Tensor merged = at::empty({qkv.size(0), heads * head_dim}, qkv.options());
-      const auto segment = [&](int64_t s) {
-        const int64_t first = offsets[s], n = lengths[s];
-        merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, head_dim, norm,
-                                                cos_rows + first * head_dim, sin_rows + first * head_dim,
-                                                keys.narrow(0, slots[s], 1), values.narrow(0, slots[s], 1), starts[s],
-                                                masks[s], scaling, feps));
-      };
-      // many short segments: one thread a segment (each attend then runs alone); a long one (a prompt chunk)
-      // keeps attend's own split over its heads
-      if (segments > 1 && longest <= kSegmentRowsInParallel) {
-        const at::ThreadLocalState caller;  // inference mode and the like hold on the workers too
-        at::parallel_for(0, static_cast<int64_t>(segments), 1, [&](int64_t lo, int64_t hi) {
-          const at::ThreadLocalStateGuard as_caller(caller);
-          for (int64_t s = lo; s < hi; ++s) segment(s);
-        });
-      } else {
-        for (size_t s = 0; s < segments; ++s) segment(static_cast<int64_t>(s));
-      }
-      return merged;
+      return attend_segments(qkv, norm, slot_keys, slot_values, cos_rows, sin_rows, masks, starts, offsets, heads,
+                             kv_heads, head_dim, scaling, feps);
     };
     if (tap_flags[layer] & 1) result.push_back(x);
     x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer, attention,
@@ -201,6 +228,36 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
   }
   result[0] = x;
   return result;
+}
+
+// An EAGLE head's decoder layer over several sequences' entries (a batch's drafting level): embeds, hidden
+// [total, H] hold segment s's lengths[s] rows after the previous segments'; segment s's attention reads and writes
+// its own head cache keys[s], values[s] after starts[s] positions, with masks[s]; the products run once over every
+// row. The rest as head_layer's. Returns the new hidden [total, H].
+at::Tensor head_rows(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
+                     const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, const at::Tensor& cos,
+                     const at::Tensor& sin, const std::vector<at::Tensor>& masks, const std::vector<int64_t>& starts,
+                     const std::vector<int64_t>& lengths, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     double eps, double scaling, int64_t small_rows, const std::vector<int64_t>& prefetch) {
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.dim() == 2 && hidden.is_contiguous(),
+              "hidden: contiguous [n, H] float32");
+  TORCH_CHECK(static_cast<int64_t>(prefetch.size()) == kProducts, "four prefetch modes, one per product");
+  TORCH_CHECK(keys.size() == lengths.size() && values.size() == lengths.size() && masks.size() == lengths.size() &&
+                  starts.size() == lengths.size(),
+              "one cache, mask, start and length per segment");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos, sin: contiguous [n, head_dim]");
+  const std::vector<int64_t> offsets = segment_offsets(lengths);
+  TORCH_CHECK(offsets.back() == hidden.size(0), "the segments' lengths add up to ", offsets.back(), " rows, not ",
+              hidden.size(0));
+  const float feps = static_cast<float>(eps);
+  const at::Tensor input = head_input(embeds, hidden, w, feps);
+  const float* cos_rows = cos.data_ptr<float>();
+  const float* sin_rows = sin.data_ptr<float>();
+  const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
+    return attend_segments(qkv, norm, keys, values, cos_rows, sin_rows, masks, starts, offsets, heads, kv_heads,
+                           head_dim, scaling, feps);
+  };
+  return decoder_layer(input, hidden, w.data(), prefetch.data(), attention, feps, small_rows);
 }
 
 }  // namespace graft

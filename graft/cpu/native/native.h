@@ -57,6 +57,11 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
                                   const std::vector<int64_t>& lengths, int64_t heads, int64_t kv_heads,
                                   int64_t head_dim, double eps, double scaling, int64_t small_rows,
                                   const std::vector<int64_t>& tap_flags, const std::vector<int64_t>& prefetch);
+at::Tensor head_rows(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
+                     const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, const at::Tensor& cos,
+                     const at::Tensor& sin, const std::vector<at::Tensor>& masks, const std::vector<int64_t>& starts,
+                     const std::vector<int64_t>& lengths, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     double eps, double scaling, int64_t small_rows, const std::vector<int64_t>& prefetch);
 at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& hidden, const std::vector<at::Tensor>& w,
                       const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin,
                       const at::Tensor& mask, int64_t start, int64_t heads, int64_t kv_heads, int64_t head_dim,
