@@ -40,6 +40,42 @@ inline void norm_rotate(const float* x, const float* norm_weight, const float* c
 
 }  // namespace
 
+// q/k of n rows (optionally normed per head) rotated into `q` [heads, n, d] and the cache's rows start.. of
+// k_cache / v_cache [kv_heads, capacity, d]; values copied there. qkv_rows [n, (heads + 2 kv_heads) * d].
+void place_rows(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, const float* norm,
+                const float* cos, const float* sin, float* q, float* k_cache, float* v_cache, int64_t capacity,
+                int64_t start, float eps) {
+  const int64_t qk_heads = heads + kv_heads, row_width = (heads + 2 * kv_heads) * d;
+  std::vector<float> scratch(d);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = qkv_rows + i * row_width;
+    for (int64_t j = 0; j < qk_heads; ++j) {
+      float* out = j < heads ? q + (j * n + i) * d : k_cache + ((j - heads) * capacity + start + i) * d;
+      norm_rotate(row + j * d, norm ? norm + j * d : nullptr, cos + i * d, sin + i * d, out, d, eps, scratch.data());
+    }
+    for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
+  }
+}
+
+// attend()'s few-row path on raw buffers, for callers that lay out many sequences' rows themselves (layers.cpp:
+// attend_segments), so that a segment costs no tensor of its own: rows placed (place_rows, `q` [heads, n, d]
+// scratch) and attended into out [n, heads * d]; mask [n, mask_stride] or null (causal). False, touching nothing,
+// where this build or head size has no few-row kernel: the caller then runs attend().
+bool attend_raw(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, const float* norm,
+                const float* cos, const float* sin, float* k_cache, float* v_cache, int64_t capacity, int64_t start,
+                const float* mask, int64_t mask_stride, float scaling, float eps, float* q, float* out) {
+#if defined(GRAFT_VECTORS)
+  auto few_rows = d == 16 ? few_row_attention<16 / kLanes> : d == 32 ? few_row_attention<32 / kLanes>
+                : d == 64 ? few_row_attention<64 / kLanes> : d == 128 ? few_row_attention<128 / kLanes> : nullptr;
+  if (few_rows == nullptr) return false;
+  place_rows(qkv_rows, n, heads, kv_heads, d, norm, cos, sin, q, k_cache, v_cache, capacity, start, eps);
+  few_rows(q, k_cache, v_cache, capacity, n, start, heads, kv_heads, mask, mask_stride, scaling, out);
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
 // at rows start.. of the cache, then attention over rows 0..start + n - 1 (few_row_attention, or SDPA for other
 // head sizes or without AVX-512F or AVX2). qkv [n, (heads + 2 kv_heads) * d];
@@ -48,39 +84,26 @@ inline void norm_rotate(const float* x, const float* norm_weight, const float* c
 at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t d, const at::Tensor& qk_norm,
                   const float* cos, const float* sin, const at::Tensor& keys, const at::Tensor& values, int64_t start,
                   const at::Tensor& mask, double scaling, float eps) {
-  const int64_t n = qkv.size(0), qk_heads = heads + kv_heads, groups = heads / kv_heads, capacity = keys.size(2);
+  const int64_t n = qkv.size(0), groups = heads / kv_heads, capacity = keys.size(2);
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
                   values.scalar_type() == at::kFloat,
               "contiguous float32 cache keys and values");
   TORCH_CHECK(start + n <= capacity, "the cache holds ", capacity, " positions, not ", start + n);
   at::Tensor query = at::empty({1, heads, n, d}, qkv.options());  // [1, heads, n, head_dim]
-  const float* src = qkv.data_ptr<float>();
   const float* norm = present(qk_norm) ? qk_norm.data_ptr<float>() : nullptr;
-  float* q = query.data_ptr<float>();
   float* k_cache = keys.data_ptr<float>();  // [1, kv_heads, capacity, head_dim]
   float* v_cache = values.data_ptr<float>();
-  const int64_t row_width = (heads + 2 * kv_heads) * d;
-  std::vector<float> scratch(d);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = src + i * row_width;
-    for (int64_t j = 0; j < qk_heads; ++j) {
-      float* out = j < heads ? q + (j * n + i) * d : k_cache + ((j - heads) * capacity + start + i) * d;
-      norm_rotate(row + j * d, norm ? norm + j * d : nullptr, cos + i * d, sin + i * d, out, d, eps, scratch.data());
-    }
-    for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
-  }
-#if defined(GRAFT_VECTORS)
-  auto few_rows = d == 16 ? few_row_attention<16 / kLanes> : d == 32 ? few_row_attention<32 / kLanes>
-                : d == 64 ? few_row_attention<64 / kLanes> : d == 128 ? few_row_attention<128 / kLanes> : nullptr;
-  if (few_rows != nullptr && (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat))) {
+  if (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat)) {
     at::Tensor merged = at::empty({n, heads * d}, qkv.options());  // [n, heads * head_dim]
     const float* rows_mask = present(mask) ? mask.data_ptr<float>() : nullptr;  // its first tile: rows 0..n-1
     const int64_t stride = present(mask) ? mask.size(-1) : 0;
-    few_rows(q, k_cache, v_cache, capacity, n, start, heads, kv_heads, rows_mask, stride, static_cast<float>(scaling),
-             merged.data_ptr<float>());
-    return merged;
+    if (attend_raw(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, k_cache, v_cache, capacity, start,
+                   rows_mask, stride, static_cast<float>(scaling), eps, query.data_ptr<float>(),
+                   merged.data_ptr<float>()))
+      return merged;
   }
-#endif
+  place_rows(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, query.data_ptr<float>(), k_cache, v_cache,
+             capacity, start, eps);
   at::Tensor k = keys.narrow(2, 0, start + n), v = values.narrow(2, 0, start + n);
   at::Tensor attended;  // [1, heads, n, head_dim]
   if (present(mask)) {  // query heads sharing a key/value head folded into the query axis: the cache read in place

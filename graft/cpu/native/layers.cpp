@@ -64,24 +64,46 @@ std::vector<int64_t> segment_offsets(const std::vector<int64_t>& lengths) {
   return offsets;
 }
 
-// Attention of several sequences' rows: segment s (rows offsets[s]..offsets[s + 1] - 1 of qkv) over its own cache
-// keys[s], values[s] [1, kv_heads, capacity, d] after its starts[s] positions, with masks[s] as attend's. Many
-// short segments run one thread a segment (each attend then runs alone); a long one (a prompt chunk) keeps
-// attend's own split over its heads. Returns [rows, heads * d].
+// Attention of several sequences' rows: segment s (rows offsets[s]..offsets[s + 1] - 1 of qkv) over its own cache,
+// cache slot slots[s] of keys[s], values[s] [slots, kv_heads, capacity, d] after its starts[s] positions, with
+// masks[s] as attend's. Each segment runs on raw buffers (attend_raw: no tensor of its own) where the build has the
+// few-row kernel, else through attend(). Many short segments run one thread a segment; a long one (a prompt chunk)
+// keeps the kernel's own split over its heads. Returns [rows, heads * d].
 at::Tensor attend_segments(const at::Tensor& qkv, const at::Tensor& norm, const std::vector<at::Tensor>& keys,
-                           const std::vector<at::Tensor>& values, const float* cos, const float* sin,
-                           const std::vector<at::Tensor>& masks, const std::vector<int64_t>& starts,
+                           const std::vector<at::Tensor>& values, const std::vector<int64_t>& slots, const float* cos,
+                           const float* sin, const std::vector<at::Tensor>& masks, const std::vector<int64_t>& starts,
                            const std::vector<int64_t>& offsets, int64_t heads, int64_t kv_heads, int64_t head_dim,
                            double scaling, float eps) {
-  const int64_t segments = static_cast<int64_t>(starts.size());
-  at::Tensor merged = at::empty({qkv.size(0), heads * head_dim}, qkv.options());
+  const int64_t segments = static_cast<int64_t>(starts.size()), rows = qkv.size(0), d = head_dim;
+  const int64_t row_width = qkv.size(1);
+  at::Tensor merged = at::empty({rows, heads * d}, qkv.options());
+  at::Tensor query = at::empty({rows * heads * d}, qkv.options());  // each segment's [heads, n, d] scratch
+  const float* norm_weight = present(norm) ? norm.data_ptr<float>() : nullptr;
   int64_t longest = 0;
-  for (int64_t s = 0; s < segments; ++s) longest = std::max(longest, offsets[s + 1] - offsets[s]);
+  for (int64_t s = 0; s < segments; ++s) {
+    longest = std::max(longest, offsets[s + 1] - offsets[s]);
+    const int64_t capacity = keys[s].size(2);
+    TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous() && keys[s].scalar_type() == at::kFloat &&
+                    values[s].scalar_type() == at::kFloat,
+                "contiguous float32 cache keys and values");
+    TORCH_CHECK(starts[s] + offsets[s + 1] - offsets[s] <= capacity, "segment ", s, ": the cache holds ", capacity,
+                " positions, not ", starts[s] + offsets[s + 1] - offsets[s]);
+  }
   const auto segment = [&](int64_t s) {
-    const int64_t first = offsets[s], n = offsets[s + 1] - offsets[s];
-    merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, head_dim, norm,
-                                            cos + first * head_dim, sin + first * head_dim, keys[s], values[s],
-                                            starts[s], masks[s], scaling, eps));
+    const int64_t first = offsets[s], n = offsets[s + 1] - offsets[s], capacity = keys[s].size(2);
+    const int64_t slot_size = keys[s].stride(0);
+    const at::Tensor& mask = masks[s];
+    const bool raw_mask = !present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat);
+    if (raw_mask && attend_raw(qkv.data_ptr<float>() + first * row_width, n, heads, kv_heads, d, norm_weight,
+                               cos + first * d, sin + first * d, keys[s].data_ptr<float>() + slots[s] * slot_size,
+                               values[s].data_ptr<float>() + slots[s] * slot_size, capacity, starts[s],
+                               present(mask) ? mask.data_ptr<float>() : nullptr, present(mask) ? mask.size(-1) : 0,
+                               static_cast<float>(scaling), eps, query.data_ptr<float>() + first * heads * d,
+                               merged.data_ptr<float>() + first * heads * d))
+      return;
+    merged.narrow(0, first, n).copy_(attend(qkv.narrow(0, first, n), heads, kv_heads, d, norm, cos + first * d,
+                                            sin + first * d, keys[s].narrow(0, slots[s], 1),
+                                            values[s].narrow(0, slots[s], 1), starts[s], mask, scaling, eps));
   };
   if (segments > 1 && longest <= kSegmentRowsInParallel) {
     // the caller's inference mode holds on the workers (their tensors are inference tensors); nothing else of its
@@ -212,14 +234,10 @@ std::vector<at::Tensor> lean_rows(at::Tensor x, const std::vector<at::Tensor>& w
     const at::Tensor* w = weights.data() + layer * per_layer;
     const at::Tensor& keys = keys_per_layer[layer];
     const at::Tensor& values = values_per_layer[layer];
-    std::vector<at::Tensor> slot_keys, slot_values;
-    for (size_t s = 0; s < segments; ++s) {
-      slot_keys.push_back(keys.narrow(0, slots[s], 1));
-      slot_values.push_back(values.narrow(0, slots[s], 1));
-    }
+    const std::vector<at::Tensor> slot_keys(segments, keys), slot_values(segments, values);  // one storage
     const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
-      return attend_segments(qkv, norm, slot_keys, slot_values, cos_rows, sin_rows, masks, starts, offsets, heads,
-                             kv_heads, head_dim, scaling, feps);
+      return attend_segments(qkv, norm, slot_keys, slot_values, slots, cos_rows, sin_rows, masks, starts, offsets,
+                             heads, kv_heads, head_dim, scaling, feps);
     };
     if (tap_flags[layer] & 1) result.push_back(x);
     x = decoder_layer(rms_norm_rows(x, w[kInputNorm], feps), x, w, prefetch.data() + kProducts * layer, attention,
@@ -253,8 +271,9 @@ at::Tensor head_rows(const at::Tensor& embeds, const at::Tensor& hidden, const s
   const at::Tensor input = head_input(embeds, hidden, w, feps);
   const float* cos_rows = cos.data_ptr<float>();
   const float* sin_rows = sin.data_ptr<float>();
+  const std::vector<int64_t> own(keys.size(), 0);  // each segment's cache is a tensor of its own
   const auto attention = [&](const at::Tensor& qkv, const at::Tensor& norm) {
-    return attend_segments(qkv, norm, keys, values, cos_rows, sin_rows, masks, starts, offsets, heads, kv_heads,
+    return attend_segments(qkv, norm, keys, values, own, cos_rows, sin_rows, masks, starts, offsets, heads, kv_heads,
                            head_dim, scaling, feps);
   };
   return decoder_layer(input, hidden, w.data(), prefetch.data(), attention, feps, small_rows);
