@@ -3,8 +3,10 @@ exactly batch-1 AR's tokens on their prompt (greedy), and any divergence judged 
 
     python -m graft.bench batch-lossless [--models tiny_llama,tiny_qwen3,smollm2_135m] [--sizes 1,4,8]
         [--methods ar,pld,eagle3,pruned,graft,graft_auto] [--dataset builtin_quick] [--new-tokens 24]
+        [--fast-path packed]
 
-Each model runs the transformers forward (as batches do) over the dataset's first turns in its chat template (a
+Each model runs on hardware.fast_path (default packed: the CPU engine's ragged rows; none: the transformers
+forward's padded rows), batch 1 on the same forward, over the dataset's first turns in its chat template (a
 tiny random model's byte tokenizer included), the EAGLE heads and block drafters random. A method decodes the prompts
 through graft/batch.py with one drafter per slot, so more prompts than slots means newcomers take freed slots.
 A cell reads "8/8 equal", or names the divergences: "7/8 equal, 1 float tie" where the baseline's top-2 gap at
@@ -25,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="ar,pld,eagle3,pruned,graft,graft_auto")
     parser.add_argument("--dataset", default="builtin_quick")
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--fast-path", default="packed", help="hardware.fast_path: packed (the engine) or none")
     args = parser.parse_args(argv)
     from graft.schema import ConfigError
 
@@ -40,16 +43,21 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--methods {','.join(unknown)}: no such method; allowed: {allowed}")
     rows = {}
     for name in models:
-        for method, cells in table_of(name, methods, sizes, args.dataset, args.new_tokens).items():
+        for method, cells in table_of(name, methods, sizes, args.dataset, args.new_tokens, args.fast_path).items():
             rows[(name, method)] = cells
-    print(f"Greedy, {args.new_tokens} new tokens, first turns of {args.dataset}: sequences equal to batch-1 AR's")
+    print(
+        f"Greedy, {args.new_tokens} new tokens, first turns of {args.dataset}, hardware.fast_path={args.fast_path}: "
+        "sequences equal to batch-1 AR's"
+    )
     print("| model | method | " + " | ".join(f"B={b}" for b in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for (model, method), cells in rows.items():
         print(f"| {model} | {method} | " + " | ".join(cells) + " |")
 
 
-def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str, new_tokens: int) -> dict:
+def table_of(
+    model_name: str, methods: list[str], sizes: list[int], dataset: str, new_tokens: int, fast_path: str = "packed"
+) -> dict:
     """{method: one cell per batch size} for one model."""
     from baselines.autoregressive import Autoregressive
     from graft.batch import BatchRequest, generate_batch, slot_capacity
@@ -60,7 +68,13 @@ def table_of(model_name: str, methods: list[str], sizes: list[int], dataset: str
     from graft.registry import build_drafter, method_config
     from graft.run.lossless import float_tie
 
-    overrides = [f"model={model_name}", f"dataset={dataset}", "logger=none", "hardware=cpu", "hardware.fast_path=none"]
+    overrides = [
+        f"model={model_name}",
+        f"dataset={dataset}",
+        "logger=none",
+        "hardware=cpu",
+        f"hardware.fast_path={fast_path}",
+    ]
     cfg = validate(compose_checked(overrides))
     model = load_model(cfg.model, cfg.hardware, progress=False)
     target, greedy = model.target, SamplingConfig()

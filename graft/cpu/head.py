@@ -81,16 +81,18 @@ class NativeHeadLayer:
             sin[positions],
             torch.empty(0) if mask is None else mask,
             start,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            d,
-            cfg.rms_norm_eps,
-            d**-0.5,
-            self.small_rows,
-            self.prefetch,
+            *self._layer_args(),
         )
         cache.length = start + n
         return out
+
+    def _layer_args(self) -> tuple:
+        """The layer's shape and product settings, the native calls' last arguments."""
+        cfg = self.head.cfg
+        return (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5) + (
+            self.small_rows,
+            self.prefetch,
+        )
 
     def step_rows(self, calls: list, mask_dtype: torch.dtype) -> list[Tensor] | None:
         """Drafting levels of several sequences (HeadCall: embeds and head outputs H wide, each on its own cache) as
@@ -125,13 +127,7 @@ class NativeHeadLayer:
             masks,
             [c.cache.length for c in calls],
             [c.embeds.shape[0] for c in calls],
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            d,
-            cfg.rms_norm_eps,
-            d**-0.5,
-            self.small_rows,
-            self.prefetch,
+            *self._layer_args(),
         )
         for call in calls:
             call.cache.length += call.embeds.shape[0]

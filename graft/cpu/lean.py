@@ -150,14 +150,7 @@ class LeanForward:
             sin[0].contiguous(),
             torch.empty(0) if mask is None else mask,
             start,
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-            self.eps,
-            self.scaling,
-            self._small_rows,
-            flags,
-            self._native_prefetch,
+            *self._native_args(flags),
         )
         for buffer in cache.layers:
             buffer.length = start + n
@@ -232,36 +225,20 @@ class LeanForward:
             [s.slot for s in segments],
             [s.start for s in segments],
             [s.length for s in segments],
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-            self.eps,
-            self.scaling,
-            self._small_rows,
-            flags,
-            self._native_prefetch,
+            *self._native_args(flags),
         )
         self._captured_taps(flags, outputs[1:], captured)
         return outputs[0].unsqueeze(0)
 
     def _python_rows(self, x, cos, sin, masks, segments, slots, taps, captured) -> Tensor:
-        """The rows' layer loop in Python: x [1, total, hidden]; cos, sin [1, 1, total, head_dim]."""
-        total, q_size = x.shape[1], self.heads * self.head_dim
+        """The rows' layer loop in Python: x [1, total, hidden]; cos, sin [1, 1, total, head_dim]; each segment's
+        keys written into its slot and its attention over that slot alone."""
         bounds, first = [], 0
         for segment in segments:
             bounds.append((first, first + segment.length))
             first += segment.length
-        for index, layer in enumerate(self.layers):
-            if (index, "input") in taps:
-                captured[(index, "input")] = x
-            h = self._norm(x, layer.input_norm)
-            qkv = layer.qkv(h).view(1, total, self.heads + 2 * self.kv_heads, self.head_dim)
-            qk = qkv[:, :, : self.heads + self.kv_heads]
-            if layer.qk_norm is not None:
-                qk = self._norm(qk, layer.qk_norm)
-            qk = apply_rotary(qk.transpose(1, 2), cos, sin)  # [1, heads + kv_heads, total, head_dim]
-            q, k = qk.split([self.heads, self.kv_heads], dim=1)
-            v = qkv[:, :, self.heads + self.kv_heads :].transpose(1, 2)
+
+        def attend(index: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             keys, values, merged = slots.keys[index], slots.values[index], []
             for segment, mask, (lo, hi) in zip(segments, masks, bounds):
                 slot, start, end = segment.slot, segment.start, segment.start + segment.length
@@ -271,16 +248,14 @@ class LeanForward:
                     scaling=self.scaling,
                 )  # fmt: skip
                 merged.append(out)
-            x = x + layer.o(torch.cat(merged, dim=1).reshape(1, total, q_size))
-            h = self._norm(x, layer.post_norm)
-            if layer.mlp is None:
-                gate, up = layer.gate_up(h).chunk(2, dim=-1)
-                x = x + layer.down(F.silu(gate) * up)
-            else:
-                x = x + layer.mlp(h)
-            if (index, "output") in taps:
-                captured[(index, "output")] = x
-        return x
+            return torch.cat(merged, dim=1)
+
+        return self._python_loop(x, cos, sin, taps, captured, attend)
+
+    def _native_args(self, flags: list[int]) -> tuple:
+        """The native layer loops' last arguments: the model's shape, the product settings, the tap flags."""
+        shape = (self.heads, self.kv_heads, self.head_dim, self.eps, self.scaling, self._small_rows)
+        return (*shape, flags, self._native_prefetch)
 
     def _tap_flags(self, taps) -> list[int]:
         """Per layer: 1 capture its input, 2 its output (the native loops' tap_flags)."""
@@ -299,6 +274,16 @@ class LeanForward:
 
     def _python_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, taps, captured) -> Tensor:
         """The layer loop in Python: x [1, n, hidden] in, out; cos, sin [1, 1, n, head_dim]."""
+
+        def attend(index: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            k, v = cache.update(k, v, index)
+            return grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)[0]
+
+        return self._python_loop(x, cos, sin, taps, captured, attend)
+
+    def _python_loop(self, x: Tensor, cos: Tensor, sin: Tensor, taps, captured, attend) -> Tensor:
+        """The decoder layers in Python over x [1, n, hidden]; attend(layer index, q, k, v) writes the keys and
+        values where they belong and returns the attention [1, n, heads, head_dim]."""
         n = x.shape[1]
         q_size = self.heads * self.head_dim
         for index, layer in enumerate(self.layers):
@@ -313,8 +298,7 @@ class LeanForward:
             qk = apply_rotary(qk.transpose(1, 2), cos, sin)  # [1, heads + kv_heads, n, head_dim]
             q, k = qk.split([self.heads, self.kv_heads], dim=1)
             v = qkv[:, :, self.heads + self.kv_heads :].transpose(1, 2)  # [1, kv_heads, n, head_dim]
-            k, v = cache.update(k, v, index)
-            out, _ = grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)
+            out = attend(index, q, k, v)
             x = x + layer.o(out.reshape(1, n, q_size))
             h = self._norm(x, layer.post_norm)
             if layer.mlp is None:

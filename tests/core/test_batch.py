@@ -317,3 +317,15 @@ def test_a_batch_drafts_each_eagle_level_in_one_head_forward_for_every_slot(tiny
     monkeypatch.setattr(_HeadSource, "share_with", lambda self, first: None)
     unshared, _, _ = _head_rows_calls(target, monkeypatch, method)
     assert unshared == []
+
+
+def test_the_ops_tool_counts_ops_padding_and_reads_of_a_batched_step(capsys):
+    """graft-bench batch-ops: one row per method and batch size; on the engine no position is padding, and a
+    batch of 2 dispatches more ATen ops per step than a batch of 1 (the per-slot work it still has)."""
+    from graft.bench import batch_ops
+
+    batch_ops.main(["--methods", "ar", "--sizes", "1,2"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ar")]
+    assert [r[1].strip() for r in rows] == ["1", "2"]
+    assert all(r[4].strip() == "1.00" for r in rows)
+    assert float(rows[1][3].strip().rstrip("x")) > 1.0
