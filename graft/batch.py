@@ -262,7 +262,7 @@ class _Run:
             verify_s = clock() - t1
             rows = sum(s.length for s in segments + chunks)
             self.took(chunks, outputs[len(segments) :], every_tap, verify_s, live, filling, rows=rows)
-            outputs = dict(zip(sorted(proposals), outputs))
+            outputs = dict(zip(sorted(proposals), outputs[: len(segments)]))
             positions = sum(s.length for s in segments)
         else:
             chunks, every_tap = [], taps

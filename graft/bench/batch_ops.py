@@ -11,7 +11,6 @@ growing by a factor near B means the step runs per slot; near 1, once for the ba
 
 from __future__ import annotations
 
-import collections
 import statistics
 
 from graft.bench import batch_sizes, command_parser
@@ -102,28 +101,18 @@ def measure(target, method: str, size: int, new_tokens: int = 24) -> dict:
     return {"ops": statistics.median(ops), "positions": statistics.median(positions), "reads": statistics.median(reads)}
 
 
-class OpCounter:
-    """Every ATen op dispatched inside the block, counted (a TorchDispatchMode)."""
+def OpCounter():
+    """A TorchDispatchMode counting every ATen op dispatched inside it (`.count`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    class Counter(TorchDispatchMode):
+        count = 0
 
-        counter = self
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += 1
+            return func(*args, **(kwargs or {}))
 
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter.count += 1
-                counter.by_op[func.overloadpacket] += 1
-                return func(*args, **(kwargs or {}))
-
-        self.count, self.by_op, self._mode = 0, collections.Counter(), _Mode()
-
-    def __enter__(self):
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
+    return Counter()
 
 
 if __name__ == "__main__":

@@ -89,10 +89,8 @@ class NativeHeadLayer:
     def _layer_args(self) -> tuple:
         """The layer's shape and product settings, the native calls' last arguments."""
         cfg = self.head.cfg
-        return (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim**-0.5) + (
-            self.small_rows,
-            self.prefetch,
-        )
+        d = cfg.head_dim
+        return cfg.num_heads, cfg.num_kv_heads, d, cfg.rms_norm_eps, d**-0.5, self.small_rows, self.prefetch
 
     def step_rows(self, calls: list, mask_dtype: torch.dtype) -> list[Tensor] | None:
         """Drafting levels of several sequences (HeadCall: embeds and head outputs H wide, each on its own cache) as

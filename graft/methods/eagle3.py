@@ -220,7 +220,7 @@ Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top
 class HeadCall:
     """One drafting level's work for one sequence's head, as `expand_steps` asks for it: a forward over n new
     entries on the sequence's head cache (`embeds` None: no forward, the scores of `last` alone), then each
-    output's top_k log-probabilities. A batch runs the calls of all its sequences as one forward (run_head_calls)."""
+    output's top_k log-probabilities. A batch runs the calls of all its sequences as one forward (run_all)."""
 
     head: DraftHead
     cache: KVBuffer
@@ -243,36 +243,32 @@ class HeadCall:
         return (out, *self.head.top_log_probs(out, self.top_k))
 
     @staticmethod
+    @torch.inference_mode()
     def run_all(calls: list["HeadCall"]) -> list[HeadResult]:
         """Several sequences' calls: the forwards of one head as one forward over their rows, each on its own
         cache (DraftHead.step_rows, where the head's engine has it), and the outputs' top-k in one pass per
         (head, k)."""
-        return run_head_calls(calls)
+        outs: list = [call.last for call in calls]
+        forwards = [i for i, call in enumerate(calls) if call.embeds is not None]
+        for head in {id(calls[i].head): calls[i].head for i in forwards}.values():
+            mine = [i for i in forwards if calls[i].head is head]
+            rows = head.step_rows([calls[i] for i in mine]) if len(mine) > 1 else None
+            for i, out in zip(mine, rows or [calls[i].forward() for i in mine]):
+                outs[i] = out
+        results: list = [None] * len(calls)
+        for key in {(id(c.head), c.top_k) for c in calls}:
+            mine = [i for i, c in enumerate(calls) if (id(c.head), c.top_k) == key]
+            head, k = calls[mine[0]].head, calls[mine[0]].top_k
+            values, indices, d2t = head.top_log_probs(torch.cat([outs[i] for i in mine]), k)
+            first = 0
+            for i in mine:
+                n = outs[i].shape[0]
+                results[i] = (outs[i], values[first : first + n], indices[first : first + n], d2t)
+                first += n
+        return results
 
 
 HeadResult = tuple  # (outputs [n, H], top values [n, k], top indices [n, k], draft-to-target offsets or None)
-
-
-@torch.inference_mode()
-def run_head_calls(calls: list[HeadCall]) -> list[HeadResult]:
-    outs: list = [call.last for call in calls]
-    forwards = [i for i, call in enumerate(calls) if call.embeds is not None]
-    for head in {id(calls[i].head): calls[i].head for i in forwards}.values():
-        mine = [i for i in forwards if calls[i].head is head]
-        rows = head.step_rows([calls[i] for i in mine]) if len(mine) > 1 else None
-        for i, out in zip(mine, rows or [calls[i].forward() for i in mine]):
-            outs[i] = out
-    results: list = [None] * len(calls)
-    for key in {(id(c.head), c.top_k) for c in calls}:
-        mine = [i for i, c in enumerate(calls) if (id(c.head), c.top_k) == key]
-        head, k = calls[mine[0]].head, calls[mine[0]].top_k
-        values, indices, d2t = head.top_log_probs(torch.cat([outs[i] for i in mine]), k)
-        first = 0
-        for i in mine:
-            n = outs[i].shape[0]
-            results[i] = (outs[i], values[first : first + n], indices[first : first + n], d2t)
-            first += n
-    return results
 
 
 def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, *args) -> Candidates:
@@ -426,7 +422,7 @@ class _HeadSource(DraftSource):
 
     def share_with(self, first: "_HeadSource") -> None:
         """In a batch the slots share one head's weights (read only), so a level's forward over every slot's
-        frontier is one call (run_head_calls); each slot keeps its own head cache."""
+        frontier is one call (HeadCall.run_all); each slot keeps its own head cache."""
         self.runner.head = first.runner.head
 
 

@@ -111,7 +111,7 @@ def test_the_cpu_engine_batch_runs_its_native_loop_once_a_step_for_every_slot(ti
     target = tiny("tiny_llama:packed").target
     assert target.ragged_rows and target.native is not None
     calls, rows = [], target.lean.native.lean_rows
-    monkeypatch.setattr(target.lean, "native", _Recording(target.lean.native, calls))
+    monkeypatch.setattr(target.lean, "native", _Recording(target.lean.native, "lean_rows", 8, calls))
     prompts = _prompts(target.vocab_size)
     done, _, steps, _ = run_batch(target, "graft", prompts, batch=4)
     alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY) for p in prompts]
@@ -122,17 +122,21 @@ def test_the_cpu_engine_batch_runs_its_native_loop_once_a_step_for_every_slot(ti
 
 
 class _Recording:
-    """The native module with its lean_rows calls counted (segments per call)."""
+    """The native module with one function's calls recorded: the length of its argument `arg` (the segments)."""
 
-    def __init__(self, module, calls: list):
-        self._module, self._calls = module, calls
-
-    def lean_rows(self, *args):
-        self._calls.append(len(args[8]))
-        return self._module.lean_rows(*args)
+    def __init__(self, module, name: str, arg: int, calls: list):
+        self._module, self._name, self._arg, self._calls = module, name, arg, calls
 
     def __getattr__(self, name):
-        return getattr(self._module, name)
+        found = getattr(self._module, name)
+        if name != self._name:
+            return found
+
+        def recorded(*args):
+            self._calls.append(len(args[self._arg]))
+            return found(*args)
+
+        return recorded
 
 
 def test_a_shared_recycling_table_learns_from_every_sequence_and_stays_lossless(tiny):
@@ -271,26 +275,12 @@ def test_occupancy_leaves_out_the_ramp_up_and_the_drain():
     assert found["mean"] == 12 / 6
 
 
-class _HeadRows:
-    """The native module with its head_rows calls recorded (segments per call)."""
-
-    def __init__(self, module, calls: list):
-        self._module, self._calls = module, calls
-
-    def head_rows(self, *args):
-        self._calls.append(len(args[3]))
-        return self._module.head_rows(*args)
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-
 def _head_rows_calls(target, monkeypatch, method: str) -> tuple[list, dict, list]:
     calls = []
     drafters = [make_drafter(method, target) for _ in range(4)]
     for drafter in drafters:
         layer = drafter.source.runner.head.engine
-        monkeypatch.setattr(layer, "module", _HeadRows(layer.module, calls))
+        monkeypatch.setattr(layer, "module", _Recording(layer.module, "head_rows", 3, calls))
     for other in drafters[1:]:
         other.share_with(drafters[0])
     prompts = _prompts(target.vocab_size, lengths=(5, 9, 7, 11))
