@@ -233,3 +233,20 @@ def test_a_commit_moves_the_same_rows_in_each_variant_as_aten(module):
     assert all(torch.equal(a, b) for a, b in zip(buffers, expected))
     with pytest.raises(RuntimeError, match="ascend"):
         module.move_rows(buffers[:1], 0, torch.tensor([0, 3, 2]))
+
+
+@pytest.mark.parametrize("variant", RUNNABLE)
+def test_a_prompt_chunk_after_a_prefix_attends_causally_in_each_variant(variant):
+    """A batch's chunk after a cached prefix with no mask (causal over the cache) through each variant's segment
+    attention, the generic build's SDPA included (whose is_causal aligns top-left): the chunk's last logits are
+    the whole prompt's in the Python loop."""
+    from graft.backends.slots import SlotCaches
+    from graft.backends.target import Segment
+
+    target = _target(variant, "tiny_llama", "hardware.native=on")
+    slots, ids = SlotCaches(target, 2, 64, ops=target.ops), torch.arange(30, 70)
+    target.forward_segments(slots, [Segment(0, 0, ids[:20], torch.arange(20), None)])
+    newcomer = Segment(1, 0, ids[:5], torch.arange(5), None)
+    chunk = target.forward_segments(slots, [Segment(0, 20, ids[20:], torch.arange(20, 40), None), newcomer])[0]
+    whole = _session(_target("generic", "tiny_llama", "hardware.native=off"))[0]
+    torch.testing.assert_close(chunk.logits[-1], whole[-1], rtol=1e-4, atol=1e-4)

@@ -114,6 +114,9 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
     attended =
         at::scaled_dot_product_attention(query.view({1, kv_heads, groups * n, d}), k, v, tiled, 0.0, false, scaling)
             .view({1, heads, n, d});
+  } else if (n > 1 && start > 0) {  // SDPA's is_causal aligns top-left: new rows after a prefix need their own mask
+    const at::Tensor visible = at::empty({n, start + n}, qkv.options().dtype(at::kBool)).fill_(true).tril_(start);
+    attended = at::scaled_dot_product_attention(query, k, v, visible, 0.0, false, scaling, groups > 1);
   } else {
     attended = at::scaled_dot_product_attention(query, k, v, std::nullopt, 0.0, n > 1, scaling, groups > 1);
   }
