@@ -12,8 +12,8 @@ Parts (`--parts 1,2,...`; each timed):
    and on CUDA under torch.cuda.set_sync_debug_mode("warn");
 4. a LLaMA-3.1-8B-shaped target with an EAGLE-3-shaped head: decode time against the HBM bound (weight bytes
    over graft/costmodel/bound.py's bandwidth for the GPU), verify(N) / decode for N in 1..128 at 1K and 8K
-   context, ar / eagle3 / graft loops greedy and at temperature 1 on the events clock (whole steps over AR's),
-   the head's extend peak memory;
+   context, verify at pruning's kept sizes (60, 32, 16, 8 nodes), ar / eagle3 / graft / dflash loops greedy and
+   at temperature 1 on the events clock (whole steps over AR's), the head's extend peak memory;
 5. a few Qwen3-235B-A22B-shaped MoE layers: verify time, verify(N) / decode and experts touched per tree size,
    beside the bytes bound of those experts;
 6. a 235B-shaped SpecForge EAGLE-3 head checkpoint (head_dim 128 != hidden / heads) loads and runs;
@@ -21,7 +21,10 @@ Parts (`--parts 1,2,...`; each timed):
    against the eager baseline on tiny_llama, the graphs compiled and CUDA graphs recorded once every prompt ran
    (the goal: none), and an 8B-shaped slice's decode against its HBM bound, eager and compiled;
 8. lossless, sampled: every method's first two tokens at temperature 1 against the target's own distribution
-   (a chi-square) on tiny_llama.
+   (a chi-square) on tiny_llama;
+9. a batch of 8 (graft/batch.py: generate_batch), greedy, ar / eagle3 / graft on an 8-layer slice of the 8B
+   shape (tiny_llama with --quick or on a CPU): host syncs per batched step (dispatcher, and on CUDA sync debug
+   mode), every sequence's tokens against batch-1 AR's, tokens/s over batch-1 AR's.
 
 Each part writes its figures under `ratios`; goals.py sets them beside the goals of docs/gpu.md, pass or
 fail, printed at the end and first in the Markdown report. `--device cpu` without --quick runs the plan's
@@ -36,6 +39,6 @@ is skipped with the reason. `python -m graft.gpu_check.markdown <json>` writes t
 
 Modules: plan.py (the shapes, sizes and time budgets of every part, FULL, CPU and QUICK), report.py (the JSON
 report, a part's context, the summary), goals.py (the goals), markdown.py (the tables), measure.py (timing and model helpers the parts
-share), one module per part or two (environment, lossless, syncs, dense, moe, compiled), and __main__.py (the
+share), one module per part or two (environment, lossless, syncs, dense, moe, compiled, batched), and __main__.py (the
 command).
 """

@@ -15,6 +15,7 @@ import torch
 
 import graft.gpu_check
 from graft.run.commands import one_line_errors
+from graft.gpu_check.batched import part_batched
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
 from graft.gpu_check.environment import part_environment
@@ -35,6 +36,7 @@ PARTS: dict[int, Callable[[Context, dict], None]] = {
     6: part_head235,
     7: part_compiled,
     8: part_lossless_sampled,
+    9: part_batched,
 }
 
 

@@ -63,6 +63,12 @@ def save_random_head(target, plan: Plan, directory: Path) -> dict:
     return info
 
 
+def drafter_overrides(name: str, head_dir: Path) -> list[str]:
+    """dflash drafts with a seeded random block drafter shaped for the target (method.checkpoint=random, as the
+    other random-weight checks build it: tests/conftest.py make_drafter); the others with the saved EAGLE-3 head."""
+    return ["method.checkpoint=random"] if name == "dflash" else [f"method.head={head_dir}"]
+
+
 def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
     """Short loops of plan.decode_methods on a random prompt of plan.decode_context tokens, greedy and at
     temperature 1, timed as runs time them on this device (hardware.timing=auto: CUDA events at the phase
@@ -76,7 +82,7 @@ def decode_loops(ctx: Context, target, head_dir: Path, out: dict) -> dict:
     drafters = {m: Autoregressive(target) if m == "ar" else None for m in plan.decode_methods}
     for name in drafters:
         if drafters[name] is None:
-            drafters[name] = build_drafter(method_config_of(name, [f"method.head={head_dir}"]), target)
+            drafters[name] = build_drafter(method_config_of(name, drafter_overrides(name, head_dir)), target)
     prompt = random_ids(plan.decode_context, target.vocab_size, seed=1)
     decode = out["decode"] = {
         "note": RANDOM_NOTE,
@@ -130,6 +136,27 @@ def verify_ratios(verify: dict, bound_ms: float | None) -> dict:
     if bound_ms is None:
         out["ar_over_bound_eager_note"] = "no HBM bound on this device"
     return out
+
+
+def prune_verify(target, plan: Plan) -> dict:
+    """verify(N) at pruning's kept sizes (plan.prune_nodes) on plan.decode_context tokens, through the helper
+    the verify(60) / decode goals use."""
+    context = random_ids(plan.decode_context, target.vocab_size, seed=3)
+    return verify_times(target, context, tuple(sorted(plan.prune_nodes, reverse=True)), plan)
+
+
+def prune_ratios(rows: dict) -> dict:
+    """verify(16) / verify(60), and the worst verify(smaller) / verify(larger) over consecutive kept sizes: the
+    goals (goals.py) ask the verify cost to fall with the nodes pruning keeps, a step up of 5 % taken for noise."""
+    ms = {int(n): r["median_ms"] for n, r in rows.items()}
+    sizes = sorted(ms, reverse=True)
+    steps = [ratio(ms[small], ms[large]) for large, small in zip(sizes, sizes[1:])]
+    steps = [s for s in steps if s is not None]
+    return {
+        "prune_verify16_over_verify60": ratio(ms.get(16), ms.get(60)),
+        "prune_verify_step_max": max(steps) if steps else None,
+        "prune_verify_over_60": {str(n): ratio(ms[n], ms.get(60)) for n in sizes},
+    }
 
 
 def extend_peak(ctx: Context, target, drafter) -> dict:
@@ -188,6 +215,9 @@ def part_llama8b(ctx: Context, out: dict) -> None:
         out["verify"][str(context_len)] = verify_times(target, context, plan.dense_nodes, plan)
         ctx.checkpoint()
     out["ratios"] = verify_ratios(out["verify"], out["bound"]["hbm_bound_ms"])
+    out["prune_verify"] = prune_verify(target, plan)
+    out["ratios"].update(prune_ratios(out["prune_verify"]))
+    ctx.checkpoint()
     with tempfile.TemporaryDirectory(prefix="gpu_check_head_") as tmp:
         out["head"] = save_random_head(target, plan, Path(tmp) / "head")
         ctx.checkpoint()

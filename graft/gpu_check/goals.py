@@ -17,7 +17,7 @@ class Goal:
     key: str
     label: str
     goal: str  # as docs/gpu.md states it
-    compare: str | None = None  # ">=" or "<=" against `limit`; None: a figure shown without a goal
+    compare: str | None = None  # ">=", "<=", "<" or "==" against `limit`; None: a figure shown without a goal
     limit: float | None = None
     gpu_only: bool = False  # a timing goal set for a GPU: on another device its figure reads "n/a", never pass
 
@@ -44,9 +44,37 @@ GOALS = (
         1.39,
         gpu_only=True,
     ),
+    Goal(
+        "4",
+        "dflash_step_over_decode",
+        "DFlash whole step / AR step (events clock, random block drafter)",
+        "<= 1.34",
+        "<=",
+        1.34,
+        gpu_only=True,
+    ),
     Goal("4", "graft_step_over_decode", "Graft whole step / AR step (7 levels, fixed-size tree)", "(no goal)"),
+    Goal(
+        "4",
+        "prune_verify16_over_verify60",
+        "pruning: verify(16) / verify(60) at 1K context (kept nodes in buckets of 8)",
+        "< 1",
+        "<",
+        1,
+        gpu_only=True,
+    ),
+    Goal(
+        "4",
+        "prune_verify_step_max",
+        "pruning: worst verify(smaller) / verify(next larger) over kept nodes 60, 32, 16, 8",
+        "<= 1.05 (non-increasing, 5 % noise)",
+        "<=",
+        1.05,
+        gpu_only=True,
+    ),
     Goal("4", "eagle3_t1_over_greedy", "EAGLE-3 step at temperature 1 / greedy step", "(no goal)"),
     Goal("4", "graft_t1_over_greedy", "Graft step at temperature 1 / greedy step", "(no goal)"),
+    Goal("4", "dflash_t1_over_greedy", "DFlash step at temperature 1 / greedy step", "(no goal)"),
     Goal("3", "syncs_per_step_max", "host syncs per step, greedy, dispatcher counter (worst step)", "(1 or 2)"),
     Goal(
         "3",
@@ -75,11 +103,47 @@ GOALS = (
     Goal("7", "graphs_timed", "graphs compiled in timed runs", "0", "<=", 0, gpu_only=True),
     Goal("7", "rerecords_timed", "CUDA-graph recordings in timed runs", "0", "<=", 0, gpu_only=True),
     Goal("5", "verify60_over_decode", "MoE (235B-shaped, 4 layers): verify(60) / decode", "(no goal; bound in column)"),
+    Goal(
+        "9",
+        "batch_syncs_per_step_max",
+        "B = 8, greedy: host syncs per batched step, dispatcher counter (worst step of ar / eagle3 / graft)",
+        "<= 1",
+        "<=",
+        1,
+    ),
+    Goal(
+        "9",
+        "batch_debug_syncs_per_step_max",
+        "B = 8, greedy: host syncs per batched step under set_sync_debug_mode (worst step)",
+        "<= 1",
+        "<=",
+        1,
+        gpu_only=True,
+    ),
+    Goal(
+        "9",
+        "batch_leave_syncs_max",
+        "B = 8: host syncs of a step sequences leave in, their records included (worst step)",
+        "<= 2",
+        "<=",
+        2,
+    ),
+    Goal(
+        "9",
+        "batch_lossless",
+        "B = 8, greedy: every sequence's tokens = batch-1 AR's (float ties allowed)",
+        "yes",
+        "==",
+        1,
+    ),
+    Goal("9", "batch_ar_over_ar1", "B = 8 ar: tokens/s / batch-1 AR's (same prompts)", "(no goal)"),
+    Goal("9", "batch_eagle3_over_ar1", "B = 8 eagle3: tokens/s / batch-1 AR's (same prompts)", "(no goal)"),
+    Goal("9", "batch_graft_over_ar1", "B = 8 graft: tokens/s / batch-1 AR's (same prompts)", "(no goal)"),
     Goal("2", "lossless", "lossless, greedy: every method's tokens = AR's (float ties allowed)", "yes", "==", 1),
     Goal("8", "lossless", "lossless, sampled: every method's chi-square p > 0.001", "yes", "==", 1),
 )
 
-COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
+COMPARE = {">=": operator.ge, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 
 
 def verdict(goal: Goal, value, device: str = "cuda") -> str:

@@ -140,6 +140,11 @@ def dense(out: dict) -> list[str]:
         if rows:
             clock = f"clock {decode.get('clock')}, fixed-size trees {cell(decode.get('fixed_size_trees'))}"
             lines += [f"Decode loops, {title} ({clock}):", "", *by_columns(rows, "method")]
+    prune = out.get("prune_verify", {})
+    if prune:
+        over = out.get("ratios", {}).get("prune_verify_over_60", {})
+        rows = {n: {"verify median ms": r["median_ms"], "/ verify(60)": over.get(n)} for n, r in prune.items()}
+        lines += ["Pruning's kept sizes (verify of a tree cut to N nodes):", "", *by_columns(rows, "kept nodes")]
     extend = out.get("extend", {})
     if "head_extend_ms" in extend:
         lines += [
@@ -208,6 +213,30 @@ def sampled(out: dict) -> list[str]:
     return [title, "", *table(["method", "draws", "chi-square p", "lossless", "error"], rows)]
 
 
+def batched(out: dict) -> list[str]:
+    if not out.get("methods"):
+        return []
+    ar = out.get("ar_batch1", {})
+    rows = {
+        m: {
+            "syncs mean / worst step": f"{r.get('mean')} / {r.get('max')}",
+            "debug mode worst step": r.get("debug_mode_max"),
+            "leaving steps: worst": r.get("leave_max"),
+            "equal / checked": f"{r['lossless']['equal']} / {r['lossless']['checked']}" if "lossless" in r else None,
+            "tokens/s": r.get("tokens_per_s"),
+            "/ batch-1 AR": r.get("tokens_per_s_over_ar_batch1"),
+            "error": r.get("error"),
+        }
+        for m, r in out["methods"].items()
+    }
+    title = (
+        f"## Batch of {out.get('batch_size')} (part 9: {out.get('model')}, {out.get('dtype')}, {out.get('prompts')} "
+        f"prompts, {out.get('max_new_tokens')} new tokens, greedy)"
+    )
+    note = f"Batch-1 AR on the same prompts: {cell(ar.get('tokens_per_s'))} tokens/s."
+    return [title, "", *by_columns(rows, "method"), note, ""]
+
+
 def render(report: dict) -> str:
     parts = report.get("parts", {})
     result = {k: p.get("result", {}) for k, p in parts.items()}  # a part cut short keeps what it measured
@@ -219,7 +248,7 @@ def render(report: dict) -> str:
     lines += moe(result.get("5", {}))
     if "6" in parts:
         lines += [f"235B-shaped SpecForge head loads and runs (part 6): {cell(parts['6']['status'] == 'ok')}.", ""]
-    lines += compiled(result.get("7", {})) + sampled(result.get("8", {}))
+    lines += compiled(result.get("7", {})) + sampled(result.get("8", {})) + batched(result.get("9", {}))
     return "\n".join(lines).rstrip() + "\n"
 
 

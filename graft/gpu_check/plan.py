@@ -16,6 +16,7 @@ PART_NAMES = {
     6: "head235b",
     7: "compiled",
     8: "lossless_sampled",
+    9: "batched",
 }
 RANDOM_NOTE = "random weights: acceptance and tau are meaningless; only timings, memory and shapes count"
 
@@ -68,17 +69,19 @@ class Plan:
     # total skips the last parts, compile first); the long parts check between their steps. A part with less
     # than half its budget left is skipped, with the reason. FULL's sum (390 s) is what the 8 minutes of
     # scripts/device_check.sh leave the check (tests/gpu/test_gpu_check.py adds them up). Guessed for one H200:
-    # no GPU has run it yet.
+    # no GPU has run it yet. Part 9's 30 s and part 4's 5 s more (dflash's loops, pruning's verify sizes) were
+    # taken from parts 2, 3, 5, 7 and 8 (5-10 s each), so the sum stays 390 s.
     part_budget_s: dict = field(
         default_factory=lambda: {
             1: 10,  # environment
-            2: 85,  # lossless, greedy: 19 methods x 3 tiny models x 2 dtypes; truncated (and says so) if not done
-            3: 30,  # host syncs: 5 methods x 2 tiny models x greedy / temperature 1, counted at the dispatcher
-            4: 85,  # 8B-shaped target: the full 32 layers take about 16 GiB and seconds to build on the GPU
-            5: 30,  # four 235B-shaped MoE layers (about 19 GiB)
+            2: 75,  # lossless, greedy: 19 methods x 3 tiny models x 2 dtypes; truncated (and says so) if not done
+            3: 25,  # host syncs: 5 methods x 2 tiny models x greedy / temperature 1, counted at the dispatcher
+            4: 90,  # 8B-shaped target: the full 32 layers take about 16 GiB and seconds to build on the GPU
+            5: 25,  # four 235B-shaped MoE layers (about 19 GiB)
             6: 10,  # the 235B head checkpoint
-            7: 95,  # torch.compile: inductor's first compile of each graph is the slow, unpredictable part
-            8: 45,  # lossless, sampled: every method's first two tokens at temperature 1 against the target's
+            7: 85,  # torch.compile: inductor's first compile of each graph is the slow, unpredictable part
+            8: 40,  # lossless, sampled: every method's first two tokens at temperature 1 against the target's
+            9: 30,  # batch of 8: an 8-layer slice of the 8B shape, 3 methods x (warm-up, counted, timed) runs
         }
     )
     lossless_models: tuple[str, ...] = ("tiny_llama", "tiny_qwen3", "tiny_qwen3_moe")
@@ -98,7 +101,10 @@ class Plan:
     dense_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 60, 96, 128)
     decode_context: int = 1024
     decode_tokens: int = 64
-    decode_methods: tuple[str, ...] = ("ar", "eagle3", "graft")  # ar first: the others' steps are over its
+    decode_methods: tuple[str, ...] = ("ar", "eagle3", "graft", "dflash")  # ar first: the others' steps are over its
+    # pruning's kept sizes: a fixed-size tree of 60 cut to its filled nodes in buckets of hardware.tree_bucket = 8
+    # (graft/compose.py: ComposedDrafter._bucketed), so the sizes it verifies are multiples of 8 up to 60
+    prune_nodes: tuple[int, ...] = (60, 32, 16, 8)
     extend_tokens: int = 8192
     draft_vocab: int = 32000
     moe_arch: dict = field(default_factory=lambda: {**QWEN3_235B, "num_hidden_layers": 4})
@@ -115,6 +121,17 @@ class Plan:
     compile_methods: tuple[str, ...] = ("ar", "eagle3", "graft")
     compile_layers: int = 4  # of dense_arch: compile time grows with the layers, the per-layer gain does not
     compile_nodes: tuple[int, ...] = (1, 60)
+    # part 9: run.batch_size = batch_size through graft/batch.py, greedy
+    batch_size: int = 8
+    batch_prompts: int = 12  # of random ids: 8 enter at once, 4 take the slots the first ones leave
+    batch_prompt_lens: tuple[int, int] = (16, 48)  # each prompt's length drawn in [low, high)
+    batch_tokens: int = 32
+    batch_methods: tuple[str, ...] = ("ar", "eagle3", "graft")
+    # None: dense_arch with batch_layers of its layers, in `dtype`, with a random EAGLE-3 head (syncs and token
+    # equality do not depend on depth; a quarter of the layers builds and runs in a quarter of the time);
+    # a name: that tiny model (configs/model) in float32
+    batch_model: str | None = None
+    batch_layers: int = 8  # at least 4: EAGLE-3's default taps need three distinct layers
 
     @property
     def total_budget_s(self) -> float:
@@ -124,7 +141,7 @@ class Plan:
 FULL = Plan()
 QUICK = replace(
     FULL,
-    part_budget_s={1: 30, 2: 120, 3: 60, 4: 120, 5: 60, 6: 30, 7: 180, 8: 60},  # a busy 2-core CPU is slow
+    part_budget_s={1: 30, 2: 120, 3: 60, 4: 120, 5: 60, 6: 30, 7: 180, 8: 60, 9: 60},  # a busy 2-core CPU is slow
     lossless_dtypes=("float32",),
     lossless_methods=("pld", "eagle3", "graft"),
     lossless_prompts=1,
@@ -172,6 +189,9 @@ QUICK = replace(
     compile_backend="eager",  # dynamo captures the graphs; inductor's code generation would take minutes here
     compile_methods=("ar", "graft"),
     compile_layers=2,
+    batch_prompts=10,
+    batch_tokens=16,  # graft's fixed-size grafting is slow on a CPU (its device path, vectorised for a GPU)
+    batch_model="tiny_llama",
     head235=dict(
         SPECFORGE_235B_HEAD,
         eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True},
@@ -203,7 +223,9 @@ QUICK = replace(
 # does not fit this CPU's time), every method lossless in float32; its ratios are the CPU's, not a GPU's
 CPU = replace(
     QUICK,
-    part_budget_s={1: 20, 2: 150, 3: 90, 4: 200, 5: 40, 6: 20, 7: 120, 8: 60},
+    # part 9: FULL's 12 prompts x 32 tokens; graft's three runs alone take 16 s of this CPU unloaded (its grafting
+    # of fixed-size trees is the GPU's vectorised path), several times that on a loaded one
+    part_budget_s={1: 20, 2: 150, 3: 90, 4: 200, 5: 40, 6: 20, 7: 120, 8: 60, 9: 120},
     lossless_methods=None,
     lossless_tokens=16,
     sync_methods=FULL.sync_methods,
@@ -217,4 +239,6 @@ CPU = replace(
     moe_nodes=FULL.moe_nodes,
     repeats=3,  # 18 verify cells at up to 8K context: more rounds leave part 4 no time for its decode loops here
     warmup=1,
+    batch_prompts=FULL.batch_prompts,
+    batch_tokens=FULL.batch_tokens,
 )

@@ -174,6 +174,12 @@ def summarize(parts: dict, device: str = "cuda") -> dict:
         summary["moe_verify_median_ms"] = {n: r["median_ms"] for n, r in get("5")["verify"].items()}
     if "6" in parts:
         summary["head235_loads"] = parts["6"]["status"] == "ok"
+    if get("9").get("methods"):
+        summary["batch_syncs_per_step"] = {m: r.get("max") for m, r in get("9")["methods"].items()}
+        summary["batch_tokens_per_s"] = {
+            "ar_batch1": get("9").get("ar_batch1", {}).get("tokens_per_s"),
+            **{m: r.get("tokens_per_s") for m, r in get("9")["methods"].items()},
+        }
     summary["goals"] = {row["figure"]: [row["value"], row["goal"], row["result"]] for row in goal_rows(parts, device)}
     failed = {
         k: p.get("error") or p.get("reason") for k, p in parts.items() if p["status"] in ("failed", "interrupted")

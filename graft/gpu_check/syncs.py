@@ -44,19 +44,32 @@ def counting_synchronize(sites: Counter) -> Iterator[None]:
         torch.cuda.synchronize = original
 
 
-def count_syncs(run: Callable[[], object]) -> tuple[object, Counter]:
-    """Run `run` under torch.cuda.set_sync_debug_mode("warn"), counting the host syncs by where they were
-    made (file:line of the Python caller): the ones sync debug mode reports, and explicit synchronizes."""
-    sites: Counter = Counter()
-    with warnings.catch_warnings(record=True) as caught, counting_synchronize(sites):
+@contextlib.contextmanager
+def debug_mode_sites() -> Iterator[Callable[[], Counter]]:
+    """The block under torch.cuda.set_sync_debug_mode("warn"); yields a function that returns the host syncs so
+    far by where they were made (file:line of the Python caller): the ones sync debug mode reports, and explicit
+    synchronizes. It may be called inside the block (per step) or after it."""
+    explicit: Counter = Counter()
+    with warnings.catch_warnings(record=True) as caught, counting_synchronize(explicit):
         warnings.simplefilter("always")  # every occurrence, not the first per line
+
+        def so_far() -> Counter:
+            reported = Counter(f"{short_path(w.filename)}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+            return reported + explicit
+
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = run()
+            yield so_far
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    sites.update(f"{short_path(w.filename)}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
-    return result, sites
+
+
+def count_syncs(run: Callable[[], object]) -> tuple[object, Counter]:
+    """Run `run` under torch.cuda.set_sync_debug_mode("warn"), counting the host syncs by where they were
+    made (debug_mode_sites)."""
+    with debug_mode_sites() as so_far:
+        result = run()
+    return result, so_far()
 
 
 def dispatcher_row(generate_once, drafter) -> dict:

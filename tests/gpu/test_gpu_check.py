@@ -17,7 +17,11 @@ from dataclasses import replace
 from packaging.requirements import Requirement
 
 from graft.decode import Generation
+from graft.gpu_check import batched
 from graft.gpu_check.__main__ import PARTS
+from graft.gpu_check.batched import part_batched
+from graft.gpu_check.dense import part_llama8b, prune_ratios
+from graft.gpu_check.goals import failed, goal_rows
 from graft.gpu_check.markdown import render
 from graft.gpu_check.measure import bushy_parents, decode_record, per_step_rate
 from graft.gpu_check.plan import FULL, QUICK
@@ -112,7 +116,7 @@ def _positive(value) -> bool:
 @pytest.mark.slow  # the quick device check on the CPU: every part, 35 s
 def test_quick_mode_runs_every_part(quick):
     assert quick["finished"] and quick["quick"] and quick["device"] == "cpu"
-    assert sorted(quick["parts"]) == [str(n) for n in range(1, 9)]
+    assert sorted(quick["parts"], key=int) == [str(n) for n in sorted(PARTS)]
     for number, part in quick["parts"].items():
         assert part["status"] == "ok", (number, part.get("error"), part.get("traceback"), part.get("reason"))
     assert quick["summary"]["status"] == {k: p["status"] for k, p in quick["parts"].items()}
@@ -154,6 +158,8 @@ def test_quick_dense_target_timings(quick):
             assert row["overhead_ms_per_step"] >= 0
         assert decode["ar"]["tau"] == 1.0 and decode["ar"]["mean_nodes"] == 1
         assert decode["eagle3"]["mean_nodes"] > 1  # the head's trees were verified
+        assert decode["dflash"]["mean_nodes"] > 1  # the block drafter's chains were verified
+    assert sorted(dense["prune_verify"], key=int) == [str(n) for n in sorted(plan.prune_nodes)]
     ratios = dense["ratios"]
     assert ratios["ar_over_bound_eager"] is None  # no HBM bound on a CPU
     assert all(
@@ -516,6 +522,10 @@ def test_quick_syncs_and_sampling(quick):
     assert sorted(sampled["methods"]) == sorted({"ar", *QUICK.lossless_methods})
     assert all(row["draws"] == QUICK.sample_draws for row in sampled["methods"].values())
     assert sampled["ratios"]["lossless"] is True
+    batch = quick["parts"]["9"]["result"]
+    assert sorted(batch["methods"]) == sorted(QUICK.batch_methods)
+    assert batch["ratios"]["batch_syncs_per_step_max"] == 1 and batch["ratios"]["batch_lossless"] is True
+    assert quick["summary"]["batch_syncs_per_step"] == {m: 1 for m in QUICK.batch_methods}
 
 
 def test_a_missed_timing_goal_fails_on_a_gpu_and_reads_na_on_a_cpu():
@@ -533,3 +543,134 @@ def test_a_missed_timing_goal_fails_on_a_gpu_and_reads_na_on_a_cpu():
     parts["4"]["result"]["ratios"]["eagle3_step_over_decode"] = 1.2
     parts["2"]["result"]["ratios"]["lossless"] = True
     assert failed(goal_rows(parts, "cuda:0")) == []
+
+
+# --- part 9: a batch of 8; part 4's DFlash step and pruning's verify sizes ------------------------------------------
+
+BATCH_SYNCS = "B = 8, greedy: host syncs per batched step, dispatcher counter (worst step of ar / eagle3 / graft)"
+BATCH_LOSSLESS = "B = 8, greedy: every sequence's tokens = batch-1 AR's (float ties allowed)"
+BATCH_LEAVE = "B = 8: host syncs of a step sequences leave in, their records included (worst step)"
+DFLASH_STEP = "DFlash whole step / AR step (events clock, random block drafter)"
+PRUNE_16 = "pruning: verify(16) / verify(60) at 1K context (kept nodes in buckets of 8)"
+PRUNE_STEP = "pruning: worst verify(smaller) / verify(next larger) over kept nodes 60, 32, 16, 8"
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny shapes gain nothing from threads, and on a loaded 2-core machine their spin-waits cost 5-10x (as
+    graft/gpu_check/__main__.py sets for --quick on a CPU)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_batched_part(tmp_path, methods=("ar",), context=Context, **sizes) -> tuple[dict, dict]:
+    """Part 9 on tiny_llama on the CPU at small sizes: (its result, its goal rows by figure as a CPU run reads them)."""
+    plan = replace(QUICK, batch_methods=methods, **{"batch_prompts": 8, "batch_tokens": 10, **sizes})
+    ctx = context(plan, torch.device("cpu"), quick=True, report=Report(tmp_path / "r.json", budget_s=120, header={}))
+    out: dict = {}
+    part_batched(ctx, out)
+    return out, {r["figure"]: r for r in goal_rows({"9": {"status": "ok", "result": out}}, "cpu")}
+
+
+def test_the_batch_of_8_part_runs_on_the_cpu_and_reports_its_figures(tmp_path, one_thread):
+    """Part 9 with the GPU settings on the CPU: one read per batched step (leaving steps apart), every sequence's
+    tokens batch-1 AR's, tokens/s beside batch-1 AR's; the dispatcher goal holds on a CPU, debug mode is CUDA's."""
+    out, rows = run_batched_part(tmp_path, ("ar", "eagle3"), batch_prompts=10)
+    assert out["batch_size"] == 8 and out["prompts"] == 10 and out["tree_bucket"] == 0 and out["fixed_size_trees"]
+    assert _positive(out["ar_batch1"]["tokens_per_s"]) and out["ar_batch1"]["new_tokens"] == 10 * 10
+    for method in ("ar", "eagle3"):
+        row = out["methods"][method]
+        assert row["steps"] >= 5 and row["max"] == 1 and row["kinds"] == {"read": row["steps"]}, (method, row)
+        assert row["leaving_steps"] >= 1 and row["leave_max"] >= 1  # the leavers' records, read once each
+        assert row["lossless"] == {"equal": 10, "checked": 10, "divergent": [], "lossless": True}
+        assert row["new_tokens"] == 10 * 10 and _positive(row["tokens_per_s_over_ar_batch1"])
+        assert "debug_mode_max" not in row  # sync debug mode needs CUDA
+    ratios = out["ratios"]
+    assert ratios["batch_syncs_per_step_max"] == 1 and ratios["batch_lossless"] is True
+    assert ratios["batch_ar_over_ar1"] == out["methods"]["ar"]["tokens_per_s_over_ar_batch1"]
+    assert "batch_graft_over_ar1" not in ratios  # not run here: its goal row reads n/a
+    assert rows[BATCH_SYNCS]["result"] == "pass" and rows[BATCH_LOSSLESS]["result"] == "pass"
+    debug = rows["B = 8, greedy: host syncs per batched step under set_sync_debug_mode (worst step)"]
+    assert debug["result"] == "n/a" and debug["note"] == "sync debug mode needs CUDA"
+    md = render({"device": "cpu", "parts": {"9": {"name": "batched", "status": "ok", "result": out}}})
+    assert "## Batch of 8 (part 9: tiny_llama, float32, 10 prompts, 10 new tokens, greedy)" in md
+    assert "| ar | 1.0 / 1 | - |" in md and f"| {BATCH_SYNCS} | 1 | <= 1 | pass |" in md
+
+
+def test_a_batched_step_reading_each_slot_apart_fails_the_batch_sync_goal(tmp_path, monkeypatch, one_thread):
+    """Negative control: every slot's acceptance read back on its own (B reads a step) fails the goal, and the
+    leaving steps' goal with it; the debug-mode count runs per step too (stubbed here: CUDA's sync debug mode
+    reports nothing on a CPU)."""
+    from graft import acceptance
+
+    monkeypatch.setattr(acceptance, "read_accepted", lambda pending: [p.read() for p in pending])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    out, rows = run_batched_part(tmp_path, context=PretendCuda)
+    row = out["methods"]["ar"]
+    assert row["max"] >= 3 and out["ratios"]["batch_syncs_per_step_max"] == row["max"], row
+    assert row["debug_mode_max"] == 0 and row["lossless"]["lossless"]  # reading apart changes no token
+    assert rows[BATCH_SYNCS]["result"] == "FAIL" and failed(list(rows.values())) == [BATCH_SYNCS, BATCH_LEAVE]
+
+
+def test_one_altered_sequence_fails_the_lossless_at_b8_check(tmp_path, monkeypatch, one_thread):
+    """Negative control: one sequence's token changed after the batch decoded it is a divergence that is no float
+    tie, so the goal fails (and the check exits 1 on any device)."""
+    real = batched.run_batch
+
+    def altered(*args, **kwargs):
+        done, seconds = real(*args, **kwargs)
+        if len(done.get(3, Generation(0, [], "", 0.0, 0.0)).new_tokens) > 4:  # not the warm-up's 4 tokens
+            done[3].new_tokens[4] = (done[3].new_tokens[4] + 1) % 200
+        return done, seconds
+
+    monkeypatch.setattr(batched, "run_batch", altered)
+    out, rows = run_batched_part(tmp_path)
+    lossless = out["methods"]["ar"]["lossless"]
+    assert lossless["equal"] == 7 and lossless["checked"] == 8 and not lossless["lossless"]
+    (divergence,) = lossless["divergent"]
+    assert divergence["prompt"] == 3 and divergence["position"] == 4 and divergence["float_tie"] is False
+    assert out["ratios"]["batch_lossless"] is False and out["ratios"]["batch_lossless_note"] == "ar"
+    assert rows[BATCH_LOSSLESS]["result"] == "FAIL" and failed(list(rows.values())) == [BATCH_LOSSLESS]
+    assert rows[BATCH_SYNCS]["result"] == "pass"
+
+
+def test_pruning_ratios_are_the_verify_cost_at_kept_sizes():
+    ms = {"60": 10.0, "32": 8.0, "16": 6.0, "8": 6.2}
+    ratios = prune_ratios({n: {"median_ms": v} for n, v in ms.items()})
+    assert ratios["prune_verify16_over_verify60"] == 0.6
+    assert ratios["prune_verify_step_max"] == 1.033  # verify(8) / verify(16): within the 5 % allowed
+    assert ratios["prune_verify_over_60"] == {"60": 1.0, "32": 0.8, "16": 0.6, "8": 0.62}
+
+
+def test_the_dflash_and_pruning_goals_read_na_on_a_cpu_and_judge_on_a_gpu(tmp_path, one_thread):
+    """Part 4 on the CPU (small shapes) times dflash's loop beside ar's and the verify at pruning's kept sizes; those
+    goals read "n/a (GPU goal)" here, and pass or fail by their figures on a GPU."""
+    plan = replace(
+        QUICK, dense_contexts=(64,), dense_nodes=(1, 60), decode_methods=("ar", "dflash"), repeats=1, warmup=0
+    )
+    ctx = Context(plan, torch.device("cpu"), quick=True, report=Report(tmp_path / "r.json", budget_s=120, header={}))
+    out: dict = {}
+    part_llama8b(ctx, out)
+    assert sorted(out["prune_verify"], key=int) == ["8", "16", "32", "60"]
+    assert out["decode"]["temperature_0"]["dflash"]["mean_nodes"] > 1  # the block drafter's chains were verified
+    ratios = out["ratios"]
+    assert all(_positive(ratios[k]) for k in ("dflash_step_over_decode", "prune_verify16_over_verify60"))
+    on_cpu = {r["figure"]: r["result"] for r in goal_rows({"4": {"result": out}}, "cpu")}
+    assert on_cpu[DFLASH_STEP] == on_cpu[PRUNE_16] == on_cpu[PRUNE_STEP] == "n/a (GPU goal)"
+    judged = {"dflash_step_over_decode": 1.5, "prune_verify16_over_verify60": 1.0, "prune_verify_step_max": 1.2}
+    assert failed(goal_rows({"4": {"result": {"ratios": judged}}}, "cuda")) == [DFLASH_STEP, PRUNE_16, PRUNE_STEP]
+    judged = {"dflash_step_over_decode": 1.3, "prune_verify16_over_verify60": 0.8, "prune_verify_step_max": 1.04}
+    assert failed(goal_rows({"4": {"result": {"ratios": judged}}}, "cuda")) == []
+
+
+def test_the_gpu_runs_batch_builds_a_slice_of_the_8b_shape_with_its_head(tmp_path, one_thread):
+    """FULL's route (plan.batch_model None) at QUICK's small 8B shape (4 layers: EAGLE-3 taps three) on the CPU: the
+    target built as part 4 builds it, eagle3's slots sharing one saved random head, one read per batched step, every
+    sequence's tokens AR's."""
+    out, rows = run_batched_part(tmp_path, ("eagle3",), batch_model=None, batch_layers=4, dtype="float32")
+    assert out["model"] == "llama31_8b-shaped" and out["arch"]["num_hidden_layers"] == 4 and out["head"]["layer_ids"]
+    row = out["methods"]["eagle3"]
+    assert "error" not in row and row["max"] == 1 and row["lossless"]["lossless"], row
+    assert rows[BATCH_SYNCS]["result"] == "pass" and rows[BATCH_LOSSLESS]["result"] == "pass"
