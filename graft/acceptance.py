@@ -35,6 +35,58 @@ class Acceptance:
         return self.path_index if self.path_index is not None else self.path
 
 
+def accept(
+    trees: list[DraftTree],
+    topologies: list[Topology],
+    logits: list[Tensor],
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generators: list | None = None,
+    ops: Ops = PLAIN,
+) -> list[Acceptance]:
+    """Which drafted tokens the target keeps, for every tree one step verified (one tree at batch 1): the entry
+    point both decoding loops call. logits[i]: [trees[i].num_nodes, vocab]; temperature 0 is greedy
+    (accept_greedy's rule), otherwise accept_sampling's, each tree drawing from its own generator.
+
+    On the host, greedy acceptance takes one argmax over every tree's rows and walks each tree in Python; on a
+    device every decision stays there until one packed copy for the whole step (its one host sync)."""
+    generators = generators or [None] * len(trees)
+    on_host = ops.on_host(logits[0])
+    if temperature <= 0 and on_host:
+        best = _argmax_rows(logits, ops)
+        return [_accept_walk(tree, row) for tree, row in zip(trees, best)]
+    if temperature <= 0:
+        return read_accepted([greedy_pending(t, a, rows, ops) for t, a, rows in zip(trees, topologies, logits)])
+    if on_host:
+        return [accept_sampling(t, rows, temperature, top_p, g) for t, rows, g in zip(trees, logits, generators)]
+    decided = [
+        sampling_pending(t, a, rows, temperature, top_p, g)
+        for t, a, rows, g in zip(trees, topologies, logits, generators)
+    ]
+    return read_accepted(decided)
+
+
+def _argmax_rows(logits: list[Tensor], ops: Ops) -> list[list[int]]:
+    """Each logits block's row-wise argmax as host lists, in one top-1 pass where the blocks are consecutive rows
+    of one tensor (a ragged forward's segments), else one pass per block."""
+    first, rows = logits[0], sum(block.shape[0] for block in logits)
+    adjacent = all(block.is_contiguous() for block in logits) and all(
+        later.data_ptr() == earlier.data_ptr() + earlier.numel() * earlier.element_size()
+        and later.shape[1:] == earlier.shape[1:]
+        for earlier, later in zip(logits, logits[1:])
+    )
+    if adjacent and len(logits) > 1:  # a view over the blocks' rows: no copy
+        best = ops.top_k_rows(first.as_strided((rows, first.shape[1]), first.stride()), 1)[1][:, 0].tolist()
+    else:
+        best = [i for block in logits for i in ops.top_k_rows(block, 1)[1][:, 0].tolist()]
+    out, start = [], 0
+    for block in logits:
+        out.append(best[start : start + block.shape[0]])
+        start += block.shape[0]
+    return out
+
+
 def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> Acceptance:
     """Longest root path whose every token equals the target's argmax after its parent, plus the bonus; of
     equally deep paths the one ending at the lowest node index.
@@ -48,7 +100,7 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
         root = torch.zeros(1, dtype=torch.long, device=target.device)  # made on the device: no copy up
         return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
     if ops.on_host(logits):
-        return _accept_walk(tree, target)
+        return _accept_walk(tree, target.tolist())
     return greedy_pending(tree, attn, logits, ops).read()
 
 
@@ -107,9 +159,10 @@ def _pending(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) -> Pendi
     return PendingAcceptance(tree, packed, path)
 
 
-def _accept_walk(tree: DraftTree, target: Tensor) -> Acceptance:
-    """accept_greedy on the host: one pass in topological order (parents first)."""
-    tokens, parents, best = tree.tokens.tolist(), tree.parents.tolist(), target.tolist()
+def _accept_walk(tree: DraftTree, best: list[int]) -> Acceptance:
+    """accept_greedy on the host, `best` the target's argmax after each node: one pass in topological order
+    (parents first). The path and tokens stay host lists (`index` is the list)."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     n = len(tokens)
     depth, on_path, deepest = [0] * n, [True] + [False] * (n - 1), 0
     for i in range(1, n):
@@ -122,14 +175,7 @@ def _accept_walk(tree: DraftTree, target: Tensor) -> Acceptance:
     while path[-1] != 0:
         path.append(parents[path[-1]])
     path.reverse()
-    committed = [tokens[i] for i in path[1:]] + [best[deepest]]
-    device = target.device
-    return Acceptance(
-        path=path,
-        tokens=committed,
-        path_index=torch.tensor(path, device=device),
-        token_ids=torch.tensor(committed, device=device),
-    )
+    return Acceptance(path=path, tokens=[tokens[i] for i in path[1:]] + [best[deepest]])
 
 
 def target_distribution(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
@@ -258,11 +304,13 @@ def device_generator(generator: torch.Generator | None, device: torch.device) ->
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def sample_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    """One token from the target's distribution (temperature 0 means argmax)."""
+def sample_token(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None, *, ops: Ops = PLAIN
+) -> int:
+    """One token from the target's distribution (temperature 0 means argmax): one host read."""
     if temperature <= 0:
         return int(logits.argmax(-1))
-    if logits.device.type != "cpu":  # the draw on the device, one value read back (the whole row copied was 0.6 MB)
+    if not ops.on_host(logits):  # the draw on the device, one value read back (the whole row copied was 0.6 MB)
         noise = torch.empty_like(logits, dtype=torch.float32).exponential_(generator=generator)
         return int((target_distribution(logits, temperature, top_p) / noise).argmax(-1))
     probs = target_distribution(logits, temperature, top_p).cpu()

@@ -3,10 +3,12 @@ sequence's tree per step, with continuous batching (a sequence that stops leaves
 takes it, so the batch stays full until the requests run out).
 
 Per step: the live slots draft in lockstep (Drafter.propose_steps: each round every slot's pending model call runs
-as one, e.g. one EAGLE head forward over every slot's frontier); one forward verifies every tree; then per slot, as
-in graft/decode.py, acceptance, the commit into the slot's own cache (graft/backends/slots.py), the stop checks and
-the drafter's update (extend). Each sequence keeps its own cache length, positions and drafter state, so its
-tokens are what batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py).
+as one, e.g. one EAGLE head forward over every slot's frontier); one forward verifies every tree; one call decides
+every tree's acceptance (graft/acceptance.py: accept, the batch-1 loop's entry point too); per slot the commit into
+the slot's own cache (graft/backends/slots.py) and the stop checks; the drafters' updates (extend) in lockstep
+(Drafter.update_steps: one head forward for every slot's accepted tokens); the step's records in one pass
+(record_steps). Each sequence keeps its own cache length, positions and drafter state, so its tokens are what
+batch-1 decoding gives, up to the float ties a batched product may move (graft/run/lossless.py).
 
 Two forwards verify a batch. On a ragged backend (the CPU engine: TargetBackend.ragged_rows) each tree is a
 segment of one forward (forward_segments): only real nodes are computed, each over its own slot's prefix, and the
@@ -26,19 +28,19 @@ from typing import Any, Callable
 
 import torch
 
-from graft.acceptance import (
-    accept_greedy,
-    accept_sampling,
-    device_generator,
-    greedy_pending,
-    read_accepted,
-    sample_token,
-    sampling_pending,
-)
+from graft.acceptance import accept, device_generator, sample_token
 from graft.backends.slots import SlotCaches
 from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment
-from graft.decode import Generation, SamplingConfig, _top2, keep_committed, read_back, record_step
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, run_calls
+from graft.decode import (
+    Generation,
+    SamplingConfig,
+    _top2,
+    fit_to_context,
+    keep_committed,
+    read_back,
+    record_steps,
+)
+from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback, run_calls
 from graft.tree import DraftTree, topology
 
 
@@ -61,8 +63,7 @@ class _Live:
     state: SequenceState | None = None
     gen: Generation | None = None
     top2: list = field(default_factory=list)
-    sources: list = field(default_factory=list)
-    kept: list = field(default_factory=list)
+    book: list = field(default_factory=list)  # per step its source counts, left on the device (record_steps)
 
 
 def slot_capacity(prompt_lens: list[int], max_new_tokens: int, max_nodes: int) -> int:
@@ -124,19 +125,13 @@ def generate_batch(
                 filling[slot] = run.start(slot, requests.popleft())
             if target.ragged_rows:  # newcomers' chunks ride in the step's forward; alone when no one decodes
                 steps.append(run.step(live, filling) if live else run.prefill_round(live, filling))
-                steps[-1]["queued"] = len(requests)
-                continue
-            spent = 0  # prompt positions encoded since the last step while sequences were decoding
-            while filling:
-                limit = run.gap_room(spent) if live else None
-                if limit == 0:
-                    break
-                slot = next(iter(filling))  # the oldest newcomer
-                encoded = run.prefill_chunk(slot, filling[slot], limit)
-                spent += encoded if live else 0
-                run.prefilled(slot, live, filling)
-            if live:
-                steps.append(run.step(live, filling))
+            else:
+                run.prefill_gap(live, filling)
+                steps.append(run.step(live, filling) if live else None)
+            run.flush()  # the leavers' records, then on_done (which may queue a conversation's next turn)
+            if steps[-1] is None:
+                steps.pop()
+            else:
                 steps[-1]["queued"] = len(requests)
     finally:
         target.cache = saved
@@ -157,6 +152,7 @@ class _Run:
     clock: Callable[[], float]
     on_done: Callable
     free: deque
+    leaving: list = field(default_factory=list)  # [(slot, _Live)] left, records not yet read back (flush)
 
     def start(self, slot: int, request: BatchRequest) -> _Live:
         """A newcomer takes `slot`: its cache emptied, its prompt's chunks queued."""
@@ -174,6 +170,19 @@ class _Run:
         if chunk is None:
             return None if spent == 0 else 0
         return max(chunk - spent, 0)
+
+    def prefill_gap(self, live: dict[int, _Live], filling: dict[int, _Live]) -> None:
+        """Newcomers' chunks between two steps (a backend without segments), the oldest first: one chunk's worth of
+        positions while sequences decode, back to back while none does."""
+        spent = 0  # prompt positions encoded since the last step while sequences were decoding
+        while filling:
+            limit = self.gap_room(spent) if live else None
+            if limit == 0:
+                break
+            slot = next(iter(filling))  # the oldest newcomer
+            encoded = self.prefill_chunk(slot, filling[slot], limit)
+            spent += encoded if live else 0
+            self.prefilled(slot, live, filling)
 
     def prefill_chunk(self, slot: int, entry: _Live, limit: int | None = None) -> int:
         """Encode the newcomer's next chunk (at most `limit` positions) in a forward of its own; returns how many."""
@@ -226,7 +235,7 @@ class _Run:
         entry.prefill = None
         if not sampling.greedy and not target.ops.on_host(prefill.logits):
             entry.generator = device_generator(entry.generator, prefill.logits.device)
-        first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, entry.generator)
+        first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, entry.generator, ops=target.ops)
         gen = entry.gen = Generation(len(ids), [first], "max_new_tokens", prefill_s=0.0, wall_s=0.0)
         gen.slot = slot
         entry.state = SequenceState(tokens=list(ids) + [first], prompt_len=len(ids))
@@ -272,25 +281,35 @@ class _Run:
             slot: _own_taps(outputs[slot], every_tap, drafters[slot].needs.taps, target.hidden_size)
             for slot in proposals
         }
-        acceptances = self.accept(proposals, forwards, topos, live)
-        for slot, proposal in sorted(proposals.items()):
-            entry, tree, topo, forward = live[slot], proposal.tree, topos[slot], forwards[slot]
-            acceptance = acceptances[slot]
+        order = sorted(proposals)
+        decided = accept(
+            [proposals[s].tree for s in order],
+            [topos[s] for s in order],
+            [forwards[s].logits for s in order],
+            **self.sampling.accept_args([live[s].generator for s in order]),
+            ops=target.ops,
+        )
+        acceptances, kept, updates = dict(zip(order, decided)), {}, {}
+        for slot in order:
+            entry, acceptance = live[slot], acceptances[slot]
             target.cache = slots.slot[slot]
-            target.commit(topo.cache_len, acceptance.path, acceptance.path_index)
-            gen = entry.gen
-            done, committed = keep_committed(gen, entry.state, acceptance, self.max_new_tokens, self.stop_ids)
+            target.commit(topos[slot].cache_len, acceptance.path, acceptance.path_index)
+            done, kept[slot] = keep_committed(entry.gen, entry.state, acceptance, self.max_new_tokens, self.stop_ids)
             if self.record_gaps:
-                entry.top2.append(_top2(forward.logits[acceptance.index], len(committed)))
-            t2 = clock()
+                entry.top2.append(_top2(forwards[slot].logits[acceptance.index], len(kept[slot])))
             if not done:
-                drafters[slot].update(
-                    StepFeedback(
-                        proposal=proposal, topology=topo, forward=forward, acceptance=acceptance, state=entry.state
-                    )
-                )
-            draft_s[slot] += clock() - t2
-            record_step(gen, proposal.note, tree, acceptance, len(committed), entry.sources, entry.kept)
+                feedback = StepFeedback(proposals[slot], topos[slot], forwards[slot], acceptance, entry.state)
+                updates[slot] = drafters[slot].update_steps(feedback)
+        t2 = clock()
+        self.lockstep(updates)  # extend: every slot's drafter learns from the verification, in lockstep
+        for slot in updates:
+            draft_s[slot] += (clock() - t2) / len(updates)
+        gens = [live[slot].gen for slot in order]
+        books = [live[slot].book for slot in order]
+        committed = [len(kept[slot]) for slot in order]
+        record_steps(gens, [proposals[s] for s in order], decided, committed, books)
+        for slot, gen in zip(order, gens):
+            done = slot not in updates
             gen.draft_s.append(draft_s[slot])
             gen.verify_s.append(verify_s)
             if done:
@@ -313,31 +332,37 @@ class _Run:
         t0 = clock()
         for slot in live:
             self.drafters[slot].lockstep = len(live)
-        steps = {slot: self.drafters[slot].propose_steps(entry.state) for slot, entry in sorted(live.items())}
-        pending, drafted = {}, {}
-        for slot, step in steps.items():
-            target.cache = slots.slot[slot]  # a drafter may read the target's cache (its length)
-            _advance(step, slot, None, pending, drafted, first=True)
-        while pending:
-            calls = list(pending.items())
-            pending = {}
-            for (slot, _), result in zip(calls, run_calls([call for _, call in calls])):
-                target.cache = slots.slot[slot]
-                _advance(steps[slot], slot, result, pending, drafted)
+        drafted = self.lockstep(
+            {slot: self.drafters[slot].propose_steps(entry.state) for slot, entry in sorted(live.items())}
+        )
         for slot in live:
             self.drafters[slot].lockstep = 1
         share = (clock() - t0) / max(len(drafted), 1)
         proposals, draft_s = {}, {}
         for slot, proposal in sorted(drafted.items()):
             room = target.max_context - slots.slot[slot].layers[0].length
-            if room >= 1 and proposal.tree.num_nodes > room:  # near the end of the context: what fits (decode.py)
-                proposal = Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
-            proposals[slot], draft_s[slot] = proposal, share
+            proposals[slot] = fit_to_context(proposal, room) if room >= 1 else proposal
+            draft_s[slot] = share
         for slot in [s for s in sorted(live) if target.max_context - slots.slot[s].layers[0].length < 1]:
             live[slot].gen.stop_reason = "context"
             self.leave(live, slot)
             del proposals[slot]
         return proposals, draft_s
+
+    def lockstep(self, steps: dict) -> dict:
+        """Every slot's generator of model calls (Drafter.propose_steps, update_steps) run together: each round,
+        every slot's pending call runs as one (graft/drafter.py: run_calls). {slot: the generator's value}."""
+        pending, done = {}, {}
+        for slot, step in steps.items():
+            self.target.cache = self.slots.slot[slot]  # a drafter may read the target's cache (its length)
+            _advance(step, slot, None, pending, done, first=True)
+        while pending:
+            calls = list(pending.items())
+            pending = {}
+            for (slot, _), result in zip(calls, run_calls([call for _, call in calls])):
+                self.target.cache = self.slots.slot[slot]
+                _advance(steps[slot], slot, result, pending, done)
+        return done
 
     def verify_padded(self, proposals: dict, topos: dict, taps: tuple) -> tuple[dict, int]:
         """The trees verified as padded rows (a backend without segments): ({slot: ForwardOutput}, the positions
@@ -364,34 +389,22 @@ class _Run:
         rows = rows_bucket(last - first + 1, len(self.drafters))
         return min(first, len(self.drafters) - rows), rows, max(d.max_nodes() for d in self.drafters)
 
-    def accept(self, proposals: dict, forwards: dict, topos: dict, live: dict) -> dict:
-        """Every slot's acceptance. On a device, each decided there and all read back in one copy: the step's one
-        host sync for the whole batch; on the host paths, one slot at a time."""
-        sampling, ops = self.sampling, self.target.ops
-        on_device = not ops.on_host(next(iter(forwards.values())).logits)
-        decided = {}
-        for slot, proposal in sorted(proposals.items()):
-            tree, topo, logits = proposal.tree, topos[slot], forwards[slot].logits
-            generator = live[slot].generator
-            if sampling.greedy:
-                decided[slot] = (
-                    greedy_pending(tree, topo, logits, ops) if on_device else accept_greedy(tree, topo, logits, ops)
-                )
-            elif on_device:
-                decided[slot] = sampling_pending(tree, topo, logits, sampling.temperature, sampling.top_p, generator)
-            else:
-                decided[slot] = accept_sampling(tree, logits, sampling.temperature, sampling.top_p, generator)
-        if on_device:
-            decided = dict(zip(decided, read_accepted(list(decided.values()))))
-        return decided
-
     def leave(self, live: dict, slot: int) -> None:
-        """The sequence in `slot` is done: its records read back once (as decode.py does), its slot freed."""
+        """The sequence in `slot` is done: its slot freed; its records are read back with the others that leave
+        in the same step (`flush`)."""
         entry = live.pop(slot)
         entry.gen.wall_s = self.clock() - entry.admitted
-        read_back(entry.gen, entry.sources, entry.kept, entry.top2 if self.record_gaps else None)
         self.free.append(slot)
-        self.on_done(entry.request, entry.gen, slot)
+        self.leaving.append((slot, entry))
+
+    def flush(self) -> None:
+        """The sequences that left since the last flush: their records read back in one copy (decode.py's read
+        for each, all at once: one host read for every leaver of a step), then handed to on_done."""
+        leaving, self.leaving = self.leaving, []
+        if leaving:
+            read_back([(e.gen, e.book, e.top2 if self.record_gaps else None) for _, e in leaving])
+        for slot, entry in leaving:
+            self.on_done(entry.request, entry.gen, slot)
 
 
 def _advance(step, slot: int, result, pending: dict, drafted: dict, first: bool = False) -> None:

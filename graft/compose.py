@@ -85,6 +85,12 @@ class Proposer:
     def update(self, step: StepFeedback) -> None:
         pass
 
+    def update_steps(self, step: StepFeedback) -> Generator:
+        """update() as a generator of its model calls (graft/drafter.py: Drafter.update_steps); by default none."""
+        self.update(step)
+        return
+        yield  # a generator
+
     def share_with(self, first: "Proposer") -> None:
         """In a batch, slot b's part and slot 0's (the same method): a part whose state the batch shares takes
         slot 0's (Token Recycling with table: shared); nothing by default, so each sequence keeps its own."""
@@ -498,14 +504,17 @@ class ComposedDrafter(Drafter):
         return note
 
     def update(self, step: StepFeedback) -> None:
-        started = time.perf_counter()
-        self._update(step)
-        if self.trim is not None:
-            self.trim.observe(step, 1e3 * (time.perf_counter() - started))
+        drive(self.update_steps(step))
 
-    def _update(self, step: StepFeedback) -> None:
+    def update_steps(self, step: StepFeedback) -> Generator:
+        started = time.perf_counter()
         if self.source:
-            self.source.update(step)
+            yield from self.source.update_steps(step)
+        self._update_retrievers(step)
+        if self.trim is not None:  # in lockstep the elapsed time holds every slot's calls: this slot's share
+            self.trim.observe(step, 1e3 * (time.perf_counter() - started) * self.trim.time_share)
+
+    def _update_retrievers(self, step: StepFeedback) -> None:
         if self.retrievers:
             started = time.perf_counter()
             for retriever in self.retrievers:

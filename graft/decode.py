@@ -20,16 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graft.acceptance import (
-    accept_greedy,
-    accept_sampling,
-    accept_sampling_on_device,
-    device_generator,
-    sample_token,
-)
+from graft.acceptance import accept, device_generator, sample_token
 from graft.backends.target import TargetBackend
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
-from graft.fixed_size import resolve_deferred
+from graft.fixed_size import deferred_in, resolve_deferred
+from graft.ops import read_back as ops_read_back
+from graft.ops import upload
 from graft.tree import NodeSource, topology
 
 
@@ -41,6 +37,10 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+    def accept_args(self, generators: list) -> dict:
+        """graft.acceptance.accept's sampling arguments, one generator per tree."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "generators": generators}
 
 
 @dataclass
@@ -84,27 +84,6 @@ def _top2(logits: torch.Tensor, count: int) -> torch.Tensor:
     return logits.topk(2, dim=-1).values[:count]  # [count, 2], left on the device until the end
 
 
-def _count_sources(sources: torch.Tensor) -> torch.Tensor:
-    """[len(NodeSource)] nodes per source; a fixed-size scatter, where bincount would sync to size its output."""
-    counts = torch.zeros(len(NodeSource), dtype=torch.long, device=sources.device)
-    return counts.scatter_add_(0, sources, torch.ones_like(sources))
-
-
-def _source_counts(tree, acceptance) -> torch.Tensor:
-    """[4]: draft and retrieved nodes in the tree, then among the accepted nodes (stays on the device)."""
-    src = tree.node_sources()  # [num_nodes]
-    in_tree = _count_sources(src)
-    accepted = _count_sources(src[acceptance.index])
-    return torch.stack(
-        [
-            in_tree[NodeSource.DRAFT],
-            in_tree[NodeSource.RETRIEVAL],
-            accepted[NodeSource.DRAFT],
-            accepted[NodeSource.RETRIEVAL],
-        ]
-    )
-
-
 @torch.inference_mode()
 def generate(
     target: TargetBackend,
@@ -124,7 +103,7 @@ def generate(
     prefill = target.prefill(prompt_ids, taps, successors_k=drafter.needs.prompt_successors)
     if not sampling.greedy and not target.ops.on_host(prefill.logits):
         generator = device_generator(generator, prefill.logits.device)
-    first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator)
+    first = sample_token(prefill.logits[-1], sampling.temperature, sampling.top_p, generator, ops=target.ops)
     gen = Generation(
         prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0
     )
@@ -138,8 +117,7 @@ def generate(
     if first in stop_ids:
         gen.stop_reason = "stop_token"
     context_limit = target.max_context
-    sources = []  # per step [4] counts, left on the device until the end
-    kept = []  # per step 0-d: filled slots, the same
+    book = []  # per step its source counts and filled slots, left on the device until the end (record_steps)
 
     while not done:
         t0 = clock.mark()
@@ -151,23 +129,13 @@ def generate(
         if room < 1:
             gen.stop_reason = "context"
             break
-        if tree.num_nodes > room:
-            # near the end of the context verify what fits, down to the root alone (a plain decode step),
-            # so that every method commits the baseline's tokens up to max_new_tokens
-            tree = tree.first(room)
-            proposal = Proposal(tree, {**proposal.note, "fitted_to_context": room})
+        proposal = fit_to_context(proposal, room)
+        tree = proposal.tree
         topo = topology(tree.parents, committed_len, host=target.ops.on_host(tree.parents))
         t2 = clock.mark()
         forward = target.verify(tree, topo, taps)  # verify
         t3 = clock.mark()
-        if sampling.greedy:
-            acceptance = accept_greedy(tree, topo, forward.logits, target.ops)
-        elif target.ops.on_host(forward.logits):
-            acceptance = accept_sampling(tree, forward.logits, sampling.temperature, sampling.top_p, generator)
-        else:
-            acceptance = accept_sampling_on_device(
-                tree, topo, forward.logits, sampling.temperature, sampling.top_p, generator
-            )
+        (acceptance,) = accept([tree], [topo], [forward.logits], **sampling.accept_args([generator]), ops=target.ops)
         target.commit(committed_len, acceptance.path, acceptance.path_index)
 
         done, committed = keep_committed(gen, state, acceptance, max_new_tokens, stop_ids)
@@ -180,14 +148,23 @@ def generate(
             )
         t5 = clock.mark()
 
-        record_step(gen, proposal.note, tree, acceptance, len(committed), sources, kept)
+        record_steps([gen], [proposal], [acceptance], [len(committed)], [book])
         marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
 
     times = clock.step_times(start, prefilled, marks, clock.mark())
     gen.prefill_s, gen.wall_s = times.prefill_s, times.wall_s
     gen.draft_s, gen.verify_s, gen.other_s = times.draft_s, times.verify_s, times.other_s
-    read_back(gen, sources, kept, top2 if record_gaps else None)
+    read_back([(gen, book, top2 if record_gaps else None)])
     return gen
+
+
+def fit_to_context(proposal: Proposal, room: int) -> Proposal:
+    """The proposal cut to the `room` positions left in the context (room >= 1): near the end of the context a
+    step verifies what fits, down to the root alone (a plain decode step), so that every method commits the
+    baseline's tokens up to max_new_tokens."""
+    if proposal.tree.num_nodes <= room:
+        return proposal
+    return Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
 
 
 def keep_committed(gen: Generation, state: SequenceState, acceptance, max_new_tokens: int, stop_ids) -> tuple:
@@ -207,25 +184,78 @@ def keep_committed(gen: Generation, state: SequenceState, acceptance, max_new_to
     return done or len(gen.new_tokens) >= max_new_tokens, committed
 
 
-def record_step(gen: Generation, note: dict, tree, acceptance, committed: int, sources: list, kept: list) -> None:
-    """A step's record: the drafter's note, its accepted length and nodes; the source counts and the filled
-    slots stay on the device (`sources`, `kept`) until read_back."""
-    if note:
-        gen.step_info.append(note)
-    sources.append(_source_counts(tree, acceptance))
-    kept.append((tree.tokens >= 0).sum())
-    gen.accept_lengths.append(committed)
-    gen.nodes.append(tree.num_nodes)
+def record_steps(
+    gens: list[Generation], proposals: list[Proposal], acceptances: list, committed: list[int], books: list[list]
+) -> None:
+    """One step's records for every sequence that verified a tree in it (one at batch 1): its drafter's note, its
+    accepted length and nodes; the trees' source counts and filled slots, counted in one pass over every tree's
+    nodes, stay on the device: each sequence's `book` gets (the step's counts, its row) until read_back."""
+    for gen, proposal, count in zip(gens, proposals, committed):
+        if proposal.note:
+            gen.step_info.append(proposal.note)
+        gen.accept_lengths.append(count)
+        gen.nodes.append(proposal.tree.num_nodes)
+    counts = _step_counts([p.tree for p in proposals], acceptances)
+    for row, book in enumerate(books):
+        book.append((counts, row))
 
 
-def read_back(gen: Generation, sources: list, kept: list, top2: list | None) -> None:
-    """What a sequence kept on the device, read back once at its end: deferred figures, source counts, filled
-    slots and (with `top2`) the top-2 logits of every new token."""
-    resolve_deferred(gen.step_info)  # figures fixed-size trees kept on the device, in one copy
-    if sources:
-        gen.step_sources = torch.stack(sources).tolist()
-        gen.kept_nodes = torch.stack(kept).tolist()
-    if top2 is not None:
-        host = torch.cat(top2).tolist()
-        gen.top2_gaps = [a - b for a, b in host]
-        gen.top_logits = [a for a, _ in host]
+def _step_counts(trees: list, acceptances: list) -> torch.Tensor:
+    """[trees, 5]: each tree's draft and retrieved nodes, the same among its accepted nodes, and its filled slots
+    (a fixed-size tree's tokens >= 0). A fixed-size scatter over the trees' joined nodes (bincount would sync to
+    size its output); the paths are host lists, so the indices go up in one copy."""
+    device, sizes = trees[0].tokens.device, [t.num_nodes for t in trees]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    owner = [i for i, n in enumerate(sizes) for _ in range(n)]
+    accepted = [start + node for start, a in zip(starts, acceptances) for node in a.path]
+    index = upload(owner + starts + accepted, device)
+    owner_of, roots, on_path = index.split([len(owner), len(starts), len(accepted)])
+    tokens = torch.cat([t.tokens for t in trees])  # [all nodes]
+    draft = lambda n: torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)  # noqa: E731
+    src = torch.cat([t.sources if t.sources is not None else draft(t.num_nodes) for t in trees]).long()
+    src[roots] = int(NodeSource.ROOT)
+    kinds = len(NodeSource)
+    table = torch.zeros(len(trees), 2 * kinds + 1, dtype=torch.long, device=device)
+    rows = torch.cat([owner_of, owner_of[on_path], owner_of])
+    columns = torch.cat([src, src[on_path] + kinds, torch.full_like(src, 2 * kinds)])
+    ones = torch.ones(len(owner) + len(accepted), dtype=torch.long, device=device)
+    table.index_put_((rows, columns), torch.cat([ones, (tokens >= 0).long()]), accumulate=True)
+    pair = slice(NodeSource.DRAFT, NodeSource.RETRIEVAL + 1)  # adjacent: slices, no index tensor from the host
+    return torch.cat([table[:, pair], table[:, kinds:][:, pair], table[:, 2 * kinds :]], dim=1)
+
+
+def read_back(sequences: list[tuple[Generation, list, list | None]]) -> None:
+    """What sequences kept on the device, read back in one copy at their end (a batched step's every leaver
+    together): each one's deferred figures, source counts and filled slots (its book: record_steps' entries)
+    and, with a top2 list, the top-2 logits of every new token. sequences: [(generation, book, top2 or None)]."""
+    parts, layout = [], []
+    for gen, book, top2 in sequences:
+        found, deferred = deferred_in(gen.step_info)  # figures fixed-size trees kept on the device
+        rows = _book_rows(book)  # [steps, 5]
+        top = torch.cat(top2) if top2 else None  # [new tokens, 2]
+        for part in (deferred, rows, top):
+            parts += [part.double().flatten()] if part is not None else []
+        layout.append((found, len(book), 0 if top is None else len(top)))
+    if not parts:
+        return
+    host, at = ops_read_back(torch.cat(parts)), 0
+    for (gen, book, top2), (found, steps, tops) in zip(sequences, layout):
+        resolve_deferred(found, host[at : at + len(found)])
+        at += len(found)
+        rows = [[int(v) for v in host[at + 5 * i : at + 5 * i + 5]] for i in range(steps)]
+        gen.step_sources, gen.kept_nodes = [row[:4] for row in rows], [row[4] for row in rows]
+        at += 5 * steps
+        if top2 is not None:
+            pairs = [host[at + 2 * i : at + 2 * i + 2] for i in range(tops)]
+            gen.top2_gaps, gen.top_logits = [a - b for a, b in pairs], [a for a, _ in pairs]
+            at += 2 * tops
+
+
+def _book_rows(book: list) -> torch.Tensor | None:
+    """[steps, 5] a sequence's rows of its steps' counts (record_steps), or None for no step."""
+    if not book:
+        return None
+    steps = list({id(counts): counts for counts, _ in book}.values())  # a batched step's counts: one tensor
+    first = {id(counts): sum(len(c) for c in steps[:i]) for i, counts in enumerate(steps)}
+    rows = upload([first[id(counts)] + row for counts, row in book], steps[0].device)
+    return torch.cat(steps).index_select(0, rows)

@@ -126,6 +126,13 @@ class Drafter(ABC):
     def update(self, step: StepFeedback) -> None:
         pass
 
+    def update_steps(self, step: StepFeedback) -> Generator:
+        """update() as a generator of its model calls, as propose_steps is propose(): a batch extends every slot's
+        drafter in lockstep (one head forward for every slot's accepted tokens). By default it makes none."""
+        self.update(step)
+        return
+        yield  # a generator
+
     def share_with(self, first: "Drafter") -> None:
         """In a batch (graft/batch.py), called on slot b's drafter with slot 0's: state the method shares across
         the batch is taken from it; by default every sequence keeps its own."""

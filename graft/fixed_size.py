@@ -10,7 +10,7 @@ reads alone beside it:
 - select_fixed: graft/tree.py select(), the best candidates as a tree;
 - graft_fixed: graft/grafting.py graft(), a retrieved subtree grafted onto the draft;
 - compact: the filled nodes first, cut to the step's budget (the host path never leaves empty slots);
-- Deferred / resolve_deferred: a record's figure kept on the device, read back once per sequence.
+- Deferred / deferred_in / resolve_deferred: a record's figure kept on the device, read back at the sequence's end.
 """
 
 from __future__ import annotations
@@ -37,12 +37,17 @@ class Deferred:
         return self.labels[int(host_value)] if self.labels is not None else host_value
 
 
-def resolve_deferred(notes: list[dict]) -> None:
-    """Replace every Deferred in `notes` with its value, read back in one copy."""
+def deferred_in(notes: list[dict]) -> tuple[list, Tensor | None]:
+    """Every Deferred in `notes`: their places [(note, key)] and values [count] float64 on the device (None: none),
+    to be read back with whatever else a sequence reads at its end and put back by resolve_deferred."""
     found = [(note, key) for note in notes for key, value in note.items() if isinstance(value, Deferred)]
     if not found:
-        return
-    values = torch.stack([note[key].value.reshape(()).double() for note, key in found]).tolist()
+        return [], None
+    return found, torch.stack([note[key].value.reshape(()).double() for note, key in found])
+
+
+def resolve_deferred(found: list, values: list[float]) -> None:
+    """Each Deferred at `found` (deferred_in's places) replaced by its value read back (`values`)."""
     for (note, key), host in zip(found, values):
         deferred = note[key]
         note[key] = deferred.resolve(host if deferred.value.is_floating_point() else int(host))

@@ -93,35 +93,35 @@ class NativeHeadLayer:
         return cfg.num_heads, cfg.num_kv_heads, d, cfg.rms_norm_eps, d**-0.5, self.small_rows, self.prefetch
 
     def step_rows(self, calls: list, mask_dtype: torch.dtype) -> list[Tensor] | None:
-        """Drafting levels of several sequences (HeadCall: embeds and head outputs H wide, each on its own cache) as
-        one head_rows forward: the products once over every row, each call's attention over its own cache with the
-        mask head_step would give it. None where a call needs the fc projection (target features)."""
+        """Several sequences' head forwards (HeadCall, each on its own cache: drafting levels, whose features are
+        the head's own outputs, or extends, whose features are the target's fused taps) as one head_rows forward:
+        the products once over every row, each call's attention over its own cache with the mask head_step would
+        give it (none: causal over its new entries, the native default). None for mixed kinds of features."""
         cfg = self.head.cfg
-        if cfg.kind != "eagle3" or any(c.hidden.shape[-1] != cfg.hidden_size for c in calls):
+        widths = {c.hidden.shape[-1] for c in calls}
+        if cfg.kind != "eagle3" or len(widths) > 1:
             return None
-        attn, d = self.head._layer().self_attn, cfg.head_dim
-        masks, cos, sin = [], [], []
+        hidden = torch.cat([c.hidden for c in calls]).float()
+        if widths != {cfg.hidden_size}:  # fused target features: projected once for every call
+            hidden = self._product("fc", hidden)
+        attn, d, empty = self.head._layer().self_attn, cfg.head_dim, torch.empty(0)
+        masks = [empty if c.allowed is None else additive_mask(c.allowed, mask_dtype).float() for c in calls]
         for call in calls:
-            cache, n = call.cache, call.embeds.shape[0]
-            allowed = call.allowed
-            if allowed is None and n > 1:
-                allowed = prefix_causal(n, cache.length, call.embeds.device)
-            masks.append(torch.empty(0) if allowed is None else additive_mask(allowed, mask_dtype).float())
+            cache = call.cache
             if cache.keys is None:
                 shape = (1, cfg.num_kv_heads, 0, d)
-                cache._allocate(call.hidden.new_empty(shape), call.hidden.new_empty(shape))
-            cache.reserve(cache.length + n)
-            table_cos, table_sin = attn.rotary.table(cache.length + n, call.hidden.float())
-            cos.append(table_cos[call.positions])
-            sin.append(table_sin[call.positions])
+                cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
+            cache.reserve(cache.length + call.embeds.shape[0])
+        table_cos, table_sin = attn.rotary.table(max(c.cache.length + c.embeds.shape[0] for c in calls), hidden)
+        positions = torch.cat([c.positions for c in calls])
         out = self.module.head_rows(
             torch.cat([c.embeds for c in calls]).float().contiguous(),
-            torch.cat([c.hidden for c in calls]).float().contiguous(),
+            hidden.contiguous(),
             self.weights,
             [c.cache.keys for c in calls],
             [c.cache.values for c in calls],
-            torch.cat(cos).contiguous(),
-            torch.cat(sin).contiguous(),
+            table_cos[positions].contiguous(),
+            table_sin[positions].contiguous(),
             masks,
             [c.cache.length for c in calls],
             [c.embeds.shape[0] for c in calls],

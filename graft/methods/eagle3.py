@@ -120,13 +120,19 @@ def head_step(
 def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK) -> Tensor:
     """Encode n new (embedding, feature) pairs after the cache's committed positions -> [n, H], at most
     `chunk` positions per forward."""
+    return drive(extend_steps(head, cache, embeds, hidden, chunk))
+
+
+def extend_steps(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK):
+    """extend as a generator of its forwards (HeadCalls without scores), so a batch runs every slot's as one."""
     outputs = []
     for lo in range(0, embeds.shape[0], chunk):
         part = slice(lo, lo + chunk)
         n, start = embeds[part].shape[0], cache.length
         positions = torch.arange(start, start + n, device=embeds.device)
-        outputs.append(head_step(head, cache, embeds[part], hidden[part], positions, None))
-    return torch.cat(outputs)
+        out, *_ = yield HeadCall(head, cache, 0, embeds[part], hidden[part], positions, compiled=False)
+        outputs.append(out)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 # EAGLE-1's default static tree (`mc_sim_7b_63` in SafeAILab/EAGLE, eagle/model/choices.py): each path lists
@@ -224,23 +230,26 @@ class HeadCall:
 
     head: DraftHead
     cache: KVBuffer
-    top_k: int
+    top_k: int  # 0: the outputs alone (an extend), no scores
     embeds: Tensor | None = None  # [n, H]
     hidden: Tensor | None = None  # [n, H]
     positions: Tensor | None = None  # [n]
     allowed: Tensor | None = None  # [n, cache.length + n] bool
     last: Tensor | None = None  # [1, H]: the output to score where there is no forward
+    compiled: bool = True  # a drafting level's fixed width may run the compiled step; an extend's varies
 
     def forward(self) -> Tensor:
         if self.embeds is None:
             return self.last
-        return head_step(self.head, self.cache, self.embeds, self.hidden, self.positions, self.allowed, compiled=True)
+        return head_step(
+            self.head, self.cache, self.embeds, self.hidden, self.positions, self.allowed, compiled=self.compiled
+        )
 
     @torch.inference_mode()
     def run(self) -> HeadResult:
         """This sequence's call on its own (batch 1)."""
         out = self.forward()
-        return (out, *self.head.top_log_probs(out, self.top_k))
+        return (out, None, None, None) if self.top_k == 0 else (out, *self.head.top_log_probs(out, self.top_k))
 
     @staticmethod
     @torch.inference_mode()
@@ -255,8 +264,8 @@ class HeadCall:
             rows = head.step_rows([calls[i] for i in mine]) if len(mine) > 1 else None
             for i, out in zip(mine, rows or [calls[i].forward() for i in mine]):
                 outs[i] = out
-        results: list = [None] * len(calls)
-        for key in {(id(c.head), c.top_k) for c in calls}:
+        results: list = [(out, None, None, None) for out in outs]
+        for key in {(id(c.head), c.top_k) for c in calls if c.top_k > 0}:
             mine = [i for i, c in enumerate(calls) if (id(c.head), c.top_k) == key]
             head, k = calls[mine[0]].head, calls[mine[0]].top_k
             values, indices, d2t = head.top_log_probs(torch.cat([outs[i] for i in mine]), k)
@@ -394,15 +403,16 @@ class HeadOnCache:
             return old
         return self.head.new_cache(capacity, static=True)
 
-    def update(self, step: StepFeedback) -> None:
+    def update_steps(self, step: StepFeedback) -> Generator:
+        """Encode the step's committed tokens with their features (one head forward; a batch runs every slot's
+        as one)."""
         ids = step.acceptance.token_ids  # on the device already: no copy up
-        self.last = self._extend(
-            ids if ids is not None else step.acceptance.tokens, step.forward.hidden[step.acceptance.index]
-        )
+        ids = ids if ids is not None else upload(step.acceptance.tokens, self.target.device)
+        hidden = step.forward.hidden[step.acceptance.index]
+        self.last = (yield from extend_steps(self.head, self.cache, self.embed(ids), hidden))[-1]
 
-    def _extend(self, tokens: list[int] | Tensor, hidden: Tensor) -> Tensor:
-        ids = tokens if isinstance(tokens, Tensor) else upload(tokens, self.target.device)
-        return extend(self.head, self.cache, self.embed(ids), hidden)[-1]
+    def _extend(self, tokens: list[int], hidden: Tensor) -> Tensor:
+        return extend(self.head, self.cache, self.embed(upload(tokens, self.target.device)), hidden)[-1]
 
 
 class _HeadSource(DraftSource):
@@ -418,7 +428,11 @@ class _HeadSource(DraftSource):
 
     @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:
-        self.runner.update(step)
+        drive(self.runner.update_steps(step))
+
+    @torch.inference_mode()  # (on a generator: every resume runs under it)
+    def update_steps(self, step: StepFeedback) -> Generator:
+        yield from self.runner.update_steps(step)
 
     def share_with(self, first: "_HeadSource") -> None:
         """In a batch the slots share one head's weights (read only), so a level's forward over every slot's

@@ -42,16 +42,17 @@ class SuccessorTable:
         if tokens.shape[0] < 2:
             return
         prev, nxt = tokens[:-1], tokens[1:]
-        prev, nxt = _last_per_key(prev, nxt, torch.arange(prev.shape[0], device=prev.device))
-        empty = self.rows[prev, 0] < 0
-        self.rows[prev[empty], 0] = nxt[empty]
+        spare = self.rows.shape[0]
+        rows, nxt = _last_per_key(prev, nxt, torch.arange(prev.shape[0], device=prev.device), spare)
+        empty = self._rows[rows, 0] < 0
+        self._rows[torch.where(empty, rows, spare), 0] = nxt
 
     def seed_successors(self, tokens: Tensor, successors: Tensor) -> None:
         """Cold start from the prefill: row tokens[i] becomes successors[i] [k], the target's own top-k after
         prompt position i (where a token occurs more than once, its latest position wins)."""
         position = torch.arange(tokens.shape[0], device=tokens.device)  # the value kept and its priority
-        keys, index = _last_per_key(tokens, position, position)
-        self.rows[keys] = successors[index, : self.k]
+        rows, index = _last_per_key(tokens, position, position, self.rows.shape[0])
+        self._rows[rows] = successors[index, : self.k]
 
     def update(self, tokens: Tensor, logits: Tensor, on_path: Tensor) -> None:
         """tokens [n] verified node tokens (-1: an empty slot, skipped), logits [n, vocab] the target's
@@ -65,14 +66,16 @@ class SuccessorTable:
         self._rows[torch.where(writes, tokens, self.rows.shape[0])] = successors
 
 
-def _last_per_key(keys: Tensor, values: Tensor, priority: Tensor) -> tuple[Tensor, Tensor]:
-    """For each distinct key, the value with the highest priority (priorities distinct) -> (keys, values)."""
+def _last_per_key(keys: Tensor, values: Tensor, priority: Tensor, spare: int) -> tuple[Tensor, Tensor]:
+    """For each distinct key, the value with the highest priority (priorities distinct), at a fixed size (no
+    data-dependent shape: no sync on a GPU) -> (rows [n], values [n]): each key's row once, every other entry's
+    row `spare` (the table's scratch row, whose writes are dropped)."""
     order = torch.sort(priority, stable=True).indices
     order = order[torch.sort(keys[order], stable=True).indices]  # by key, then by priority
     sorted_keys = keys[order]
     last = torch.ones_like(sorted_keys, dtype=torch.bool)
     last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
-    return sorted_keys[last], values[order[last]]
+    return torch.where(last, sorted_keys, spare), values[order]
 
 
 def read_template(table: SuccessorTable, template: RankTree, anchor_token: int | Tensor) -> Tensor:

@@ -154,9 +154,37 @@ def test_the_host_walk_accepts_what_the_device_path_accepts():
         host = accept_greedy(tree, attn, logits, Ops(host_paths=True))
         device = accept_greedy(tree, attn, logits, Ops(host_paths=False))
         assert (host.path, host.tokens) == (device.path, device.tokens), trial
-        assert host.path_index.tolist() == device.path_index.tolist()
-        assert host.token_ids.tolist() == device.token_ids.tolist()
+        assert host.path_index is None and host.index == device.path_index.tolist()
+        assert host.tokens == device.token_ids.tolist()
     # two correct paths of depth 2: nodes 3 and 4 both end one; node 3 (the lower index) is kept
     tree = DraftTree(tokens=torch.tensor([0, 1, 1, 2, 2]), parents=torch.tensor([-1, 0, 0, 1, 2]))
     acc = accept_greedy(tree, topology(tree.parents, 0), _logits_with_argmax([1, 2, 2, 0, 0]))
     assert acc.path == [0, 1, 3] and acc.tokens == [1, 2, 0]
+
+
+def test_one_call_accepts_a_batch_of_trees_as_each_tree_alone():
+    """graft.acceptance.accept over several trees (greedy: one argmax over a ragged forward's adjacent logits
+    blocks, or per block; sampling: each tree's own generator) decides what accept_greedy / accept_sampling
+    decide for each tree alone, on the host and on the device path."""
+    from graft.acceptance import accept, accept_sampling
+    from graft.ops import Ops
+
+    g = torch.Generator().manual_seed(1)
+    trees = [_random_tree(g, int(torch.randint(1, 12, (1,), generator=g)), 3) for _ in range(9)]
+    topos = [topology(t.parents, 5) for t in trees]
+    joined = torch.randn(sum(t.num_nodes for t in trees), 3, generator=g)
+    blocks = list(joined.split([t.num_nodes for t in trees]))  # adjacent views, as forward_segments gives
+    apart = [block.clone() for block in blocks]
+    alone = [accept_greedy(t, a, rows) for t, a, rows in zip(trees, topos, apart)]
+    for logits in (blocks, apart):
+        for ops in (Ops(host_paths=True), Ops(host_paths=False)):
+            batch = accept(trees, topos, logits, ops=ops)
+            assert [(a.path, a.tokens) for a in batch] == [(a.path, a.tokens) for a in alone]
+    drawn = accept(
+        trees, topos, apart, temperature=0.8, generators=[torch.Generator().manual_seed(i) for i in range(9)]
+    )
+    each = [
+        accept_sampling(t, rows, 0.8, 1.0, torch.Generator().manual_seed(i))
+        for i, (t, rows) in enumerate(zip(trees, apart))
+    ]
+    assert [(a.path, a.tokens) for a in drawn] == [(a.path, a.tokens) for a in each]

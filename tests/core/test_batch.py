@@ -122,10 +122,12 @@ def test_the_cpu_engine_batch_runs_its_native_loop_once_a_step_for_every_slot(ti
 
 
 class _Recording:
-    """The native module with one function's calls recorded: the length of its argument `arg` (the segments)."""
+    """The native module with one function's calls recorded: the length of its argument `arg` (the segments), or
+    what `summary(args)` says of them."""
 
-    def __init__(self, module, name: str, arg: int, calls: list):
-        self._module, self._name, self._arg, self._calls = module, name, arg, calls
+    def __init__(self, module, name: str, arg: int, calls: list, summary=None):
+        self._module, self._name, self._calls = module, name, calls
+        self._summary = summary or (lambda args: len(args[arg]))
 
     def __getattr__(self, name):
         found = getattr(self._module, name)
@@ -133,7 +135,7 @@ class _Recording:
             return found
 
         def recorded(*args):
-            self._calls.append(len(args[self._arg]))
+            self._calls.append(self._summary(args))
             return found(*args)
 
         return recorded
@@ -275,12 +277,12 @@ def test_occupancy_leaves_out_the_ramp_up_and_the_drain():
     assert found["mean"] == 12 / 6
 
 
-def _head_rows_calls(target, monkeypatch, method: str) -> tuple[list, dict, list]:
+def _head_rows_calls(target, monkeypatch, method: str, summary=None) -> tuple[list, dict, list]:
     calls = []
     drafters = [make_drafter(method, target) for _ in range(4)]
     for drafter in drafters:
         layer = drafter.source.runner.head.engine
-        monkeypatch.setattr(layer, "module", _Recording(layer.module, "head_rows", 3, calls))
+        monkeypatch.setattr(layer, "module", _Recording(layer.module, "head_rows", 3, calls, summary))
     for other in drafters[1:]:
         other.share_with(drafters[0])
     prompts = _prompts(target.vocab_size, lengths=(5, 9, 7, 11))
@@ -307,6 +309,20 @@ def test_a_batch_drafts_each_eagle_level_in_one_head_forward_for_every_slot(tiny
     monkeypatch.setattr(_HeadSource, "share_with", lambda self, first: None)
     unshared, _, _ = _head_rows_calls(target, monkeypatch, method)
     assert unshared == []
+
+
+def test_a_batch_extends_every_slots_eagle_head_in_one_head_forward(tiny, monkeypatch):
+    """After a verification the slots' heads encode their accepted tokens in lockstep (Drafter.update_steps): one
+    head_rows forward over every slot's extend (causal segments: no masks), and the tokens stay AR's."""
+    target = tiny("tiny_llama:packed").target
+
+    def extends(args) -> int:  # segments in a head_rows call whose every segment is causal (an extend)
+        return len(args[3]) if all(mask.numel() == 0 for mask in args[7]) else 0
+
+    calls, done, prompts = _head_rows_calls(target, monkeypatch, "eagle3", extends)
+    alone = [generate(target, make_drafter("ar", target), p, MAX_NEW, set(), GREEDY).new_tokens for p in prompts]
+    assert [done[i].new_tokens for i in range(4)] == alone
+    assert max(calls) == 4 and sum(1 for c in calls if c >= 2) >= 3, calls
 
 
 def test_the_ops_tool_counts_ops_padding_and_reads_of_a_batched_step(capsys):

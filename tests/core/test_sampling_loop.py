@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import graft.decode as decode
+import graft.acceptance as acceptance
 from conftest import make_drafter
 from graft.acceptance import accept_greedy
 from graft.data.loading import BUILTIN
@@ -111,7 +111,7 @@ def test_a_loop_that_accepts_greedily_under_sampling_is_caught(setting, monkeypa
     """The check above must fail on a broken loop: greedy acceptance while sampling."""
     target, prompt, joint, likely = setting
     monkeypatch.setattr(
-        decode,
+        acceptance,
         "accept_sampling",
         lambda tree, logits, *args, **kwargs: accept_greedy(tree, topology(tree.parents, 0), logits),
     )
@@ -152,11 +152,9 @@ def test_a_batch_of_four_samples_the_target_distribution(setting, path, monkeypa
 
 
 def test_a_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeypatch):
-    import graft.batch as batch
-
     target, prompt, joint, likely = setting
     monkeypatch.setattr(
-        batch,
+        acceptance,
         "accept_sampling",
         lambda tree, logits, *args, **kwargs: accept_greedy(tree, topology(tree.parents, 0), logits),
     )
@@ -165,13 +163,12 @@ def test_a_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeyp
 
 
 def test_a_device_batch_that_accepts_greedily_under_sampling_is_caught(setting, monkeypatch):
-    import graft.batch as batch
     from graft.acceptance import greedy_pending
     from graft.ops import Ops
 
     monkeypatch.setattr(Ops, "on_host", lambda self, t: False)
     monkeypatch.setattr(
-        batch, "sampling_pending", lambda tree, topo, logits, *args, **kwargs: greedy_pending(tree, topo, logits)
+        acceptance, "sampling_pending", lambda tree, topo, logits, *args, **kwargs: greedy_pending(tree, topo, logits)
     )
     target, prompt, joint, likely = setting
     pairs, _ = draw_pairs_batched(target, [LikelyChildren(target, likely) for _ in range(4)], prompt)

@@ -18,6 +18,7 @@ from graft.ops import Ops
 from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings
 
 LENGTHS = (12, 21, 9, 17, 10, 26)  # six prompts over four slots: newcomers enter while others decode
+TOGETHER = (8, 8, 8, 8, 12, 10)  # the first four start together and (one token a step) leave together
 NEW = 10
 # the batch's own code is method-blind: one of each kind of drafter (chain, tree, pruned + retrieved), greedy and sampled
 CASES = [("ar", 0.0), ("pld", 0.0), ("eagle3", 0.0), ("ar", 1.0), ("graft", 1.0)]
@@ -41,39 +42,75 @@ def prompts(vocab: int, lengths=LENGTHS) -> list[list[int]]:
     return [torch.randint(3, min(vocab, 200), (n,), generator=generator).tolist() for n in lengths]
 
 
-def batched(target, drafters, ids, temperature=0.0, count=True):
-    """({prompt: Generation}, per batched step the host syncs it asked for, None for a step a sequence left in:
-    its records are read back once, at its end)."""
-    done, steps, counter = {}, [], SyncCounter()
-    left = []
-    step, leave = batching._Run.step, batching._Run.leave
+def batched(target, drafters, ids, temperature=0.0, count=True, with_leavers=False):
+    """({prompt: Generation}, per batched step the host syncs it asked for). A step counts its whole round of the
+    loop: the newcomers' prefill gap before it, the step, and the one read of the records of every sequence that
+    left in it (`_Run.flush`); each as a dict {"syncs", "left": leavers, "first": newcomers whose prompt ended in
+    the gap (each reads its first token)}. Without `with_leavers`, the syncs of the rounds no one left in alone."""
+    done, rounds, counter = {}, [], SyncCounter()
+    gap, flush = batching._Run.prefill_gap, batching._Run.flush
+    current = {}
 
-    def counted_step(run, live, filling):
-        before, left[:] = _snapshot(counter), []
-        out = step(run, live, filling)
-        steps.append(None if left else _snapshot(counter) - before)
-        return out
+    def counted_gap(run, live, filling):
+        current.update(before=_snapshot(counter), first=len(live))
+        gap(run, live, filling)
+        current["first"] = len(live) - current["first"]
 
-    def noted_leave(run, live, slot):
-        left.append(slot)
-        return leave(run, live, slot)
+    def counted_flush(run):
+        left = len(run.leaving)
+        flush(run)
+        if "before" in current:
+            syncs = _snapshot(counter) - current.pop("before")
+            rounds.append({"syncs": syncs, "left": left, "first": current.pop("first")})
 
     queue = deque(BatchRequest(p, torch.Generator().manual_seed(i), tag=i) for i, p in enumerate(ids))
     capacity = slot_capacity([len(p) for p in ids], NEW, max(d.max_nodes() for d in drafters))
     sampling = SamplingConfig(temperature=temperature)
-    batching._Run.step, batching._Run.leave = counted_step, noted_leave
+    batching._Run.prefill_gap, batching._Run.flush = counted_gap, counted_flush
     try:
         with counter if count else contextlib.nullcontext():
             generate_batch(
                 target, drafters, queue, NEW, set(), sampling, capacity, lambda r, g, s: done.__setitem__(r.tag, g)
             )
     finally:
-        batching._Run.step, batching._Run.leave = step, leave
-    return done, [s for s in steps if s is not None]
+        batching._Run.prefill_gap, batching._Run.flush = gap, flush
+    if with_leavers:
+        return done, rounds
+    return done, [r["syncs"] for r in rounds if not r["left"] and not r["first"]]
 
 
 def problems(steps) -> list[str]:
     return [f"step {i}: {syncs_of(s)} at {sites_of(s)}" for i, s in enumerate(steps) if syncs_of(s) != {"read": 1}]
+
+
+def allowed_reads(found: dict) -> int:
+    """What a round may read: the step's one read, one for every leaver's records together, one per newcomer's
+    first token (sampled from its prefill's logits before its drafter starts)."""
+    return 1 + (found["left"] > 0) + found["first"]
+
+
+@pytest.mark.parametrize("method, temperature", CASES)
+def test_a_round_with_leavers_and_newcomers_reads_once_more_for_all_leavers(target, method, temperature):
+    """Rounds of the loop in which sequences leave or newcomers finish their prompts are counted too: one read
+    for every leaver's records together, one per newcomer's first token, beside the step's one."""
+    drafters = [drafter_for(method, target) for _ in range(4)]
+    ids = prompts(target.vocab_size, lengths=TOGETHER)
+    batched(target, drafters, [p[:6] for p in ids[:4]], temperature)
+    _, rounds = batched(target, drafters, ids, temperature, with_leavers=True)
+    assert any(r["left"] >= 2 for r in rounds) and any(r["first"] for r in rounds), rounds
+    wrong = [r for r in rounds if syncs_of(r["syncs"]) != {"read": allowed_reads(r)}]
+    assert not wrong, [(syncs_of(r["syncs"]), r["left"], r["first"], sites_of(r["syncs"])) for r in wrong[:3]]
+
+
+def test_leavers_read_one_by_one_fail_the_round_check(target, monkeypatch):
+    """Negative control: each leaver's records read in a copy of its own (a round of two leavers reads 3)."""
+    from graft import decode
+
+    read_back = decode.read_back
+    monkeypatch.setattr(batching, "read_back", lambda sequences: [read_back([s]) for s in sequences])
+    ids = prompts(target.vocab_size, lengths=TOGETHER)
+    _, rounds = batched(target, [drafter_for("ar", target) for _ in range(4)], ids, with_leavers=True)
+    assert any(syncs_of(r["syncs"]).get("read", 0) > allowed_reads(r) for r in rounds if r["left"] >= 2), rounds
 
 
 @pytest.mark.parametrize("method, temperature", CASES)
@@ -99,11 +136,10 @@ def test_per_slot_reads_fail_the_one_read_check(target, monkeypatch):
     """Negative control: acceptance read back slot by slot (B reads a step) is caught."""
     from graft import acceptance
 
-    monkeypatch.setattr(batching, "read_accepted", lambda pending: [p.read() for p in pending])
+    monkeypatch.setattr(acceptance, "read_accepted", lambda pending: [p.read() for p in pending])
     _, steps = batched(target, [drafter_for("ar", target) for _ in range(4)], prompts(target.vocab_size))
     assert steps and max(syncs_of(s).get("read", 0) for s in steps) >= 3, steps
     assert problems(steps)
-    assert acceptance.read_accepted is not batching.read_accepted
 
 
 def test_one_leaking_slot_fails_the_one_read_check(target):
