@@ -249,39 +249,78 @@ class _Run:
             self.leave(live, slot)
 
     def step(self, live: dict[int, _Live], filling: dict[int, _Live]) -> dict:
-        """One batched step over the live slots (draft, verify, then per slot accept, commit and extend); the
-        finished ones leave. On a ragged backend the newcomers' next chunks ride in the verify forward."""
-        target, drafters, slots, clock = self.target, self.drafters, self.slots, self.clock
+        """One batched step over the live slots, in phases: draft (lockstep), verify (one forward; on a ragged
+        backend the newcomers' next chunks ride in it), accept and commit, extend (lockstep), record; the finished
+        ones leave (their records are read at flush)."""
+        clock = self.clock
         started = clock()
         proposals, draft_s = self.draft(live)
         if not proposals:
             return {"slots": [], "nodes": 0, "positions": 0, "prefill": 0}
-        taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
+        order = sorted(proposals)
         topos = {
-            slot: topology(p.tree.parents, slots.slot[slot].layers[0].length, host=target.ops.on_host(p.tree.parents))
+            slot: topology(
+                p.tree.parents, self.slots.slot[slot].layers[0].length, host=self.target.ops.on_host(p.tree.parents)
+            )
             for slot, p in proposals.items()
         }
-        t1 = clock()
+        forwards, verify_s, positions, chunks = self.verify(proposals, topos, live, filling)
+        acceptances, kept, updates = self.accept_and_commit(proposals, topos, forwards, live)
+        t2 = clock()
+        self.lockstep(updates)  # extend: every slot's drafter learns from the verification, in lockstep
+        for slot in updates:
+            draft_s[slot] += (clock() - t2) / len(updates)
+        gens = [live[slot].gen for slot in order]
+        committed = [len(kept[slot]) for slot in order]
+        record_steps(
+            gens,
+            [proposals[s] for s in order],
+            [acceptances[s] for s in order],
+            committed,
+            [live[s].book for s in order],
+        )
+        for slot, gen in zip(order, gens):
+            gen.draft_s.append(draft_s[slot])
+            gen.verify_s.append(verify_s)
+            if slot not in updates:  # done
+                gen.other_s.append(max(0.0, clock() - started - draft_s[slot] - verify_s))
+                self.leave(live, slot)
+        ended = clock()
+        for slot, entry in live.items():
+            if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
+                entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
+        nodes = sum(p.tree.num_nodes for p in proposals.values())
+        return {"slots": order, "nodes": nodes, "positions": positions, "prefill": sum(c.length for c in chunks)}
+
+    def verify(self, proposals: dict, topos: dict, live: dict, filling: dict) -> tuple[dict, float, int, list]:
+        """Every proposal's tree in one target forward: ({slot: ForwardOutput with the slot's drafter's taps}, the
+        forward's seconds, the positions computed for trees, the newcomers' chunks that rode along: handed to them,
+        each charged its share of the seconds)."""
+        target, drafters, t0 = self.target, self.drafters, self.clock()
+        taps = tuple(dict.fromkeys(tap for slot in proposals for tap in drafters[slot].needs.taps))
         if target.ragged_rows:
             chunks = self.chunks(filling, self.gap_room(0))
-            chunk_taps = tuple(dict.fromkeys(tap for c in chunks for tap in filling[c.slot].prefill.taps))
-            every_tap = tuple(dict.fromkeys(taps + chunk_taps))
+            every_tap = tuple(dict.fromkeys(taps + tuple(t for c in chunks for t in filling[c.slot].prefill.taps)))
             segments = [tree_segment(slot, p.tree, topos[slot], target.dtype) for slot, p in sorted(proposals.items())]
-            outputs = target.forward_segments(slots, segments + chunks, every_tap)
-            verify_s = clock() - t1
-            rows = sum(s.length for s in segments + chunks)
-            self.took(chunks, outputs[len(segments) :], every_tap, verify_s, live, filling, rows=rows)
+            outputs = target.forward_segments(self.slots, segments + chunks, every_tap)
+            seconds, rows = self.clock() - t0, sum(s.length for s in segments + chunks)
+            self.took(chunks, outputs[len(segments) :], every_tap, seconds, live, filling, rows=rows)
             outputs = dict(zip(sorted(proposals), outputs[: len(segments)]))
             positions = sum(s.length for s in segments)
         else:
             chunks, every_tap = [], taps
             outputs, positions = self.verify_padded(proposals, topos, taps)
-            verify_s = clock() - t1
-        forwards = {
+            seconds = self.clock() - t0
+        own = {
             slot: _own_taps(outputs[slot], every_tap, drafters[slot].needs.taps, target.hidden_size)
             for slot in proposals
         }
-        order = sorted(proposals)
+        return own, seconds, positions, chunks
+
+    def accept_and_commit(self, proposals: dict, topos: dict, forwards: dict, live: dict) -> tuple[dict, dict, dict]:
+        """Every tree's acceptance in one call, then per slot the commit into its cache and the stop checks:
+        ({slot: Acceptance}, {slot: tokens kept}, {slot: its drafter's update_steps} for the slots going on)."""
+        target, order = self.target, sorted(proposals)
         decided = accept(
             [proposals[s].tree for s in order],
             [topos[s] for s in order],
@@ -292,36 +331,15 @@ class _Run:
         acceptances, kept, updates = dict(zip(order, decided)), {}, {}
         for slot in order:
             entry, acceptance = live[slot], acceptances[slot]
-            target.cache = slots.slot[slot]
+            target.cache = self.slots.slot[slot]
             target.commit(topos[slot].cache_len, acceptance.path, acceptance.path_index)
             done, kept[slot] = keep_committed(entry.gen, entry.state, acceptance, self.max_new_tokens, self.stop_ids)
             if self.record_gaps:
                 entry.top2.append(_top2(forwards[slot].logits[acceptance.index], len(kept[slot])))
             if not done:
                 feedback = StepFeedback(proposals[slot], topos[slot], forwards[slot], acceptance, entry.state)
-                updates[slot] = drafters[slot].update_steps(feedback)
-        t2 = clock()
-        self.lockstep(updates)  # extend: every slot's drafter learns from the verification, in lockstep
-        for slot in updates:
-            draft_s[slot] += (clock() - t2) / len(updates)
-        gens = [live[slot].gen for slot in order]
-        books = [live[slot].book for slot in order]
-        committed = [len(kept[slot]) for slot in order]
-        record_steps(gens, [proposals[s] for s in order], decided, committed, books)
-        for slot, gen in zip(order, gens):
-            done = slot not in updates
-            gen.draft_s.append(draft_s[slot])
-            gen.verify_s.append(verify_s)
-            if done:
-                gen.other_s.append(max(0.0, clock() - started - draft_s[slot] - verify_s))
-                self.leave(live, slot)
-        ended = clock()
-        for slot, entry in live.items():
-            if slot in proposals and len(entry.gen.other_s) < len(entry.gen.verify_s):
-                entry.gen.other_s.append(max(0.0, ended - started - draft_s[slot] - verify_s))
-        nodes = sum(p.tree.num_nodes for p in proposals.values())
-        prefill = sum(c.length for c in chunks)
-        return {"slots": sorted(proposals), "nodes": nodes, "positions": positions, "prefill": prefill}
+                updates[slot] = self.drafters[slot].update_steps(feedback)
+        return acceptances, kept, updates
 
     def draft(self, live: dict[int, _Live]) -> tuple[dict, dict]:
         """Every live slot's proposal, cut to the context left ({slot: Proposal}, {slot: seconds}); a slot whose
