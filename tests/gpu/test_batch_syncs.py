@@ -15,7 +15,8 @@ from graft.batch import BatchRequest, generate_batch, rows_bucket, slot_capacity
 from graft.decode import SamplingConfig, generate
 from graft.gpu_check.sync_counter import SyncCounter, _snapshot, sites_of, syncs_of
 from graft.ops import Ops
-from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings
+from graft.config.experiment import group_options
+from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings, steps_of
 
 LENGTHS = (12, 21, 9, 17, 10, 26)  # six prompts over four slots: newcomers enter while others decode
 TOGETHER = (8, 8, 8, 8, 12, 10)  # the first four start together and (one token a step) leave together
@@ -186,3 +187,31 @@ def test_without_fixed_size_trees_the_shapes_vary(target, monkeypatch):
 def test_rows_bucket():
     assert [rows_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert [rows_bucket(n, 6) for n in (3, 5, 6)] == [4, 6, 6]
+
+
+# the configs whose batched rounds read nothing beyond the stated reads (allowed_reads); the others keep host
+# paths with fixed-size trees (docs/gpu.md: graft_auto, graft_refill, graft_tail, dflash_tree, dflash_graft) or
+# read the committed tokens for a host-side retriever (suffix, samd) or time their parts (eagle3_auto)
+ONE_READ_BATCH = [
+    "ar", "dflash", "eagle3", "eagle3_chain", "eagle3_static", "graft", "graft_noprune", "graft_root", "pld",
+    "pruned", "recycling",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("method", group_options("method"))
+def test_every_method_config_reads_in_a_batch_at_most_what_its_slots_read_alone(target, method):
+    """Every method config at B = 4 on the GPU settings, rounds with leavers and newcomers included: beside a
+    round's stated reads (allowed_reads), nothing for the one-read configs, and for the others at most what each
+    of the four slots' steps reads at batch 1 beyond its one, and one per newcomer's drafter reading its prompt
+    (suffix, samd: as their batch-1 prefill does). A batch adds no read of its own."""
+    alone = steps_of(target, drafter_for(method, target), new_tokens=12)
+    per_slot = max(sum(syncs_of(step).values()) for step in alone) - 1
+    drafters = [drafter_for(method, target) for _ in range(4)]
+    ids = prompts(target.vocab_size, lengths=TOGETHER)
+    batched(target, drafters, [p[:6] for p in ids[:4]])
+    _, rounds = batched(target, drafters, ids, with_leavers=True)
+    extra = [sum(syncs_of(r["syncs"]).values()) - allowed_reads(r) for r in rounds]
+    bounds = [0 if method in ONE_READ_BATCH else 4 * per_slot + r["first"] for r in rounds]
+    assert rounds and all(e <= b for e, b in zip(extra, bounds)), (method, per_slot, extra, bounds)
+    if method in ONE_READ_BATCH:  # the counts are exact: a read lost would show too
+        assert min(extra) == 0
