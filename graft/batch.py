@@ -268,8 +268,9 @@ class _Run:
         acceptances, kept, updates = self.accept_and_commit(proposals, topos, forwards, live)
         t2 = clock()
         self.lockstep(updates)  # extend: every slot's drafter learns from the verification, in lockstep
+        extend_share = (clock() - t2) / max(len(updates), 1)
         for slot in updates:
-            draft_s[slot] += (clock() - t2) / len(updates)
+            draft_s[slot] += extend_share
         gens = [live[slot].gen for slot in order]
         committed = [len(kept[slot]) for slot in order]
         record_steps(

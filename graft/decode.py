@@ -16,6 +16,7 @@ Definitions used by every record and summary:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -205,7 +206,7 @@ def _step_counts(trees: list, acceptances: list) -> torch.Tensor:
     (a fixed-size tree's tokens >= 0). A fixed-size scatter over the trees' joined nodes (bincount would sync to
     size its output); the paths are host lists, so the indices go up in one copy."""
     device, sizes = trees[0].tokens.device, [t.num_nodes for t in trees]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    starts = [0, *itertools.accumulate(sizes[:-1])]
     owner = [i for i, n in enumerate(sizes) for _ in range(n)]
     accepted = [start + node for start, a in zip(starts, acceptances) for node in a.path]
     index = upload(owner + starts + accepted, device)
@@ -256,6 +257,6 @@ def _book_rows(book: list) -> torch.Tensor | None:
     if not book:
         return None
     steps = list({id(counts): counts for counts, _ in book}.values())  # a batched step's counts: one tensor
-    first = {id(counts): sum(len(c) for c in steps[:i]) for i, counts in enumerate(steps)}
+    first = dict(zip(map(id, steps), [0, *itertools.accumulate(len(c) for c in steps[:-1])]))
     rows = upload([first[id(counts)] + row for counts, row in book], steps[0].device)
     return torch.cat(steps).index_select(0, rows)
