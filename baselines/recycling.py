@@ -5,14 +5,14 @@ retriever alone (an 80-node template); Graft grafts it onto the pruned draft."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generator, Literal
 
 import torch
 
 from graft.compose import Retrieved, Retriever
-from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.registry import register
-from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler
+from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler, TableUpdate, TemplateRead
 
 
 @dataclass
@@ -61,15 +61,29 @@ class RecyclingRetriever(Retriever):
     def share_with(self, first: Retriever) -> None:
         if self.shared:  # the batch's slots read and teach one table
             self.recycler = first.recycler
+        else:  # each its own table, all in one tensor: a batch reads and teaches them together
+            first.recycler.table.join(self.recycler.table)
+            self.recycler.templates = first.recycler.templates  # built once for the batch, on any slot's read
+
+    def read_size(self, room: int | None, tree_nodes: int) -> int:
+        return self.read_limit if room is None else min(room + tree_nodes, self.read_limit)
 
     def retrieve(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Retrieved:
-        size = self.read_limit if room is None else min(room + tree_nodes, self.read_limit)
-        return Retrieved(*self.recycler.subtree(anchor_token, size))
+        return Retrieved(*self.recycler.subtree(anchor_token, self.read_size(room, tree_nodes)))
+
+    def read_steps(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Generator:
+        return Retrieved(*(yield TemplateRead(self.recycler, anchor_token, self.read_size(room, tree_nodes))))
 
     def chain_at(self, state: SequenceState, path, length: int) -> Retrieved:
         # the table is keyed by one token: the path above the node does not change what follows it
         return Retrieved(*self.recycler.subtree(path[-1], length, shape="chain"))
 
-    @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:
-        self.recycler.observe(step.tree.tokens, step.forward.logits, step.acceptance.index)
+        drive(self.update_steps(step))
+
+    def update_steps(self, step: StepFeedback) -> Generator:
+        """One TableUpdate (a batch teaches every slot's table in one scatter); returns its share of the seconds."""
+        acceptance = step.acceptance
+        return (
+            yield TableUpdate(self.recycler, step.tree.tokens, step.forward.logits, acceptance.path, acceptance.index)
+        )

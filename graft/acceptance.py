@@ -54,8 +54,7 @@ def accept(
     generators = generators or [None] * len(trees)
     on_host = ops.on_host(logits[0])
     if temperature <= 0 and on_host:
-        best = _argmax_rows(logits, ops)
-        return [_accept_walk(tree, row) for tree, row in zip(trees, best)]
+        return [_accept_walk(*lists) for lists in _host_lists(trees, logits, ops)]
     if temperature <= 0:
         return read_accepted([greedy_pending(t, a, rows, ops) for t, a, rows in zip(trees, topologies, logits)])
     if on_host:
@@ -67,24 +66,38 @@ def accept(
     return read_accepted(decided)
 
 
-def _argmax_rows(logits: list[Tensor], ops: Ops) -> list[list[int]]:
-    """Each logits block's row-wise argmax as host lists, in one top-1 pass where the blocks are consecutive rows
-    of one tensor (a ragged forward's segments), else one pass per block."""
-    first, rows = logits[0], sum(block.shape[0] for block in logits)
-    adjacent = all(block.is_contiguous() for block in logits) and all(
+def _host_lists(trees: list[DraftTree], logits: list[Tensor], ops: Ops) -> list[tuple[list, list, list]]:
+    """Per tree (tokens, parents, the target's argmax after each node) as host lists, in one read: one top-1 pass
+    over every tree's rows where the logits blocks are consecutive rows of one tensor (a ragged forward's
+    segments), else one pass per block."""
+    joined = joined_rows(logits)
+    if joined is not None:
+        best = [ops.top_k_rows(joined, 1)[1][:, 0]]
+    else:
+        best = [ops.top_k_rows(block, 1)[1][:, 0] for block in logits]
+    every = torch.cat([*best, *(t.tokens for t in trees), *(t.parents for t in trees)]).tolist()
+    sizes = [t.num_nodes for t in trees]
+    out, first, total = [], 0, sum(sizes)
+    for n in sizes:
+        at = (total + first, 2 * total + first, first)  # tokens, parents, argmax
+        out.append(tuple(every[lo : lo + n] for lo in at))
+        first += n
+    return out
+
+
+def joined_rows(blocks: list[Tensor]) -> Tensor | None:
+    """The blocks [n_b, ...] as one [sum n_b, ...] view where each starts where the previous ends in one
+    storage (a ragged forward's segments), else None: no copy either way."""
+    first = blocks[0]
+    if len(blocks) == 1:
+        return first
+    adjacent = all(block.is_contiguous() for block in blocks) and all(
         later.data_ptr() == earlier.data_ptr() + earlier.numel() * earlier.element_size()
         and later.shape[1:] == earlier.shape[1:]
-        for earlier, later in zip(logits, logits[1:])
+        for earlier, later in zip(blocks, blocks[1:])
     )
-    if adjacent and len(logits) > 1:  # a view over the blocks' rows: no copy
-        best = ops.top_k_rows(first.as_strided((rows, first.shape[1]), first.stride()), 1)[1][:, 0].tolist()
-    else:
-        best = [i for block in logits for i in ops.top_k_rows(block, 1)[1][:, 0].tolist()]
-    out, start = [], 0
-    for block in logits:
-        out.append(best[start : start + block.shape[0]])
-        start += block.shape[0]
-    return out
+    rows = sum(block.shape[0] for block in blocks)
+    return first.as_strided((rows, *first.shape[1:]), first.stride()) if adjacent else None
 
 
 def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> Acceptance:
@@ -95,13 +108,13 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
     stays on the device until one packed copy to the host, the step's only sync; where `ops` takes host paths
     on a CPU the few nodes are walked in Python, where a dozen tiny tensor ops cost more than the walk.
     """
-    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
-    if tree.num_nodes == 1:
-        root = torch.zeros(1, dtype=torch.long, device=target.device)  # made on the device: no copy up
-        return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
-    if ops.on_host(logits):
-        return _accept_walk(tree, target.tolist())
-    return greedy_pending(tree, attn, logits, ops).read()
+    if tree.num_nodes > 1 and ops.on_host(logits):
+        return _accept_walk(*_host_lists([tree], [logits], ops)[0])
+    if tree.num_nodes > 1:
+        return greedy_pending(tree, attn, logits, ops).read()
+    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [1]
+    root = torch.zeros(1, dtype=torch.long, device=target.device)  # made on the device: no copy up
+    return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
 
 
 def greedy_pending(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> "PendingAcceptance":
@@ -159,10 +172,9 @@ def _pending(tree: DraftTree, attn: Topology, agrees: Tensor, bonus_at) -> Pendi
     return PendingAcceptance(tree, packed, path)
 
 
-def _accept_walk(tree: DraftTree, best: list[int]) -> Acceptance:
+def _accept_walk(tokens: list[int], parents: list[int], best: list[int]) -> Acceptance:
     """accept_greedy on the host, `best` the target's argmax after each node: one pass in topological order
     (parents first). The path and tokens stay host lists (`index` is the list)."""
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     n = len(tokens)
     depth, on_path, deepest = [0] * n, [True] + [False] * (n - 1), 0
     for i in range(1, n):

@@ -30,7 +30,7 @@ import torch
 
 from graft.acceptance import accept, device_generator, sample_token
 from graft.backends.slots import SlotCaches
-from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment
+from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment, tree_segments
 from graft.decode import (
     Generation,
     SamplingConfig,
@@ -41,7 +41,7 @@ from graft.decode import (
     record_steps,
 )
 from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback, run_calls
-from graft.tree import DraftTree, topology
+from graft.tree import DraftTree, TreeRows, topology, tree_rows
 
 
 @dataclass
@@ -258,13 +258,8 @@ class _Run:
         if not proposals:
             return {"slots": [], "nodes": 0, "positions": 0, "prefill": 0}
         order = sorted(proposals)
-        topos = {
-            slot: topology(
-                p.tree.parents, self.slots.slot[slot].layers[0].length, host=self.target.ops.on_host(p.tree.parents)
-            )
-            for slot, p in proposals.items()
-        }
-        forwards, verify_s, positions, chunks = self.verify(proposals, topos, live, filling)
+        rows, topos = self.topologies(proposals)
+        forwards, verify_s, positions, chunks = self.verify(proposals, topos, live, filling, rows)
         acceptances, kept, updates = self.accept_and_commit(proposals, topos, forwards, live)
         t2 = clock()
         self.lockstep(updates)  # extend: every slot's drafter learns from the verification, in lockstep
@@ -293,7 +288,22 @@ class _Run:
         nodes = sum(p.tree.num_nodes for p in proposals.values())
         return {"slots": order, "nodes": nodes, "positions": positions, "prefill": sum(c.length for c in chunks)}
 
-    def verify(self, proposals: dict, topos: dict, live: dict, filling: dict) -> tuple[dict, float, int, list]:
+    def topologies(self, proposals: dict) -> tuple[TreeRows | None, dict]:
+        """Every tree's topology after its slot's prefix ({slot: Topology}): host trees' together (TreeRows, also
+        returned: the segments' masks and positions are built from it in one pass), others one by one."""
+        order, on_host = sorted(proposals), self.target.ops.on_host
+        lengths = [self.slots.slot[slot].layers[0].length for slot in order]
+        trees = [proposals[slot].tree for slot in order]
+        rows = tree_rows([t.parents for t in trees], lengths) if all(on_host(t.parents) for t in trees) else None
+        if rows is not None:
+            return rows, dict(zip(order, rows.topologies()))
+        return None, {
+            slot: topology(t.parents, n, host=on_host(t.parents)) for slot, t, n in zip(order, trees, lengths)
+        }
+
+    def verify(
+        self, proposals: dict, topos: dict, live: dict, filling: dict, rows: TreeRows | None = None
+    ) -> tuple[dict, float, int, list]:
         """Every proposal's tree in one target forward: ({slot: ForwardOutput with the slot's drafter's taps}, the
         forward's seconds, the positions computed for trees, the newcomers' chunks that rode along: handed to them,
         each charged its share of the seconds)."""
@@ -302,7 +312,11 @@ class _Run:
         if target.ragged_rows:
             chunks = self.chunks(filling, self.gap_room(0))
             every_tap = tuple(dict.fromkeys(taps + tuple(t for c in chunks for t in filling[c.slot].prefill.taps)))
-            segments = [tree_segment(slot, p.tree, topos[slot], target.dtype) for slot, p in sorted(proposals.items())]
+            order = sorted(proposals)
+            if rows is not None:  # every tree's masks and positions in one pass
+                segments = tree_segments(order, [proposals[s].tree for s in order], rows, target.dtype)
+            else:
+                segments = [tree_segment(slot, proposals[slot].tree, topos[slot], target.dtype) for slot in order]
             outputs = target.forward_segments(self.slots, segments + chunks, every_tap)
             seconds, rows = self.clock() - t0, sum(s.length for s in segments + chunks)
             self.took(chunks, outputs[len(segments) :], every_tap, seconds, live, filling, rows=rows)

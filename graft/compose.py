@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Generator, Literal
 
 import torch
@@ -194,6 +194,13 @@ class Retriever(Proposer, ABC):
         down to the node. None: nothing found."""
         return None
 
+    def read_steps(self, state: SequenceState, anchor_token, room: int | None, tree_nodes: int) -> Generator:
+        """retrieve() at the root as a generator of the calls it makes, so a batch reads every slot's at once
+        (graft/drafter.py: run_calls), for a retriever whose read depends on room + tree_nodes alone (what
+        stays the same while an attach policy grafts at the root); None: it reads when the policy grafts."""
+        return None
+        yield  # a generator
+
     def note(self) -> dict:
         """What the retriever wants recorded about its last retrieval (e.g. the suffix match length)."""
         return {}
@@ -207,9 +214,20 @@ class Retrieval:
 
     retrievers: list[Retriever]
     state: SequenceState
+    # reads made at the root before grafting (Retriever.read_steps: a batch makes every slot's at once), by
+    # retriever, with the room + tree nodes they were made for
+    root_reads: dict = field(default_factory=dict)
+    read_s: float = 0.0  # their seconds (this sequence's share)
 
     def below(self, retriever: Retriever, anchor_token, room: int | None, tree_nodes: int) -> Retrieved | None:
         return retriever.retrieve(self.state, anchor_token, room, tree_nodes)
+
+    def made(self, retriever: Retriever, node: int, room: int | None, tree_nodes: int) -> Retrieved | None:
+        """The read `below` would make at tree node `node`, where it was made before grafting (the root)."""
+        made = self.root_reads.get(id(retriever)) if node == 0 else None
+        if made is not None and made[0] == (None if room is None else room + tree_nodes):
+            return made[1]
+        return None
 
     def chain_below(self, retriever: Retriever, path: Tensor, length: int) -> Retrieved | None:
         return retriever.chain_at(self.state, path, length)
@@ -220,6 +238,7 @@ class AttachPolicy(ABC):
     anchors (the root, the tail, the leaves) and grafts what they find until grafted.room is spent."""
 
     needs_reader = False  # it reads chains below arbitrary draft nodes (a retriever with reads_at_any_token)
+    reads_root = False  # it grafts below the root: the reads there can be made before it places (read_steps)
     supports_fixed_size = False  # it can fill a fixed-size Grafted (room a tensor, no host reads)
 
     @abstractmethod
@@ -400,7 +419,8 @@ class ComposedDrafter(Drafter):
         if self.params.combine == "switch":
             united = yield from self._switch(state)
         else:
-            united = self.graft((yield from self.draft_steps(state)), self.retrieve(state))
+            draft = yield from self.draft_steps(state)
+            united = self.graft(draft, (yield from self.retrieve_steps(state, draft)))
         return self.trimmed(united, state)
 
     def draft(self, state: SequenceState) -> Draft:
@@ -417,6 +437,23 @@ class ComposedDrafter(Drafter):
         """Retrieve: the retrievers over the sequence as it stands (what earlier verifications taught them)."""
         return Retrieval(self.retrievers, state)
 
+    def retrieve_steps(self, state: SequenceState, draft: Draft) -> Generator:
+        """retrieve(), with the reads the attach policy will make at the root made now, as calls
+        (Retriever.read_steps), so a batch makes every slot's at once."""
+        retrieval = self.retrieve(state)
+        tree_nodes = draft.tree.num_nodes
+        room = None if self.fixed_size else self.params.total_tokens - tree_nodes
+        if not self.retrievers or not self.attach_policy.reads_root or (room is not None and room <= 0):
+            return retrieval
+        anchor = state.root_here(self.target.device)
+        for retriever in self.retrievers:
+            started = time.perf_counter()
+            found = yield from retriever.read_steps(state, anchor, room, tree_nodes)
+            if found is not None:
+                retrieval.root_reads[id(retriever)] = (None if room is None else room + tree_nodes, found)
+                retrieval.read_s += (time.perf_counter() - started) / self.lockstep
+        return retrieval
+
     def graft(self, draft: Draft, retrieval: Retrieval) -> Proposal:
         """Graft: the attach policy reads the retrieval at its anchors and grafts what it finds into the room the
         draft left; the refill (beyond the paper) fills what retrieval left empty."""
@@ -424,7 +461,7 @@ class ComposedDrafter(Drafter):
         note = {"stage": draft.stage} if draft.stage is not None else {}
         if not self.retrievers and not self.params.refill:
             return Proposal(self._bucketed(compact(draft.tree, total) if self.bucket else draft.tree), note)
-        started = time.perf_counter()
+        started = time.perf_counter() - retrieval.read_s  # the reads made at the root count too
         if self.fixed_size:
             filled = (draft.tree.tokens >= 0).sum()  # 0-d, on the device
             grafted = Grafted(draft.tree, total - filled, fixed_size=True)
@@ -510,15 +547,17 @@ class ComposedDrafter(Drafter):
         started = time.perf_counter()
         if self.source:
             yield from self.source.update_steps(step)
-        self._update_retrievers(step)
+        yield from self._update_retrievers(step)
         if self.trim is not None:  # in lockstep the elapsed time holds every slot's calls: this slot's share
             self.trim.observe(step, 1e3 * (time.perf_counter() - started) * self.trim.time_share)
 
-    def _update_retrievers(self, step: StepFeedback) -> None:
+    def _update_retrievers(self, step: StepFeedback) -> Generator:
+        """Every retriever learns from the verification (in lockstep where it yields calls: it returns its
+        share of their seconds); their seconds count in graft_ms."""
         if self.retrievers:
-            started = time.perf_counter()
+            seconds = 0.0
             for retriever in self.retrievers:
-                retriever.update(step)
-            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * (
-                time.perf_counter() - started
-            )
+                started = time.perf_counter()
+                share = yield from retriever.update_steps(step)
+                seconds += share if share is not None else time.perf_counter() - started
+            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * seconds

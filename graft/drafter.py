@@ -57,6 +57,12 @@ class SequenceState:
     def root(self) -> int:
         return self.tokens[-1]
 
+    def root_here(self, device) -> int | Tensor:
+        """The root as the loop holds it: [1] on `device` where it left it there, else the id (no copy up)."""
+        if self.root_id is not None and self.root_id.device == torch.device(device):
+            return self.root_id
+        return self.root
+
     def root_on(self, device) -> Tensor:
         """[1] the root token on `device`, without a host-to-device copy when the loop left it there."""
         if self.root_id is not None and self.root_id.device == torch.device(device):

@@ -80,14 +80,19 @@ def graft(
         else torch.full((n,), int(NodeSource.DRAFT), dtype=torch.int8, device=device)
     )
     old_scores = draft.scores if draft.scores is not None else torch.zeros(n, device=device)
-    new_scores = (
-        scores[upload(kept, device)] if scores is not None else torch.full((added,), float("-inf"), device=device)
-    )
+    if scores is not None:
+        new_scores = torch.cat([old_scores, scores[upload(kept, device)]])
+    else:
+        new_scores = torch.nn.functional.pad(old_scores, (0, added), value=float("-inf"))
+    # the united tokens and parents from the host lists in one copy up
+    tokens, parents = upload(
+        d_tokens + [r_tokens[i] for i in kept] + d_parents + [place[r_parents[i]] for i in kept], device
+    ).view(2, n + added)
     tree = DraftTree(
-        tokens=torch.cat([draft.tokens, upload([r_tokens[i] for i in kept], device)]),
-        parents=torch.cat([draft.parents, upload([place[r_parents[i]] for i in kept], device)]),
-        scores=torch.cat([old_scores, new_scores]),
-        sources=torch.cat([old_sources, torch.full((added,), int(source), dtype=torch.int8, device=device)]),
+        tokens=tokens,
+        parents=parents,
+        scores=new_scores,
+        sources=torch.nn.functional.pad(old_sources, (0, added), value=int(source)),
     )
     return GraftResult(tree, added, merged)
 

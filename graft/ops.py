@@ -34,6 +34,13 @@ def upload(values: list[int], device: torch.device | str, dtype: torch.dtype = t
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def ids_on(ids: list, device: torch.device | str) -> Tensor:
+    """[n] token ids given as ints (one copy up) or one-element tensors already on `device` (no copy up)."""
+    if all(isinstance(i, int) for i in ids):
+        return upload(ids, device)
+    return torch.cat([i.reshape(1) if isinstance(i, Tensor) else upload([i], device) for i in ids])
+
+
 class DraftLayer(Protocol):
     """An engine's run of a draft head's decoder layer and its top-k log-probabilities (graft/draft_models/eagle/head.py)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Any
 from enum import IntEnum
 from functools import cached_property
 
@@ -176,15 +177,73 @@ HOST_TOPOLOGY_NODES = 62
 
 def _topology_walk(parents: list[int], cache_len: int) -> Topology:
     """topology() for a topologically ordered tree on the host: node i's ancestor set is its parent's plus i."""
-    n = len(parents)
+    sets, depth = _ancestor_sets(parents)
+    bits = torch.tensor(sets)[:, None] >> torch.arange(len(parents))[None, :]  # [n, n]: bit j of node i's set
+    return Topology(ancestors=(bits & 1).bool(), depth=torch.tensor(depth), cache_len=cache_len)
+
+
+def _ancestor_sets(parents: list[int]) -> tuple[list[int], list[int]]:
+    """Each node's ancestors (itself included) as a bit set, and its depth."""
     if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
         raise ValueError(f"parents {parents}: each node's parent must come before it (parents[i] < i)")
     sets, depth = [1], [0]
-    for i in range(1, n):
+    for i in range(1, len(parents)):
         sets.append(sets[parents[i]] | (1 << i))
         depth.append(depth[parents[i]] + 1)
-    bits = torch.tensor(sets)[:, None] >> torch.arange(n)[None, :]  # [n, n]: bit j of node i's set
-    return Topology(ancestors=(bits & 1).bool(), depth=torch.tensor(depth), cache_len=cache_len)
+    return sets, depth
+
+
+@dataclass
+class TreeRows:
+    """Several host trees' topologies at once (a batch's step): every node's ancestor bits and depth, the trees'
+    nodes one after the other, so the batch builds its masks and positions in one pass (graft/backends/target.py:
+    tree_segments); each tree's Topology cuts its own from them when read."""
+
+    ancestors: Tensor  # [nodes, widest] bool: row offsets[b] + i, column j: node j of tree b is i or i's ancestor
+    depth: Tensor  # [nodes]
+    offsets: list[int]  # [trees + 1]: tree b's nodes are rows offsets[b] .. offsets[b + 1]
+    cache_lens: list[int]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [hi - lo for lo, hi in zip(self.offsets, self.offsets[1:])]
+
+    def topologies(self) -> list[Topology]:
+        return [_TopologyInRows(self, b) for b in range(len(self.cache_lens))]
+
+
+class _TopologyInRows(Topology):
+    """Tree b's Topology within TreeRows: its tensors cut from the batch's when first read."""
+
+    def __init__(self, rows: TreeRows, b: int):
+        self._rows, self._b, self.cache_len = rows, b, rows.cache_lens[b]
+
+    @cached_property
+    def ancestors(self) -> Tensor:
+        lo, hi = self._rows.offsets[self._b], self._rows.offsets[self._b + 1]
+        return self._rows.ancestors[lo:hi, : hi - lo]
+
+    @cached_property
+    def depth(self) -> Tensor:
+        return self._rows.depth[self._rows.offsets[self._b] : self._rows.offsets[self._b + 1]]
+
+
+def tree_rows(parents: list[Tensor], cache_lens: list[int]) -> TreeRows | None:
+    """Host trees' topologies together: one read of every tree's parents, a walk per tree, one tensor of every
+    node's ancestors. None where a tree is too big for the walk (topology() squares its matrix instead)."""
+    if any(p.shape[0] > HOST_TOPOLOGY_NODES for p in parents):
+        return None
+    every = torch.cat(parents).tolist() if len(parents) > 1 else parents[0].tolist()
+    sets, depth, offsets = [], [], [0]
+    for n in (p.shape[0] for p in parents):
+        lo = offsets[-1]
+        tree_sets, tree_depth = _ancestor_sets(every[lo : lo + n])
+        sets += tree_sets
+        depth += tree_depth
+        offsets.append(lo + n)
+    widest = max(offsets[i + 1] - offsets[i] for i in range(len(parents)))
+    bits = torch.tensor(sets)[:, None] >> torch.arange(widest)[None, :]
+    return TreeRows((bits & 1).bool(), torch.tensor(depth), offsets, list(cache_lens))
 
 
 @dataclass(frozen=True)
@@ -274,6 +333,10 @@ class Candidates:
     group_parent: list[Tensor]  # per level: 1-based flat candidate index of each group's parent (0 = root)
     top_k: int
     levels: int  # expansion levels done after the root's children (0 .. depth)
+    # a batch's expansion (graft/methods/eagle_tree.py: CandidateRows): every slot's candidates as [slots, ...]
+    # tensors, this sequence's at `row`, so a batch selects every slot's tree at once
+    rows: Any = None
+    row: int = 0
 
     @property
     def count(self) -> int:

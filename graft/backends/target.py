@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from graft.clock import PhaseClock
 from graft.kv import KVBuffer
 from graft.ops import Ops
-from graft.tree import DraftTree, Topology, additive_mask, prefix_causal
+from graft.tree import DraftTree, Topology, TreeRows, additive_mask, prefix_causal
 from graft.ops import upload
 
 
@@ -55,12 +55,47 @@ class Segment:
     start: int
     ids: Tensor  # [n]
     positions: Tensor  # [n]
-    mask: Tensor | None  # [1, 1, n, start + n] additive, or None: causal (a one-node tree sees the whole prefix)
+    # additive [1, 1, n, start + n] or [n, >= start + n] (columns past start + n unread), or None: causal (a one-node
+    # tree sees the whole prefix)
+    mask: Tensor | None
     logits_rows: int = 0  # logits for the last this many positions only (a prompt chunk: 1); 0: every position
 
     @property
     def length(self) -> int:
         return self.ids.shape[0]
+
+
+def tree_segments(slots: list[int], trees: list[DraftTree], rows: TreeRows, dtype: torch.dtype) -> list[Segment]:
+    """tree_segment for several host trees (rows: their TreeRows), built together: one tensor of every node's id
+    and position, one [trees, widest, columns] mask (each segment's a view: its own rows, read up to its own
+    start + nodes; the columns after are never read)."""
+    sizes, starts = rows.sizes, rows.cache_lens
+    ids = (torch.cat([t.tokens for t in trees]) if len(trees) > 1 else trees[0].tokens).clamp_min(0)
+    node_starts = upload([start for start, n in zip(starts, sizes) for _ in range(n)], ids.device)
+    positions = rows.depth.to(ids.device) + node_starts  # [nodes]
+    masks = _tree_masks(rows, dtype, ids.device) if max(sizes) > 1 else None
+    segments = []
+    for b, (slot, start, n) in enumerate(zip(slots, starts, sizes)):
+        lo = rows.offsets[b]
+        mask = None if n == 1 else masks[b] if n == masks[b].shape[0] else masks[b][:n]
+        segments.append(Segment(slot, start, ids[lo : lo + n], positions[lo : lo + n], mask))
+    return segments
+
+
+def _tree_masks(rows: TreeRows, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+    """Each tree's additive mask [widest, columns] (a view of one tensor): node i of tree b sees the slot's
+    committed positions and, after them, its ancestors."""
+    sizes, widest = rows.sizes, rows.ancestors.shape[1]
+    tree_of = upload([b for b, n in enumerate(sizes) for _ in range(n)], device)
+    node_of = upload([i for n in sizes for i in range(n)], device)
+    ancestors = torch.zeros(len(sizes), widest, widest, dtype=torch.bool, device=device)
+    ancestors[tree_of, node_of] = rows.ancestors.to(device)  # [trees, widest, widest]
+    starts = upload(rows.cache_lens, device)
+    column = torch.arange(max(rows.cache_lens) + widest, device=device) - starts[:, None]  # [trees, columns]
+    seen = ancestors.gather(2, column.clamp(0, widest - 1)[:, None, :].expand(-1, widest, -1))
+    allowed = seen | (column < 0)[:, None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unbind(0)
 
 
 def tree_segment(slot: int, tree: DraftTree, topo: Topology, dtype: torch.dtype) -> Segment:

@@ -92,44 +92,42 @@ class NativeHeadLayer:
         d = cfg.head_dim
         return cfg.num_heads, cfg.num_kv_heads, d, cfg.rms_norm_eps, d**-0.5, self.small_rows, self.prefetch
 
-    def step_rows(self, calls: list, mask_dtype: torch.dtype) -> list[Tensor] | None:
-        """Several sequences' head forwards (HeadCall, each on its own cache: drafting levels, whose features are
-        the head's own outputs, or extends, whose features are the target's fused taps) as one head_rows forward:
-        the products once over every row, each call's attention over its own cache with the mask head_step would
-        give it (none: causal over its new entries, the native default). None for mixed kinds of features."""
+    def rows(
+        self, embeds: Tensor, hidden: Tensor, caches: list, positions: Tensor, masks: list, counts: list[int]
+    ) -> Tensor | None:
+        """One head_rows forward: embeds, hidden [rows, .] hold counts[s] new entries of caches[s] after the
+        previous caches' (masks[s]: additive float32 [counts[s], >= cache length + counts[s]], or None: causal);
+        the products once over every row, each cache's attention over itself. Returns [rows, H]; None for an
+        EAGLE-1 head."""
         cfg = self.head.cfg
-        widths = {c.hidden.shape[-1] for c in calls}
-        if cfg.kind != "eagle3" or len(widths) > 1:
+        if cfg.kind != "eagle3":
             return None
-        hidden = torch.cat([c.hidden for c in calls]).float()
-        if widths != {cfg.hidden_size}:  # fused target features: projected once for every call
+        hidden = hidden.float()
+        if hidden.shape[-1] != cfg.hidden_size:  # fused target features: projected once for every cache
             hidden = self._product("fc", hidden)
         attn, d, empty = self.head._layer().self_attn, cfg.head_dim, torch.empty(0)
-        masks = [empty if c.allowed is None else additive_mask(c.allowed, mask_dtype).float() for c in calls]
-        for call in calls:
-            cache = call.cache
+        for cache, n in zip(caches, counts):
             if cache.keys is None:
                 shape = (1, cfg.num_kv_heads, 0, d)
                 cache._allocate(hidden.new_empty(shape), hidden.new_empty(shape))
-            cache.reserve(cache.length + call.embeds.shape[0])
-        table_cos, table_sin = attn.rotary.table(max(c.cache.length + c.embeds.shape[0] for c in calls), hidden)
-        positions = torch.cat([c.positions for c in calls])
+            cache.reserve(cache.length + n)
+        table_cos, table_sin = attn.rotary.table(max(c.length + n for c, n in zip(caches, counts)), hidden)
         out = self.module.head_rows(
-            torch.cat([c.embeds for c in calls]).float().contiguous(),
+            embeds.float().contiguous(),
             hidden.contiguous(),
             self.weights,
-            [c.cache.keys for c in calls],
-            [c.cache.values for c in calls],
+            [c.keys for c in caches],
+            [c.values for c in caches],
             table_cos[positions].contiguous(),
             table_sin[positions].contiguous(),
-            masks,
-            [c.cache.length for c in calls],
-            [c.embeds.shape[0] for c in calls],
+            [empty if m is None else m for m in masks],
+            [c.length for c in caches],
+            counts,
             *self._layer_args(),
         )
-        for call in calls:
-            call.cache.length += call.embeds.shape[0]
-        return list(out.split([c.embeds.shape[0] for c in calls]))
+        for cache, n in zip(caches, counts):
+            cache.length += n
+        return out
 
     def logits(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         head = self.head

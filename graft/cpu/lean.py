@@ -242,6 +242,8 @@ class LeanForward:
             keys, values, merged = slots.keys[index], slots.values[index], []
             for segment, mask, (lo, hi) in zip(segments, masks, bounds):
                 slot, start, end = segment.slot, segment.start, segment.start + segment.length
+                if mask is not None:  # [n, >= end] or [1, 1, n, end]: the columns this segment reads
+                    mask = mask.reshape(1, 1, *mask.shape[-2:])[..., :end]
                 keys[slot, :, start:end], values[slot, :, start:end] = k[0, :, lo:hi], v[0, :, lo:hi]
                 out, _ = grouped_sdpa(
                     None, q[:, :, lo:hi], keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], mask,

@@ -124,7 +124,7 @@ def part_head235(ctx: Context, out: dict) -> None:
     from transformers import Qwen3MoeConfig
 
     from graft.draft_models.eagle.checkpoint import load_head
-    from graft.methods.eagle3 import extend
+    from graft.methods.eagle_tree import extend
 
     raw, dtype = ctx.plan.head235, getattr(torch, ctx.plan.dtype)
     target = TargetStub(Qwen3MoeConfig(**ctx.plan.target235), ctx.device, dtype)

@@ -32,12 +32,17 @@ def graft_at(anchor: int, grafted: Grafted, retrieval: Retrieval) -> None:
     """Each retriever's subtree below node `anchor`, in order, while there is room."""
     for retriever in retrieval.retrievers:
         if grafted.fixed_size:  # the room is on the device: read a fixed-size subtree, graft_fixed caps it
-            found = retrieval.below(retriever, grafted.tree.tokens[anchor], None, grafted.tree.num_nodes)
+            found = retrieval.made(retriever, anchor, None, grafted.tree.num_nodes) or retrieval.below(
+                retriever, grafted.tree.tokens[anchor], None, grafted.tree.num_nodes
+            )
             grafted.add_subtree(anchor, found.tokens, found.parents)
             continue
         if grafted.room <= 0:
             break
-        found = retrieval.below(retriever, grafted.tree.tokens[anchor], grafted.room, grafted.tree.num_nodes)
+        room, nodes = grafted.room, grafted.tree.num_nodes
+        found = retrieval.made(retriever, anchor, room, nodes) or retrieval.below(
+            retriever, grafted.tree.tokens[anchor], room, nodes
+        )
         if found is not None:
             grafted.add_subtree(anchor, found.tokens, found.parents, chain=found.chain)
 
@@ -45,6 +50,7 @@ def graft_at(anchor: int, grafted: Grafted, retrieval: Retrieval) -> None:
 @register("attach", "root", description="retrieved subtrees hang from the root (the paper's Graft)")
 class AtRoot(AttachPolicy):
     supports_fixed_size = True
+    reads_root = True
 
     def __init__(self, params=None):
         self.params = params
@@ -56,6 +62,7 @@ class AtRoot(AttachPolicy):
 @register("attach", "tail", description="retrieved subtrees hang from the deepest draft node (Graft(TAIL))")
 class AtTail(AtRoot):
     supports_fixed_size = False  # finds the deepest node on the host
+    reads_root = False
 
     def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         deepest = int(torch.argmax(topology(grafted.tree.parents, 0).depth)) if grafted.tree.num_nodes > 1 else 0
@@ -135,6 +142,8 @@ class AtLeaves(AttachPolicy):
 
 @register("attach", "both", params=LeafParams, description="leaves first (leaf_share of the budget), then the root")
 class AtLeavesAndRoot(AtLeaves):
+    reads_root = True
+
     def place(self, grafted: Grafted, retrieval: Retrieval) -> None:
         if grafted.tree.num_nodes > 1:
             self._continue_leaves(grafted, retrieval, int(grafted.room * self.params.leaf_share))

@@ -28,7 +28,7 @@ from graft.compose import Draft, DraftSource, Split
 from graft.draft_models.dflash.checkpoint import load_block_drafter, random_block_drafter
 from graft.draft_models.dflash.model import BlockDrafter
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
-from graft.methods.eagle3 import Checkpoint
+from graft.methods.eagle_tree import Checkpoint
 from graft.tree import Candidates, best_k, select
 from graft.registry import register
 from graft.tree import DraftTree

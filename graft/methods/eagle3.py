@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Generator, Literal
+from typing import Generator, Literal
 
 import torch
 from torch import Tensor
@@ -27,13 +27,14 @@ from torch import Tensor
 from graft.backends.target import HiddenTap, TargetBackend, capacity_bucket
 from graft.compose import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
+from graft.methods.eagle_tree import ExpandCall, ExtendCall, SelectCall, extend, head_step
 from graft.draft_models.eagle.checkpoint import load_head, random_head
 from graft.draft_models.eagle.head import DraftHead
 from graft.kv import KVBuffer
 from graft.fixed_size import select_fixed
 from graft.registry import register
 from graft.schema import ConfigError
-from graft.tree import Candidates, DraftTree, NodeSource, RankTree, additive_mask, best_k, prefix_causal, select
+from graft.tree import DraftTree, NodeSource, RankTree, select
 from graft.ops import upload
 
 
@@ -82,57 +83,6 @@ class EagleStaticParams(HeadParams):
                 raise ValueError(
                     f"static_choices: each path needs its parent path listed and ranks >= 0; bad path {path}"
                 )
-
-
-# positions the head encodes per forward when it extends over a long prompt: its masks and scores stay
-# [EXTEND_CHUNK, context] instead of [prompt, prompt] (8K prompt tokens: 8 MiB of mask, not 256 MiB)
-EXTEND_CHUNK = 1024
-
-
-def head_step(
-    head: DraftHead,
-    cache: KVBuffer,
-    embeds: Tensor,
-    hidden: Tensor,
-    positions: Tensor,
-    allowed: Tensor | None,
-    compiled: bool = False,
-) -> Tensor:
-    """One head forward over n entries written after the cache's `length`; `allowed` [n, length + n] bool, or
-    None for causal new entries that see the whole cache. Over a static cache (hardware.compile) the mask
-    covers every slot, and with `compiled` (a drafting level: always [top_k] nodes) the compiled step runs."""
-    n = embeds.shape[0]
-    if not cache.static:
-        if allowed is None and n > 1:
-            allowed = prefix_causal(n, cache.length, embeds.device)
-        mask = None if allowed is None else additive_mask(allowed, head.fc.weight.dtype)
-        return head.step(embeds, hidden, positions, mask, cache)
-    cache.reserve(cache.length + n)
-    if allowed is None:
-        allowed = prefix_causal(n, cache.length, embeds.device)
-    allowed = torch.nn.functional.pad(allowed, (0, cache.capacity - allowed.shape[1]))  # unfilled slots hidden
-    step = head.compiled_step if compiled and head.compiled_step is not None else head.step
-    out = step(embeds, hidden, positions, additive_mask(allowed, head.fc.weight.dtype), cache)
-    cache.advance(n)
-    return out.clone() if step is not head.step else out  # a CUDA graph's output is overwritten by its next replay
-
-
-def extend(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK) -> Tensor:
-    """Encode n new (embedding, feature) pairs after the cache's committed positions -> [n, H], at most
-    `chunk` positions per forward."""
-    return drive(extend_steps(head, cache, embeds, hidden, chunk))
-
-
-def extend_steps(head: DraftHead, cache: KVBuffer, embeds: Tensor, hidden: Tensor, chunk: int = EXTEND_CHUNK):
-    """extend as a generator of its forwards (HeadCalls without scores), so a batch runs every slot's as one."""
-    outputs = []
-    for lo in range(0, embeds.shape[0], chunk):
-        part = slice(lo, lo + chunk)
-        n, start = embeds[part].shape[0], cache.length
-        positions = torch.arange(start, start + n, device=embeds.device)
-        out, *_ = yield HeadCall(head, cache, 0, embeds[part], hidden[part], positions, compiled=False)
-        outputs.append(out)
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 # EAGLE-1's default static tree (`mc_sim_7b_63` in SafeAILab/EAGLE, eagle/model/choices.py): each path lists
@@ -219,128 +169,6 @@ def static_tree(head: DraftHead, embed, cache: KVBuffer, last: Tensor, root: int
     return DraftTree.build(tokens, shape.parents, NodeSource.DRAFT, scores)
 
 
-Checkpoint = Callable[[int, Tensor], bool]  # (levels done, frontier scores [top_k]) -> stop drafting here
-
-
-@dataclass
-class HeadCall:
-    """One drafting level's work for one sequence's head, as `expand_steps` asks for it: a forward over n new
-    entries on the sequence's head cache (`embeds` None: no forward, the scores of `last` alone), then each
-    output's top_k log-probabilities. A batch runs the calls of all its sequences as one forward (run_all)."""
-
-    head: DraftHead
-    cache: KVBuffer
-    top_k: int  # 0: the outputs alone (an extend), no scores
-    embeds: Tensor | None = None  # [n, H]
-    hidden: Tensor | None = None  # [n, H]
-    positions: Tensor | None = None  # [n]
-    allowed: Tensor | None = None  # [n, cache.length + n] bool
-    last: Tensor | None = None  # [1, H]: the output to score where there is no forward
-    compiled: bool = True  # a drafting level's fixed width may run the compiled step; an extend's varies
-
-    def forward(self) -> Tensor:
-        if self.embeds is None:
-            return self.last
-        return head_step(
-            self.head, self.cache, self.embeds, self.hidden, self.positions, self.allowed, compiled=self.compiled
-        )
-
-    @torch.inference_mode()
-    def run(self) -> HeadResult:
-        """This sequence's call on its own (batch 1)."""
-        out = self.forward()
-        return (out, None, None, None) if self.top_k == 0 else (out, *self.head.top_log_probs(out, self.top_k))
-
-    @staticmethod
-    @torch.inference_mode()
-    def run_all(calls: list["HeadCall"]) -> list[HeadResult]:
-        """Several sequences' calls: the forwards of one head as one forward over their rows, each on its own
-        cache (DraftHead.step_rows, where the head's engine has it), and the outputs' top-k in one pass per
-        (head, k)."""
-        outs: list = [call.last for call in calls]
-        forwards = [i for i, call in enumerate(calls) if call.embeds is not None]
-        for head in {id(calls[i].head): calls[i].head for i in forwards}.values():
-            mine = [i for i in forwards if calls[i].head is head]
-            rows = head.step_rows([calls[i] for i in mine]) if len(mine) > 1 else None
-            for i, out in zip(mine, rows or [calls[i].forward() for i in mine]):
-                outs[i] = out
-        results: list = [(out, None, None, None) for out in outs]
-        for key in {(id(c.head), c.top_k) for c in calls if c.top_k > 0}:
-            mine = [i for i, c in enumerate(calls) if (id(c.head), c.top_k) == key]
-            head, k = calls[mine[0]].head, calls[mine[0]].top_k
-            values, indices, d2t = head.top_log_probs(torch.cat([outs[i] for i in mine]), k)
-            first = 0
-            for i in mine:
-                n = outs[i].shape[0]
-                results[i] = (outs[i], values[first : first + n], indices[first : first + n], d2t)
-                first += n
-        return results
-
-
-HeadResult = tuple  # (outputs [n, H], top values [n, k], top indices [n, k], draft-to-target offsets or None)
-
-
-def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, *args) -> Candidates:
-    """expand_steps run alone (its head calls one by one)."""
-    return drive(expand_steps(head, embed, cache, last, depth, top_k, *args))
-
-
-def expand_steps(
-    head: DraftHead,
-    embed,
-    cache: KVBuffer,
-    last: Tensor,
-    depth: int,
-    top_k: int,
-    checkpoint: Checkpoint | None = None,
-    levels: int | None = None,
-) -> Generator[HeadCall, HeadResult, Candidates]:
-    """Score the root's top-k children from the head's output `last` [H] at the last committed position,
-    then `depth` times expand every frontier node by its top-k children, keeping the global top-k by
-    cumulative log-probability as the next frontier. `checkpoint` may stop it after any level; `levels`
-    stops it after that many (their checkpoint still runs), where the split says that deeper levels cannot
-    change its tree (Split.levels_needed). A generator: it yields each level's HeadCall and is sent its
-    result, so a batch can run every sequence's level as one forward (`drive` runs it alone)."""
-    device = last.device
-    committed = cache.length
-    _, top_values, top_indices, d2t = yield HeadCall(head, cache, top_k, last=last[None])  # [1, k]
-    to_target = (lambda ids: ids + d2t[ids]) if d2t is not None else (lambda ids: ids)  # noqa: E731
-    scores = top_values[0]  # [k] cumulative log-probs of the frontier
-    found = Candidates(
-        [to_target(top_indices[0])], [scores], [torch.zeros(1, dtype=torch.long, device=device)], top_k, 0
-    )
-    frontier_tokens = found.tokens[0]  # [k]
-    frontier_hidden = last[None].expand(top_k, -1)  # [k, H]
-    frontier_flat = torch.arange(top_k, device=device)  # flat candidate index of each frontier node
-    eye = torch.eye(top_k, dtype=torch.bool, device=device)
-    tree_mask = eye  # [k, k * (level + 1)]: which tree entries on the cache each frontier node sees
-
-    for level in range(depth):
-        if checkpoint is not None and checkpoint(level, scores):
-            break
-        if levels is not None and level >= levels:
-            break
-        allowed = torch.ones(top_k, committed + tree_mask.shape[1], dtype=torch.bool, device=device)
-        allowed[:, committed:] = tree_mask
-        positions = torch.full((top_k,), committed + level, device=device)
-        call = HeadCall(head, cache, top_k, embed(frontier_tokens), frontier_hidden, positions, allowed)
-        out, top_values, top_indices, _ = yield call  # [k, k] per frontier node
-        found.group_parent.append(frontier_flat + 1)
-        cumulative = top_values + scores[:, None]  # [k, k]
-        scores, best = best_k(cumulative.view(-1), top_k)
-        rows = best // top_k
-        offset = top_k + level * top_k * top_k  # flat index of this level's first candidate
-        frontier_flat = best + offset
-        frontier_hidden = out[rows]
-        frontier_tokens = to_target(top_indices.reshape(-1)[best])
-        found.tokens.append(to_target(top_indices.reshape(-1)))
-        found.scores.append(cumulative.view(-1))
-        found.levels = level + 1
-        tree_mask = torch.cat([tree_mask[rows], eye], dim=1)
-    cache.keep(committed, None, 0)  # tree levels are scratch: drop them
-    return found
-
-
 def head_dtype_for(choice: str | None, target: TargetBackend) -> str | None:
     """method.head_dtype resolved: `auto` is what the target's backend multiplies fastest (its ops say, when it
     loads), else the target's own dtype (None)."""
@@ -406,10 +234,11 @@ class HeadOnCache:
     def update_steps(self, step: StepFeedback) -> Generator:
         """Encode the step's committed tokens with their features (one head forward; a batch runs every slot's
         as one)."""
-        ids = step.acceptance.token_ids  # on the device already: no copy up
-        ids = ids if ids is not None else upload(step.acceptance.tokens, self.target.device)
-        hidden = step.forward.hidden[step.acceptance.index]
-        self.last = (yield from extend_steps(self.head, self.cache, self.embed(ids), hidden))[-1]
+        accepted = step.acceptance
+        self.last = yield ExtendCall(
+            self.head, self.embed, self.cache, accepted.tokens, accepted.token_ids, step.forward.hidden,
+            accepted.path, accepted.path_index,
+        )  # fmt: skip
 
     def _extend(self, tokens: list[int], hidden: Tensor) -> Tensor:
         return extend(self.head, self.cache, self.embed(upload(tokens, self.target.device)), hidden)[-1]
@@ -436,7 +265,7 @@ class _HeadSource(DraftSource):
 
     def share_with(self, first: "_HeadSource") -> None:
         """In a batch the slots share one head's weights (read only), so a level's forward over every slot's
-        frontier is one call (HeadCall.run_all); each slot keeps its own head cache."""
+        frontier is one call (ExpandCall.run_all); each slot keeps its own head cache."""
         self.runner.head = first.runner.head
 
 
@@ -462,15 +291,15 @@ class EagleSource(_HeadSource):
         width = split.widest_useful(total_tokens) if runner.head.compiled_step is None else None
         top_k = p.top_k if width is None else min(p.top_k, width)
         levels = split.levels_needed(total_tokens)
-        found = yield from expand_steps(
+        found = yield ExpandCall(
             runner.head, self.embed, runner.cache, runner.last, p.depth, top_k, split.stop_after, levels
         )
         keep = split.keep(torch.cat(found.scores), total_tokens)
         if isinstance(keep, Tensor):  # a split deciding on the device (fixed-size trees)
             root = state.root_on(runner.last.device)
             return Draft(select_fixed(found, root, keep - 1, total_tokens - 1, split.level_cap()), split.label())
-        root = state.root_on(runner.last.device)
-        return Draft(select(found, root, keep - 1), split.label(), widen=lambda n: select(found, root, n))
+        tree = yield SelectCall(found, state.root_here(runner.last.device), keep - 1)
+        return Draft(tree, split.label(), widen=lambda n: select(found, state.root_here(runner.last.device), n))
 
 
 @register(

@@ -13,12 +13,15 @@ through a static rank template rooted at a given token.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from graft.ops import PLAIN, Ops
+from graft.acceptance import joined_rows
+from graft.ops import PLAIN, Ops, ids_on, upload
 from graft.tree import RankTree
-from graft.ops import upload
 
 # How often the target's rank-r successor is the next token, as a prior for shaping templates. Rough
 # shape of rank-acceptance curves reported for Token Recycling and Medusa-style trees; only the order of
@@ -28,11 +31,26 @@ DEFAULT_RANK_PRIOR = (0.40, 0.14, 0.07, 0.045, 0.03, 0.022, 0.017, 0.013)
 
 class SuccessorTable:
     def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu", ops: Ops = PLAIN):
-        self.k, self.ops = k, ops
+        self.k, self.ops, self.vocab_size = k, ops, vocab_size
         # one spare row past the vocabulary takes the writes that must not land (losers, empty slots), so
         # that an update has no data-dependent shape; reads never reach it
-        self._rows = torch.full((vocab_size + 1, k), -1, dtype=torch.long, device=device)
-        self.rows = self._rows[:vocab_size]  # [vocab, k]
+        self._place(torch.full((1, vocab_size + 1, k), -1, dtype=torch.long, device=device), 0, [self])
+
+    def _place(self, storage: Tensor, slot: int, group: list) -> None:
+        """Hold slot `slot` of `storage` [slots, vocab + 1, k], shared with the tables of `group`."""
+        self.storage, self.slot, self.group = storage, slot, group
+        self._rows = storage[slot]
+        self.rows = self._rows[: self.vocab_size]  # [vocab, k]
+
+    def join(self, other: "SuccessorTable") -> None:
+        """Take `other` (rows kept) into this table's storage as one more slot: a batch's tables in one tensor,
+        read with one gather (read_templates) and taught with one scatter (update_tables) for every slot."""
+        if other.group is self.group:
+            return
+        storage = torch.cat([self.storage, other._rows[None]])
+        group = self.group + [other]
+        for slot, table in enumerate(group):
+            table._place(storage, slot, group)
 
     def clear(self) -> None:
         self.rows.fill_(-1)
@@ -66,6 +84,37 @@ class SuccessorTable:
         self._rows[torch.where(writes, tokens, self.rows.shape[0])] = successors
 
 
+def update_tables(tables: list[SuccessorTable], tokens: list[Tensor], logits: list[Tensor], paths: list[list[int]]):
+    """table.update for each table (tables of one storage: SuccessorTable.join; one table may come more than
+    once, a shared table), in one scatter: tokens[b] [n_b] the nodes verified, logits[b] [n_b, vocab] theirs,
+    paths[b] the accepted nodes. Where a token is written more than once, the later table's write wins, then
+    an accepted node, then the later node: what the updates one after the other leave."""
+    first = tables[0]
+    storage, device = first.storage, first.storage.device
+    per_slot = storage.shape[1]
+    counts = [t.shape[0] for t in tokens]
+    total = sum(counts)
+    joined = joined_rows(logits)
+    if joined is not None:  # a ragged forward's segments: one top-k over their rows, no copy
+        successors = first.ops.top_k_rows(joined, first.k)[1]
+    else:
+        successors = torch.cat([first.ops.top_k_rows(block, first.k)[1] for block in logits])
+    base, rank, on_path, start = [], [], [], 0
+    for b, (table, n, path) in enumerate(zip(tables, counts, paths)):
+        base += [table.slot * per_slot] * n
+        rank += [b * 2 * total] * n  # a later table's writes beat an earlier one's
+        on_path += [start + i for i in path]
+        start += n
+    node_tokens = torch.cat(tokens)  # [total]
+    rows, ranks = upload(base, device), upload(rank, device)
+    accepted = torch.zeros(total, dtype=torch.long, device=device).index_fill_(0, upload(on_path, device), total)
+    priority = ranks + accepted + torch.arange(total, device=device)  # distinct
+    spare = first.vocab_size  # the first slot's spare row: writes that must not land
+    keys = torch.where(node_tokens >= 0, rows + node_tokens, spare)
+    where, index = _last_per_key(keys, torch.arange(total, device=device), priority, spare)
+    storage.view(-1, first.k)[where] = successors[index]
+
+
 def _last_per_key(keys: Tensor, values: Tensor, priority: Tensor, spare: int) -> tuple[Tensor, Tensor]:
     """For each distinct key, the value with the highest priority (priorities distinct), at a fixed size (no
     data-dependent shape: no sync on a GPU) -> (rows [n], values [n]): each key's row once, every other entry's
@@ -89,6 +138,22 @@ def read_template(table: SuccessorTable, template: RankTree, anchor_token: int |
     return tokens
 
 
+def read_templates(tables: list[SuccessorTable], template: RankTree, anchors: Tensor) -> Tensor:
+    """read_template for tables of one storage (SuccessorTable.join), each at its anchor (anchors [B]) -> [B, n],
+    one gather per template depth for every table."""
+    first = tables[0]
+    per_slot, k = first.storage.shape[1:]
+    flat = first.storage.view(-1, k)
+    base = upload([t.slot * per_slot for t in tables], flat.device)[:, None]  # [B, 1]: each table's first row
+    tokens = torch.full((len(tables), template.size), -1, dtype=torch.long, device=flat.device)
+    tokens[:, 0] = anchors
+    for level in template.levels:
+        parent_tokens = tokens[:, template.parents[level]]  # [B, nodes at this depth]
+        found = flat[base + parent_tokens.clamp(min=0), template.ranks[level]]
+        tokens[:, level] = torch.where(parent_tokens >= 0, found, -1)
+    return tokens
+
+
 class Recycler:
     """The table plus templates of every size it is asked for (built once, then reused)."""
 
@@ -97,18 +162,18 @@ class Recycler:
     ):
         self.table = SuccessorTable(vocab_size, k, device, ops)
         self.max_depth, self.rank_prior, self.device = max_depth, tuple(rank_prior), device
-        self._templates: dict[tuple[str, int], RankTree] = {}
+        self.templates: dict[tuple[str, int], RankTree] = {}
 
     def template(self, size: int, shape: str = "tree") -> RankTree:
         key = (shape, size)
-        if key not in self._templates:
+        if key not in self.templates:
             if shape == "chain":
-                self._templates[key] = RankTree.chain(size - 1, self.device)
+                self.templates[key] = RankTree.chain(size - 1, self.device)
             else:
-                self._templates[key] = RankTree.best_first(
+                self.templates[key] = RankTree.best_first(
                     size, self.rank_prior[: self.table.k], self.max_depth, self.device
                 )
-        return self._templates[key]
+        return self.templates[key]
 
     def reset(
         self, prompt: list[int], last_logits: Tensor | None = None, successors: Tensor | None = None, clear: bool = True
@@ -137,3 +202,83 @@ class Recycler:
         on_path = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         on_path[path_index] = True
         self.table.update(tokens, logits, on_path)
+
+
+@dataclass
+class TemplateRead:
+    """Recycler.subtree as a call a drafter yields, so a batch reads every slot's template at once: one gather per
+    template depth for the slots whose tables share one storage (SuccessorTable.join)."""
+
+    recycler: Recycler
+    anchor: int | Tensor  # the id, or one element on the device
+    size: int
+    shape: str = "tree"
+
+    @torch.inference_mode()
+    def run(self) -> tuple[Tensor, Tensor]:
+        return self.recycler.subtree(self.anchor, self.size, self.shape)
+
+    @staticmethod
+    @torch.inference_mode()
+    def run_all(calls: list["TemplateRead"]) -> list[tuple[Tensor, Tensor]]:
+        """Each call's (tokens, parents): the largest template read for every slot of a storage (a smaller
+        template is a prefix of a larger one: RankTree.best_first), then each cut to its own size."""
+        results: list = [None] * len(calls)
+        for mine in _by_storage(calls, lambda c: (c.shape, c.recycler.rank_prior, c.recycler.max_depth)):
+            if len(mine) == 1:
+                results[mine[0]] = calls[mine[0]].run()
+                continue
+            first, shape = calls[mine[0]].recycler, calls[mine[0]].shape
+            largest = first.template(max(calls[i].size for i in mine), shape)
+            anchors = ids_on([calls[i].anchor for i in mine], first.device)
+            tokens = read_templates([calls[i].recycler.table for i in mine], largest, anchors)
+            for i, row in zip(mine, tokens.unbind(0)):
+                template = first.template(calls[i].size, shape)
+                results[i] = (row if template.size == largest.size else row[: template.size], template.parents)
+        return results
+
+
+@dataclass
+class TableUpdate:
+    """Recycler.observe as a call a drafter yields after a verification, so a batch teaches every slot's table
+    in one scatter (update_tables). Its result: this call's share of the seconds the update took."""
+
+    recycler: Recycler
+    tokens: Tensor  # [n] the verified nodes
+    logits: Tensor  # [n, vocab] the target's logits at them
+    path: list[int]  # the accepted nodes
+    index: Tensor | list[int]  # the same on the device where acceptance left them there
+
+    @torch.inference_mode()
+    def run(self) -> float:
+        started = time.perf_counter()
+        self.recycler.observe(self.tokens, self.logits, self.index)
+        return time.perf_counter() - started
+
+    @staticmethod
+    @torch.inference_mode()
+    def run_all(calls: list["TableUpdate"]) -> list[float]:
+        results: list = [0.0] * len(calls)
+        for mine in _by_storage(calls, lambda c: c.recycler.table.k):
+            if len(mine) == 1:
+                results[mine[0]] = calls[mine[0]].run()
+                continue
+            started = time.perf_counter()
+            update_tables(
+                [calls[i].recycler.table for i in mine],
+                [calls[i].tokens for i in mine],
+                [calls[i].logits for i in mine],
+                [calls[i].path for i in mine],
+            )
+            share = (time.perf_counter() - started) / len(mine)
+            for i in mine:
+                results[i] = share
+        return results
+
+
+def _by_storage(calls: list, key) -> list[list[int]]:
+    """The calls' positions grouped by their tables' storage and `key(call)`, in order."""
+    groups: dict = {}
+    for i, call in enumerate(calls):
+        groups.setdefault((id(call.recycler.table.storage), key(call)), []).append(i)
+    return list(groups.values())

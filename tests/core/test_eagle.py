@@ -7,7 +7,8 @@ import torch
 
 from graft.draft_models.eagle.checkpoint import HeadLoadError, load_head, random_head, save_head
 from graft.draft_models.eagle.head import DraftHead
-from graft.methods.eagle3 import expand, extend, select
+from graft.methods.eagle3 import select
+from graft.methods.eagle_tree import expand, extend
 from graft.tree import topology
 
 

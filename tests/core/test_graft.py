@@ -202,7 +202,7 @@ def test_static_graft_agrees_with_graft_on_random_trees():
 def test_static_selection_keeps_what_the_pruned_selection_keeps():
     """select_fixed fills exactly select()'s nodes (same tokens, same parents) and leaves the rest of the
     fixed size empty; a level cap drops the candidates the host path would not have drafted."""
-    from graft.methods.eagle3 import Candidates, select
+    from graft.tree import Candidates, select
     from graft.fixed_size import select_fixed
 
     k = 2

@@ -10,7 +10,7 @@ from conftest import make_drafter
 from graft.backends.target import ForwardOutput
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback
 from graft.acceptance import Acceptance
-from graft.methods.eagle3 import Candidates, select
+from graft.tree import Candidates, select
 from graft.methods.pruned import StageParams, StageSplit
 from graft.ops import Ops
 from graft.tree import NodeSource, topology

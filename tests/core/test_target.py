@@ -191,7 +191,7 @@ def test_a_prefill_in_chunks_equals_one_prefill(tiny, name):
 
 def test_the_heads_extend_in_chunks_equals_one_extend(tiny):
     from graft.draft_models.eagle.checkpoint import random_head
-    from graft.methods.eagle3 import extend
+    from graft.methods.eagle_tree import extend
 
     target = tiny("tiny_llama").target
     head = random_head(target, "eagle3", seed=2, layer_ids=[1, 2, 3])

@@ -132,7 +132,7 @@ def test_the_native_head_layer_matches_the_python_layer(kind):
     then one node that sees the whole cache: same outputs and cache through graft/cpu/native as through Python."""
     from graft.draft_models.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
-    from graft.methods.eagle3 import head_step
+    from graft.methods.eagle_tree import head_step
 
     target = _target("tiny_llama", "hardware.native=on")
     hidden_size = target.config.hidden_size
@@ -172,7 +172,7 @@ def test_a_bfloat16_head_on_the_native_path_keeps_float32_activations_and_cache(
     extend longer than the target's native row limit (the whole prompt at once)."""
     from graft.draft_models.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
-    from graft.methods.eagle3 import head_step
+    from graft.methods.eagle_tree import head_step
 
     target = _target("tiny_llama", "hardware.native=on")
     hidden_size = target.config.hidden_size
@@ -299,7 +299,7 @@ def test_the_native_head_layer_tiles_an_untiled_mask_where_it_falls_back_to_sdpa
     heads, so the fallback (here forced by a mask that is not contiguous) tiles it: same outputs either way."""
     from graft.draft_models.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
-    from graft.methods.eagle3 import head_step
+    from graft.methods.eagle_tree import head_step
     from graft.tree import additive_mask
 
     target = _target("tiny_llama", "hardware.native=on")

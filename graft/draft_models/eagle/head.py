@@ -256,12 +256,15 @@ class DraftHead(nn.Module):
         x = self.fast.get("fc", self.fc)(torch.cat([embeds, hidden], dim=-1))
         return self.layers[0](x, positions, mask, cache)[0]
 
-    def step_rows(self, calls: list) -> list[Tensor] | None:
-        """Several sequences' drafting levels (graft/methods/eagle3.py: HeadCall, each on its own cache) as one
-        forward over their rows, where the engine's layer has one; None: run them one by one."""
-        if self.engine is None or not hasattr(self.engine, "step_rows") or any(c.cache.static for c in calls):
-            return None
-        return self.engine.step_rows(calls, self.fc.weight.dtype)
+    def runs_rows(self, caches: list) -> bool:
+        """Whether `rows` can run these caches' entries as one forward (the engine's layer, dynamic caches)."""
+        engine = self.engine is not None and hasattr(self.engine, "rows") and self.cfg.kind == "eagle3"
+        return engine and not any(c.static for c in caches)
+
+    def rows(self, embeds: Tensor, hidden: Tensor, caches: list, positions: Tensor, masks: list, counts: list[int]):
+        """Several caches' new entries as one forward over their rows (the engine's `rows`: masks[s] additive
+        float32 [counts[s], >= cache length + counts[s]]), where runs_rows(caches)."""
+        return self.engine.rows(embeds, hidden, caches, positions, masks, counts)
 
     def top_log_probs(self, out: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """(values, indices) [n, k]: each row's k most likely draft tokens by log-probability, largest first, and
