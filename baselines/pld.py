@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from graft.compose import Retrieved, Retriever
+from graft.parts import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState
 from graft.registry import register
 

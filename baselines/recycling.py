@@ -9,7 +9,7 @@ from typing import Generator, Literal
 
 import torch
 
-from graft.compose import Retrieved, Retriever
+from graft.parts import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.registry import register
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler, TableUpdate, TemplateRead

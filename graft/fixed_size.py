@@ -2,7 +2,7 @@
 to the host (the accepted path) and a compiled step replays one graph.
 
 It runs when hardware.fixed_size_trees is on (the GPU default) and every part of a composed method
-`supports_fixed_size` (graft/compose.py). A pruned draft then marks the nodes it drops empty (token -1,
+`supports_fixed_size` (graft/parts.py). A pruned draft then marks the nodes it drops empty (token -1,
 NodeSource.EMPTY) instead of leaving them out; retrieval grafts into a fixed number of slots; the step's
 figures stay on the device until the sequence ends. Each function here is the fixed-size form of a host one that
 reads alone beside it:

@@ -21,7 +21,12 @@ from typing import Any, Callable
 from graft.schema import ConfigError, coerce_dataclass, suggest
 
 KINDS = ("source", "split", "retriever", "attach", "trim", "drafter")
-PACKAGES = ("graft.compose", "graft.methods", "baselines")  # imported by discover(), packages module by module
+PACKAGES = (
+    "graft.parts",
+    "graft.compose",
+    "graft.methods",
+    "baselines",
+)  # imported by discover(), packages module by module
 
 
 @dataclass

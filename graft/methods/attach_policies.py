@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graft.compose import AttachPolicy, Retrieval
+from graft.parts import AttachPolicy, Retrieval
 from graft.grafting import Grafted
 from graft.registry import register
 from graft.tree import topology

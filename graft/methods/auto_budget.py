@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from graft.compose import Split, Trim
+from graft.parts import Split, Trim
 from graft.drafter import SequenceState, StepFeedback
 from graft.tree import DraftTree, NodeSource
 from graft.hub import from_cwd_or_repo

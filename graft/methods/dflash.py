@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from graft.backends.target import HiddenTap, TargetBackend
-from graft.compose import Draft, DraftSource, Split
+from graft.parts import Draft, DraftSource, Split
 from graft.draft_models.dflash.checkpoint import load_block_drafter, random_block_drafter
 from graft.draft_models.dflash.model import BlockDrafter
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds

@@ -7,7 +7,7 @@ Draft phase, per step (the dynamic tree):
 2. expand: from the last position, take the top-k children of the root; then `depth` times expand every
    frontier node by its top-k children, score each child by cumulative log-probability, and keep the
    global top-k as the next frontier (tree levels go on the cache behind a tree mask, then are dropped);
-   the split (graft/compose.py, graft/methods/pruned.py) may stop the expansion after any level;
+   the split (graft/parts.py, graft/methods/pruned.py) may stop the expansion after any level;
 3. select: keep the best `keep - 1` of all scored candidates (keep from the split: total_tokens when
    dense), in candidate order, which makes the set ancestor-closed because scores fall along a path.
 The tree has the same nodes and parents as the published algorithm on the same inputs; where scores
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from graft.backends.target import HiddenTap, TargetBackend, capacity_bucket
-from graft.compose import Draft, DraftSource, Split
+from graft.parts import Draft, DraftSource, Split
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.methods.eagle_tree import ExpandCall, ExtendCall, SelectCall, extend, head_step
 from graft.draft_models.eagle.checkpoint import load_head, random_head

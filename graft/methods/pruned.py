@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from graft.compose import Split
+from graft.parts import Split
 from graft.fixed_size import Deferred
 from graft.registry import register
 

@@ -357,7 +357,7 @@ def test_a_small_budget_drafts_only_what_it_can_keep_and_the_same_tree(tiny, tot
     """EagleSource's caps (Split.widest_useful, Split.levels_needed) on the dense split: a frontier of at most
     total_tokens - 1 nodes and no level past depth total_tokens - 1 keep exactly the tree of the full
     top_k 10, depth 7 expansion, with fewer head rows."""
-    from graft.compose import DenseSplit
+    from graft.parts import DenseSplit
 
     head, embed, prefix_tokens, prefix_hidden = _double_head(tiny)
     split = DenseSplit()

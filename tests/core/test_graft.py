@@ -326,7 +326,8 @@ def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
 
 
 def test_refill_spends_what_retrieval_left_on_the_next_best_draft_candidates():
-    from graft.compose import ComposedDrafter, Draft
+    from graft.compose import ComposedDrafter
+    from graft.parts import Draft
     from graft.grafting import Grafted
 
     # candidates in candidate (topological) order: root 10's children 11 (-0.5), 12 (-1.0), 14 (-1.6); 11's child 13 (-0.9)

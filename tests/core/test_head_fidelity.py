@@ -413,7 +413,7 @@ def _retrievers(names: list[str], vocab: int = 50):
 
 def _leaves(room: int, tokens, parents, scores, retrieval, committed, leaf_count: int = 4):
     from graft.drafter import SequenceState
-    from graft.compose import Retrieval
+    from graft.parts import Retrieval
     from graft.grafting import Grafted
     from graft.methods.attach_policies import AtLeaves, LeafParams
     from graft.tree import DraftTree

@@ -188,6 +188,7 @@ DEVICE_PATH = [
     "graft/grafting.py",
     "graft/drafter.py",
     "graft/compose.py",
+    "graft/parts.py",
     "graft/kv.py",
     "graft/layers.py",
     "graft/ops.py",
