@@ -314,7 +314,7 @@ class _Run:
             every_tap = tuple(dict.fromkeys(taps + tuple(t for c in chunks for t in filling[c.slot].prefill.taps)))
             order = sorted(proposals)
             if rows is not None:  # every tree's masks and positions in one pass
-                segments = tree_segments(order, [proposals[s].tree for s in order], rows, target.dtype)
+                segments = tree_segments(order, [proposals[s].tree for s in order], rows=rows, dtype=target.dtype)
             else:
                 segments = [tree_segment(slot, proposals[slot].tree, topos[slot], target.dtype) for slot in order]
             outputs = target.forward_segments(self.slots, segments + chunks, every_tap)

@@ -65,7 +65,7 @@ class Segment:
         return self.ids.shape[0]
 
 
-def tree_segments(slots: list[int], trees: list[DraftTree], rows: TreeRows, dtype: torch.dtype) -> list[Segment]:
+def tree_segments(slots: list[int], trees: list[DraftTree], *, rows: TreeRows, dtype: torch.dtype) -> list[Segment]:
     """tree_segment for several host trees (rows: their TreeRows), built together: one tensor of every node's id
     and position, one [trees, widest, columns] mask (each segment's a view: its own rows, read up to its own
     start + nodes; the columns after are never read)."""

@@ -191,7 +191,7 @@ class CandidateRows:
         return full.index_copy_(0, upload(active, rows.device), rows)
 
 
-def select_rows(found: list[Candidates], roots: list[int | Tensor], keeps: list[int]) -> list[DraftTree]:
+def select_rows(found: list[Candidates], *, roots: list[int | Tensor], keeps: list[int]) -> list[DraftTree]:
     """select(found[b], roots[b], keeps[b]) for candidates of one batch's expansion (found[b].rows all the
     same), every slot's tree from one sort over [slots, candidates]: the trees `select` gives each alone (a
     slot's missing levels score -inf, after every real candidate, and keeps[b] <= its count)."""
@@ -247,7 +247,9 @@ class SelectCall:
                     results[mine[0]] = calls[mine[0]].run()
                     continue
                 trees = select_rows(
-                    [calls[i].found for i in mine], [calls[i].root for i in mine], [calls[i].keep for i in mine]
+                    [calls[i].found for i in mine],
+                    roots=[calls[i].root for i in mine],
+                    keeps=[calls[i].keep for i in mine],
                 )
                 for i, tree in zip(mine, trees):
                     results[i] = tree

@@ -84,7 +84,9 @@ class SuccessorTable:
         self._rows[torch.where(writes, tokens, self.rows.shape[0])] = successors
 
 
-def update_tables(tables: list[SuccessorTable], tokens: list[Tensor], logits: list[Tensor], paths: list[list[int]]):
+def update_tables(
+    tables: list[SuccessorTable], *, tokens: list[Tensor], logits: list[Tensor], paths: list[list[int]]
+) -> None:
     """table.update for each table (tables of one storage: SuccessorTable.join; one table may come more than
     once, a shared table), in one scatter: tokens[b] [n_b] the nodes verified, logits[b] [n_b, vocab] theirs,
     paths[b] the accepted nodes. Where a token is written more than once, the later table's write wins, then
@@ -138,7 +140,7 @@ def read_template(table: SuccessorTable, template: RankTree, anchor_token: int |
     return tokens
 
 
-def read_templates(tables: list[SuccessorTable], template: RankTree, anchors: Tensor) -> Tensor:
+def read_templates(tables: list[SuccessorTable], template: RankTree, *, anchors: Tensor) -> Tensor:
     """read_template for tables of one storage (SuccessorTable.join), each at its anchor (anchors [B]) -> [B, n],
     one gather per template depth for every table."""
     first = tables[0]
@@ -231,7 +233,7 @@ class TemplateRead:
             first, shape = calls[mine[0]].recycler, calls[mine[0]].shape
             largest = first.template(max(calls[i].size for i in mine), shape)
             anchors = ids_on([calls[i].anchor for i in mine], first.device)
-            tokens = read_templates([calls[i].recycler.table for i in mine], largest, anchors)
+            tokens = read_templates([calls[i].recycler.table for i in mine], largest, anchors=anchors)
             for i, row in zip(mine, tokens.unbind(0)):
                 template = first.template(calls[i].size, shape)
                 results[i] = (row if template.size == largest.size else row[: template.size], template.parents)
@@ -266,9 +268,9 @@ class TableUpdate:
             started = time.perf_counter()
             update_tables(
                 [calls[i].recycler.table for i in mine],
-                [calls[i].tokens for i in mine],
-                [calls[i].logits for i in mine],
-                [calls[i].path for i in mine],
+                tokens=[calls[i].tokens for i in mine],
+                logits=[calls[i].logits for i in mine],
+                paths=[calls[i].path for i in mine],
             )
             share = (time.perf_counter() - started) / len(mine)
             for i in mine:

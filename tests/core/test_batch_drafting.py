@@ -73,7 +73,7 @@ def test_a_batch_selection_never_keeps_a_level_a_slot_did_not_expand(tiny):
         [ExpandCall(head, embed, c, last, 3, 4, stop) for c, last, stop in zip(caches, lasts, stops)]
     )
     assert [f.levels for f in found] == [3, 0]
-    trees = select_rows(found, [1, 2], [20, 20])
+    trees = select_rows(found, roots=[1, 2], keeps=[20, 20])
     assert [t.num_nodes for t in trees] == [21, 5]
     assert torch.equal(trees[1].tokens, select(found[1], 2, 20).tokens)
     assert int(trees[1].tokens.min()) >= 0
@@ -139,7 +139,7 @@ def test_a_batchs_recycling_tables_read_and_learn_in_one_pass_what_each_does_alo
     assert joined[2].storage is joined[0].storage and [t.slot for t in joined] == [0, 1, 2]
     assert [t.rows.tolist() for t in joined] == ROWS  # joining keeps each table's rows
     template = RankTree.make([-1, 0, 0, 1, 1, 2, 3], [0, 0, 1, 0, 1, 0, 0])
-    read = read_templates(joined, template, torch.tensor([0, 2, 5]))
+    read = read_templates(joined, template, anchors=torch.tensor([0, 2, 5]))
     assert read.tolist() == [read_template(t, template, a).tolist() for t, a in zip(alone, [0, 2, 5])]
 
     tokens = [torch.tensor([3, 1, 3, 4]), torch.tensor([2, -1]), torch.tensor([5, 5, 0])]
@@ -149,7 +149,7 @@ def test_a_batchs_recycling_tables_read_and_learn_in_one_pass_what_each_does_alo
         on_path = torch.zeros(t.shape[0], dtype=torch.bool)
         on_path[path] = True
         table.update(t, block, on_path)
-    update_tables(joined, tokens, logits, paths)
+    update_tables(joined, tokens=tokens, logits=logits, paths=paths)
     assert [t.rows.tolist() for t in joined] == [t.rows.tolist() for t in alone]
 
 
@@ -164,6 +164,6 @@ def test_a_shared_table_taught_by_a_batch_keeps_the_later_slots_write():
     logits = [LOGITS[:2], LOGITS[2:3]]
     one[0].update(tokens[0], logits[0], torch.tensor([True, False]))
     one[0].update(tokens[1], logits[1], torch.tensor([False]))
-    update_tables(shared * 2, tokens, logits, [[0], []])
+    update_tables(shared * 2, tokens=tokens, logits=logits, paths=[[0], []])
     assert shared[0].rows.tolist() == one[0].rows.tolist()
     assert shared[0].rows[3].tolist() == [0, 4]
