@@ -16,7 +16,7 @@ and registers itself with `graft.registry.register("drafter", name, params)`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Generator
+from typing import Callable, Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -156,9 +156,17 @@ def drive(steps: Generator):
 
 def run_calls(calls: list) -> list:
     """Several sequences' pending calls, each kind's together (`type(call).run_all`), results in order."""
+    return run_grouped(calls, type, lambda group: type(group[0]).run_all(group))
+
+
+def run_grouped(calls: list, key: Callable, run: Callable[[list], list]) -> list:
+    """run(group) for each group of the calls with one key(call), in their first call's order; results in the
+    calls' order (a call kind's run_all: the calls that can run as one)."""
+    groups: dict = {}
+    for i, call in enumerate(calls):
+        groups.setdefault(key(call), []).append(i)
     results: list = [None] * len(calls)
-    for kind in {type(call) for call in calls}:
-        mine = [i for i, call in enumerate(calls) if type(call) is kind]
-        for i, result in zip(mine, kind.run_all([calls[i] for i in mine])):
+    for mine in groups.values():
+        for i, result in zip(mine, run([calls[i] for i in mine])):
             results[i] = result
     return results

@@ -101,6 +101,18 @@ def prefix_causal(n: int, start: int, device: torch.device | str = "cpu") -> Ten
     return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
+def prefix_tree_masks(starts: Tensor, block: Tensor, longest: int, dtype: torch.dtype) -> Tensor:
+    """Several sequences' new entries at once -> additive [sequences, n, longest + T] in `dtype`: sequence a's entry i
+    sees its starts[a] committed positions and, after them, the new entries block[a, i] [T] says (a tree's
+    ancestors, a draft's levels so far); the columns past starts[a] + T are never read."""
+    rows, n, width = block.shape
+    column = torch.arange(longest + width, device=starts.device) - starts[:, None]  # [sequences, columns]
+    seen = block.gather(2, column.clamp(0, width - 1)[:, None, :].expand(rows, n, -1))
+    allowed = seen | (column < 0)[:, None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=starts.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """bool [n, S] (True = may attend) -> additive [1, 1, n, S] in `dtype` (0 or the dtype's minimum)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)

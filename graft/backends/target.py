@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from graft.clock import PhaseClock
 from graft.kv import KVBuffer
 from graft.ops import Ops
-from graft.tree import DraftTree, Topology, TreeRows, additive_mask, prefix_causal
+from graft.tree import DraftTree, Topology, TreeRows, additive_mask, prefix_causal, prefix_tree_masks
 from graft.ops import upload
 
 
@@ -91,11 +91,7 @@ def _tree_masks(rows: TreeRows, dtype: torch.dtype, device) -> tuple[Tensor, ...
     ancestors = torch.zeros(len(sizes), widest, widest, dtype=torch.bool, device=device)
     ancestors[tree_of, node_of] = rows.ancestors.to(device)  # [trees, widest, widest]
     starts = upload(rows.cache_lens, device)
-    column = torch.arange(max(rows.cache_lens) + widest, device=device) - starts[:, None]  # [trees, columns]
-    seen = ancestors.gather(2, column.clamp(0, widest - 1)[:, None, :].expand(-1, widest, -1))
-    allowed = seen | (column < 0)[:, None, :]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unbind(0)
+    return prefix_tree_masks(starts, ancestors, max(rows.cache_lens), dtype).unbind(0)
 
 
 def tree_segment(slot: int, tree: DraftTree, topo: Topology, dtype: torch.dtype) -> Segment:

@@ -17,9 +17,10 @@ from torch import Tensor
 
 from graft.draft_models.eagle.head import DraftHead
 from graft.acceptance import joined_rows
+from graft.drafter import run_grouped
 from graft.kv import KVBuffer
 from graft.ops import ids_on, upload
-from graft.tree import Candidates, DraftTree, NodeSource, additive_mask, prefix_causal, select
+from graft.tree import Candidates, DraftTree, NodeSource, additive_mask, prefix_causal, prefix_tree_masks, select
 
 # positions the head encodes per forward when it extends over a long prompt: its masks and scores stay
 # [EXTEND_CHUNK, context] instead of [prompt, prompt] (8K prompt tokens: 8 MiB of mask, not 256 MiB)
@@ -94,17 +95,14 @@ class ExtendCall:
     def run_all(calls: list["ExtendCall"]) -> list[Tensor]:
         """Every call of one head as one forward over their rows (DraftHead.rows: causal segments, the fused
         target features projected once), where the head's engine has it; the others one by one."""
-        results: list = [None] * len(calls)
-        for head in {id(c.head): c.head for c in calls}.values():
-            mine = [i for i, c in enumerate(calls) if c.head is head]
-            group = [calls[i] for i in mine]
-            if len(mine) == 1 or not head.runs_rows([c.cache for c in group]):
-                for i in mine:
-                    results[i] = calls[i].run()
-                continue
-            for i, last in zip(mine, _extend_rows(head, group)):
-                results[i] = last
-        return results
+        return run_grouped(calls, lambda c: id(c.head), _extend_group)
+
+
+def _extend_group(calls: list[ExtendCall]) -> list[Tensor]:
+    head = calls[0].head
+    if len(calls) == 1 or not head.runs_rows([c.cache for c in calls]):
+        return [c.run() for c in calls]
+    return list(_extend_rows(head, calls))
 
 
 def _extend_rows(head: DraftHead, calls: list[ExtendCall]) -> tuple[Tensor, ...]:
@@ -148,14 +146,7 @@ class ExpandCall:
     @staticmethod
     def run_all(calls: list["ExpandCall"]) -> list[Candidates]:
         """Every call's expansion, those with one head, top_k and depth as one (expand_rows)."""
-        results: list = [None] * len(calls)
-        groups: dict = {}
-        for i, call in enumerate(calls):
-            groups.setdefault((id(call.head), call.top_k, call.depth), []).append(i)
-        for mine in groups.values():
-            for i, found in zip(mine, expand_rows([calls[i] for i in mine])):
-                results[i] = found
-        return results
+        return run_grouped(calls, lambda c: (id(c.head), c.top_k, c.depth), expand_rows)
 
 
 class CandidateRows:
@@ -237,23 +228,15 @@ class SelectCall:
 
     @staticmethod
     def run_all(calls: list["SelectCall"]) -> list[DraftTree]:
-        results: list = [None] * len(calls)
-        groups: dict = {}
-        for i, call in enumerate(calls):
-            groups.setdefault(id(call.found.rows) if call.found.rows is not None else ("alone", i), []).append(i)
-        with torch.inference_mode():
-            for mine in groups.values():
-                if len(mine) == 1:
-                    results[mine[0]] = calls[mine[0]].run()
-                    continue
-                trees = select_rows(
-                    [calls[i].found for i in mine],
-                    roots=[calls[i].root for i in mine],
-                    keeps=[calls[i].keep for i in mine],
-                )
-                for i, tree in zip(mine, trees):
-                    results[i] = tree
-        return results
+        """The calls of one batch's expansion (the same CandidateRows) as one select_rows; the others alone."""
+        return run_grouped(calls, lambda c: id(c.found.rows) if c.found.rows is not None else id(c), _select_group)
+
+
+@torch.inference_mode()
+def _select_group(calls: list[SelectCall]) -> list[DraftTree]:
+    if len(calls) == 1:
+        return [calls[0].run()]
+    return select_rows([c.found for c in calls], roots=[c.root for c in calls], keeps=[c.keep for c in calls])
 
 
 def expand(head: DraftHead, embed, cache: KVBuffer, last: Tensor, depth: int, top_k: int, *args) -> Candidates:
@@ -357,7 +340,7 @@ def _level_forward(
     if slots > 1 and head.runs_rows(caches):
         starts = upload(committed, device)  # [A]
         positions = (starts + level)[:, None].expand(slots, k).reshape(-1)
-        masks = list(_tree_masks(starts, tree_mask, max(committed)).unbind(0))
+        masks = list(prefix_tree_masks(starts, tree_mask, max(committed), torch.float32).unbind(0))
         out = head.rows(
             embeds.reshape(slots * k, -1), hidden.reshape(slots * k, -1), caches, positions, masks, [k] * slots
         )
@@ -369,13 +352,3 @@ def _level_forward(
         positions = torch.full((k,), length + level, device=device)
         outs.append(head_step(head, cache, embeds[i], hidden[i], positions, allowed, compiled=True))
     return outs[0][None] if slots == 1 else torch.stack(outs)
-
-
-def _tree_masks(starts: Tensor, tree_mask: Tensor, longest: int) -> Tensor:
-    """Additive float32 [A, k, longest + T]: slot a's node i sees the slot's committed positions (before
-    starts[a]) and after them the tree entries tree_mask[a, i] [T]; the columns past a slot's own are never read."""
-    slots, k, width = tree_mask.shape
-    column = torch.arange(longest + width, device=starts.device) - starts[:, None]  # [A, W]: after committed
-    seen = tree_mask.gather(2, column.clamp(0, width - 1)[:, None, :].expand(slots, k, -1))
-    allowed = seen | (column < 0)[:, None, :]
-    return torch.zeros(allowed.shape, device=starts.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)

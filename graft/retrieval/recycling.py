@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from graft.acceptance import joined_rows
+from graft.drafter import run_grouped
 from graft.ops import PLAIN, Ops, ids_on, upload
 from graft.tree import RankTree
 
@@ -225,19 +226,22 @@ class TemplateRead:
     def run_all(calls: list["TemplateRead"]) -> list[tuple[Tensor, Tensor]]:
         """Each call's (tokens, parents): the largest template read for every slot of a storage (a smaller
         template is a prefix of a larger one: RankTree.best_first), then each cut to its own size."""
-        results: list = [None] * len(calls)
-        for mine in _by_storage(calls, lambda c: (c.shape, c.recycler.rank_prior, c.recycler.max_depth)):
-            if len(mine) == 1:
-                results[mine[0]] = calls[mine[0]].run()
-                continue
-            first, shape = calls[mine[0]].recycler, calls[mine[0]].shape
-            largest = first.template(max(calls[i].size for i in mine), shape)
-            anchors = ids_on([calls[i].anchor for i in mine], first.device)
-            tokens = read_templates([calls[i].recycler.table for i in mine], largest, anchors=anchors)
-            for i, row in zip(mine, tokens.unbind(0)):
-                template = first.template(calls[i].size, shape)
-                results[i] = (row if template.size == largest.size else row[: template.size], template.parents)
-        return results
+        key = lambda c: (id(c.recycler.table.storage), c.shape, c.recycler.rank_prior, c.recycler.max_depth)  # noqa: E731
+        return run_grouped(calls, key, _read_group)
+
+
+def _read_group(calls: list[TemplateRead]) -> list[tuple[Tensor, Tensor]]:
+    if len(calls) == 1:
+        return [calls[0].run()]
+    first, shape = calls[0].recycler, calls[0].shape
+    largest = first.template(max(c.size for c in calls), shape)
+    anchors = ids_on([c.anchor for c in calls], first.device)
+    tokens = read_templates([c.recycler.table for c in calls], largest, anchors=anchors)
+    results = []
+    for call, row in zip(calls, tokens.unbind(0)):
+        template = first.template(call.size, shape)
+        results.append((row if template.size == largest.size else row[: template.size], template.parents))
+    return results
 
 
 @dataclass
@@ -260,27 +264,18 @@ class TableUpdate:
     @staticmethod
     @torch.inference_mode()
     def run_all(calls: list["TableUpdate"]) -> list[float]:
-        results: list = [0.0] * len(calls)
-        for mine in _by_storage(calls, lambda c: c.recycler.table.k):
-            if len(mine) == 1:
-                results[mine[0]] = calls[mine[0]].run()
-                continue
-            started = time.perf_counter()
-            update_tables(
-                [calls[i].recycler.table for i in mine],
-                tokens=[calls[i].tokens for i in mine],
-                logits=[calls[i].logits for i in mine],
-                paths=[calls[i].path for i in mine],
-            )
-            share = (time.perf_counter() - started) / len(mine)
-            for i in mine:
-                results[i] = share
-        return results
+        return run_grouped(calls, lambda c: (id(c.recycler.table.storage), c.recycler.table.k), _update_group)
 
 
-def _by_storage(calls: list, key) -> list[list[int]]:
-    """The calls' positions grouped by their tables' storage and `key(call)`, in order."""
-    groups: dict = {}
-    for i, call in enumerate(calls):
-        groups.setdefault((id(call.recycler.table.storage), key(call)), []).append(i)
-    return list(groups.values())
+def _update_group(calls: list[TableUpdate]) -> list[float]:
+    """The group's updates in one update_tables; each call's share of its seconds."""
+    if len(calls) == 1:
+        return [calls[0].run()]
+    started = time.perf_counter()
+    update_tables(
+        [c.recycler.table for c in calls],
+        tokens=[c.tokens for c in calls],
+        logits=[c.logits for c in calls],
+        paths=[c.path for c in calls],
+    )
+    return [(time.perf_counter() - started) / len(calls)] * len(calls)
