@@ -17,8 +17,9 @@ class KVBuffer:
     """Keys and values [batch, kv_heads, capacity, head_dim] and how many positions are filled.
     Allocated on the first append, when the shapes are known."""
 
-    def __init__(self, capacity: int, static: bool = False):
+    def __init__(self, capacity: int, static: bool = False, dtype: torch.dtype | None = None):
         self.capacity = capacity
+        self.dtype = dtype  # the stored keys' and values' dtype; None: the first append's
         self.length = 0
         self.static = static
         self.keys: Tensor | None = None
@@ -31,8 +32,8 @@ class KVBuffer:
         b, h, _, d = k.shape
         # a static buffer's unfilled slots are read (then masked): zeros, never stale NaN bit patterns
         new = torch.zeros if self.static else torch.empty
-        self.keys = new(b, h, self.capacity, d, dtype=k.dtype, device=k.device)
-        self.values = new(b, h, self.capacity, v.shape[-1], dtype=v.dtype, device=v.device)
+        self.keys = new(b, h, self.capacity, d, dtype=self.dtype or k.dtype, device=k.device)
+        self.values = new(b, h, self.capacity, v.shape[-1], dtype=self.dtype or v.dtype, device=v.device)
         if self.static:
             self._offsets = torch.arange(self.capacity, device=k.device)
             if self.write_at is None:

@@ -37,12 +37,15 @@ def compose(overrides: list[str]) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def load_tiny(name: str):
-    """A tiny random model; `name:path` selects a fast path (default: transformers' own forward)."""
+    """A tiny random model; `name:path` selects a fast path (default: transformers' own forward), `name:path:dtype`
+    its cache's dtype too."""
     from graft.config.experiment import validate
     from graft.load.models import load_model
 
     name, _, fast_path = name.partition(":")
-    cfg = validate(compose([f"model={name}", "logger=none", f"hardware.fast_path={fast_path or 'none'}"]))
+    fast_path, _, cache = fast_path.partition(":")
+    chosen = [f"hardware.fast_path={fast_path or 'none'}", f"hardware.cache_dtype={cache or 'auto'}"]
+    cfg = validate(compose([f"model={name}", "logger=none", *chosen]))
     model = load_model(cfg.model, cfg.hardware, progress=False)
     torch.set_flush_denormal(True)  # again: loading may reset the floating-point mode
     return model

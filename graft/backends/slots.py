@@ -24,11 +24,12 @@ class SlotCaches:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (slots, kv_heads, capacity, head_dim)
         self.capacity = capacity
-        self.keys = [torch.zeros(shape, dtype=target.dtype, device=target.device) for _ in range(target.num_layers)]
-        self.values = [torch.zeros(shape, dtype=target.dtype, device=target.device) for _ in range(target.num_layers)]
+        dtype = target.cache_dtype
+        self.keys = [torch.zeros(shape, dtype=dtype, device=target.device) for _ in range(target.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=target.device) for _ in range(target.num_layers)]
         self.slot: list[PositionalKVCache] = []
         for b in range(slots):
-            cache = PositionalKVCache(target.num_layers, capacity, ops=ops)
+            cache = PositionalKVCache(target.num_layers, capacity, ops=ops, dtype=dtype)
             for layer, keys, values in zip(cache.layers, self.keys, self.values):
                 layer.keys, layer.values = keys[b : b + 1], values[b : b + 1]  # views: writes land in the storage
                 layer.growable, layer.is_initialized, layer.device = False, True, keys.device

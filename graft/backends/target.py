@@ -108,9 +108,9 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, capacity: int, static: bool = False):
+    def __init__(self, capacity: int, static: bool = False, dtype: torch.dtype | None = None):
         CacheLayerMixin.__init__(self)
-        KVBuffer.__init__(self, capacity, static)
+        KVBuffer.__init__(self, capacity, static, dtype)
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self._allocate(key_states, value_states)
@@ -140,8 +140,8 @@ class PositionalKVLayer(KVBuffer, CacheLayerMixin):
 
 
 class PositionalKVCache(Cache):
-    def __init__(self, num_layers: int, capacity: int, static: bool = False, ops: Ops | None = None):
-        super().__init__(layers=[PositionalKVLayer(capacity, static) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, *, static: bool = False, ops: Ops | None = None, dtype=None):
+        super().__init__(layers=[PositionalKVLayer(capacity, static, dtype) for _ in range(num_layers)])
         self.static = static
         self.ops = ops or Ops()
 
@@ -277,6 +277,7 @@ class TargetBackend(ABC):
         self.device = self._lm_head.weight.device
         self._drafting_table: Tensor | None = None  # sharded: the embeddings on `device` (drafting_embeddings)
         self.dtype = self._lm_head.weight.dtype
+        self.cache_dtype = self.dtype  # the key/value cache's (hardware.cache_dtype; the CPU engine may narrow it)
         self.cache: PositionalKVCache | None = None
         # how the decode loop times its phases (graft/clock.py, hardware.timing): "host", "events" or "sync"
         self.timing = "host"
@@ -347,7 +348,7 @@ class TargetBackend(ABC):
         the same buffers)."""
         static = self.compile_mode is not None
         if not static:
-            self.cache = PositionalKVCache(self.num_layers, capacity, ops=self.ops)
+            self.cache = PositionalKVCache(self.num_layers, capacity, ops=self.ops, dtype=self.cache_dtype)
             return
         capacity = capacity_bucket(capacity + self.spare_nodes)
         if self.cache is not None and self.cache.static and self.cache.capacity == capacity:

@@ -157,6 +157,9 @@ class HardwareConfig:
     # graft/cpu/products.py; packed_bf16: packed with every product's weights rounded to bfloat16 (activations, norms,
     # attention and the cache stay float32, so the native layer loop runs; AMX tiles where the CPU has them)
     fast_path: Literal["none", "transposed", "packed", "packed_bf16", "bf16"] = "none"
+    # the target's key/value cache on a fast path: auto keeps the dtype its activations run in; bfloat16 halves the
+    # bytes a step's attention streams (at many sequences more than the weights), the baseline included
+    cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # the fp32 packed path's one-row product (a decode step): x @ W_t or oneDNN; auto measures both at load
     one_row_kernel: Literal["auto", "transposed", "packed"] = "auto"
     # the lean forward's layer loop in C++ (graft/cpu/native) for forwards of a few rows: auto uses it where it
@@ -212,6 +215,13 @@ class HardwareConfig:
             "hardware.compile",
             self.compile,
             "off with a fast path (hardware.fast_path=" + str(self.fast_path) + "); compile runs transformers' forward",
+        )
+        require(
+            self.cache_dtype == "auto" or self.fast_path != "none",
+            "hardware.cache_dtype",
+            self.cache_dtype,
+            "auto with hardware.fast_path=none (transformers' forward keeps its cache in the model's dtype); "
+            "float32 or bfloat16 on a fast path (packed, packed_bf16, transposed, bf16)",
         )
         require(self.tree_bucket >= 0, "hardware.tree_bucket", self.tree_bucket, "0 (off) or an integer >= 1")
         require(

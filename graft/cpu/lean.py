@@ -245,10 +245,10 @@ class LeanForward:
                 if mask is not None:  # [n, >= end] or [1, 1, n, end]: the columns this segment reads
                     mask = mask.reshape(1, 1, *mask.shape[-2:])[..., :end]
                 keys[slot, :, start:end], values[slot, :, start:end] = k[0, :, lo:hi], v[0, :, lo:hi]
+                seen_keys, seen_values = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
                 out, _ = grouped_sdpa(
-                    None, q[:, :, lo:hi], keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], mask,
-                    scaling=self.scaling,
-                )  # fmt: skip
+                    None, q[:, :, lo:hi], seen_keys.to(q.dtype), seen_values.to(q.dtype), mask, scaling=self.scaling
+                )  # a bfloat16 cache (hardware.cache_dtype) read widened, as the native kernels read it
                 merged.append(out)
             return torch.cat(merged, dim=1)
 
@@ -278,8 +278,8 @@ class LeanForward:
         """The layer loop in Python: x [1, n, hidden] in, out; cos, sin [1, 1, n, head_dim]."""
 
         def attend(index: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            k, v = cache.update(k, v, index)
-            return grouped_sdpa(None, q, k, v, mask, scaling=self.scaling, mask_tiled=True)[0]
+            k, v = cache.update(k, v, index)  # a bfloat16 cache (hardware.cache_dtype) read widened
+            return grouped_sdpa(None, q, k.to(q.dtype), v.to(q.dtype), mask, scaling=self.scaling, mask_tiled=True)[0]
 
         return self._python_loop(x, cos, sin, taps, captured, attend)
 

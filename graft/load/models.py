@@ -237,6 +237,8 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
             )
         except ValueError as err:
             raise ConfigError(str(err)) from err
+        if hardware.cache_dtype != "auto":
+            target.cache_dtype = getattr(torch, hardware.cache_dtype)
     if cfg.max_context:
         target.max_context = cfg.max_context
     target.prefill_chunk = hardware.prefill_chunk
@@ -250,6 +252,28 @@ def load_model(cfg: ModelConfig, hardware: HardwareConfig, progress: bool = True
     stop_ids = _stop_ids(model, tokenizer, cfg.stop_tokens)
     chat = ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)
     return LoadedModel(target=target, chat=chat, stop_ids=stop_ids, source=source)
+
+
+def load_chat(cfg: ModelConfig, progress: bool = False) -> tuple[ChatFormatter, str, set[int]]:
+    """The model's chat formatting, where its weights live and its stop ids, without loading the weights: what a
+    peer engine (graft/peers) needs to decode the same prompts as this harness."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    if cfg.source == "random":
+        raise ConfigError(
+            f"model={cfg.name} has random weights, built in this process; a peer engine needs a checkpoint"
+        )
+    path = str(ensure_smollm2(progress=progress)) if cfg.source == "embedded" else os.path.expanduser(cfg.path or "")
+    if not path:
+        raise ConfigError(f"model '{cfg.name}' has no model.path (a Hub id or a local directory)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:  # a checkpoint without generation_config.json: the tokenizer's end token alone
+        generation = None
+    holder = type("Holder", (), {"generation_config": generation})()
+    stop_ids = _stop_ids(holder, tokenizer, cfg.stop_tokens)
+    return ChatFormatter(tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt), path, stop_ids
 
 
 def use_attention(model, name: str) -> None:

@@ -299,6 +299,14 @@ def gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:,.1f} GB" if num_bytes >= 0.1 * GB else f"{num_bytes / 1e6:,.1f} MB"
 
 
+def kv_cache_dtype(hardware, *, run_dtype: str, loaded: str) -> str:
+    """The target's key/value cache dtype: hardware.cache_dtype, or under auto the activations' (packed_bf16
+    multiplies in bfloat16 but keeps the loaded dtype's activations and cache)."""
+    if hardware.cache_dtype != "auto":
+        return hardware.cache_dtype
+    return loaded if hardware.fast_path == "packed_bf16" else run_dtype
+
+
 def load_dtype(model_dtype: str, device_type: str) -> str:
     """graft/load/models._dtype: `auto` is float32 on the CPU and bfloat16 on a GPU."""
     if model_dtype == "auto":
@@ -455,10 +463,10 @@ def plan_memory(cfg: ExperimentConfig, device_type: str, batch_size: int | None 
     shape, shape_source = model_shape(model)
     if shape is None:
         return MemoryPlan(shape=None, shape_source=shape_source, **common)
-    dtype, copies, layouts_note = fast_path_layout(
-        cfg.hardware.fast_path, load_dtype(model.dtype, device_type), device_type, cfg.hardware
-    )
+    loaded = load_dtype(model.dtype, device_type)
+    dtype, copies, layouts_note = fast_path_layout(cfg.hardware.fast_path, loaded, device_type, cfg.hardware)
     dtype_bytes = DTYPE_BYTES[dtype]
+    cache_bytes = DTYPE_BYTES[kv_cache_dtype(cfg.hardware, run_dtype=dtype, loaded=loaded)]
     methods = [m.flat() for m in cfg.compared]
     tree_nodes = max((m.get("total_tokens", 1) for m in methods), default=1)  # the baseline verifies 1
     tokens, tokens_note = planned_tokens(cfg, shape, tree_nodes)
@@ -488,7 +496,7 @@ def plan_memory(cfg: ExperimentConfig, device_type: str, batch_size: int | None 
         output_weights=output_params(shape) * dtype_bytes,
         weight_layouts=copies * dense_linear_params(shape) * dtype_bytes,
         weight_layouts_note=layouts_note,
-        kv_cache=kv_bytes_per_token(shape, dtype_bytes) * tokens * batch,
+        kv_cache=kv_bytes_per_token(shape, cache_bytes) * tokens * batch,
         kv_tokens=tokens,
         kv_tokens_note=tokens_note,
         tree_logits=batch * tree_nodes * shape.vocab_size * 4,

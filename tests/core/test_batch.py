@@ -47,9 +47,12 @@ def run_batch(target, method: str, prompts, batch: int, max_new: int = MAX_NEW, 
 TIMED = {"graft_auto", "eagle3_auto"}
 
 
-# ":packed": the CPU engine, whose batch is ragged segments of one forward; else the transformers forward, padded rows
+# ":packed": the CPU engine, whose batch is ragged segments of one forward; else the transformers forward, padded
+# rows; ":bfloat16": the engine's cache in bfloat16 (hardware.cache_dtype)
 @pytest.mark.parametrize("batch", [4, 8])
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3", "tiny_llama:packed", "tiny_qwen3:packed"])
+@pytest.mark.parametrize(
+    "name", ["tiny_llama", "tiny_qwen3", "tiny_llama:packed", "tiny_qwen3:packed", "tiny_qwen3:packed:bfloat16"]
+)
 def test_every_method_in_a_batch_decodes_what_it_decodes_alone(tiny, name, batch):
     target = tiny(name).target
     prompts = _prompts(target.vocab_size)

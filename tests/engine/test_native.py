@@ -89,6 +89,26 @@ def test_the_native_loop_matches_the_python_loop(name, one_row, products, head_d
 
 
 @needs_compiler
+@pytest.mark.parametrize("name,head_dim", [("tiny_llama", None), ("tiny_qwen3", 64)])
+def test_a_bfloat16_cache_holds_bfloat16_rows_that_the_native_loop_reads_as_the_python_loop(name, head_dim):
+    sizes = [f"model.arch_config.head_dim={head_dim}"] if head_dim else []
+    narrow = "hardware.cache_dtype=bfloat16"
+    got = _session(_target(name, "hardware.native=on", narrow, *sizes))
+    expected = _session(_target(name, "hardware.native=off", narrow, *sizes))
+    wide = _session(_target(name, "hardware.native=on", *sizes))
+    assert {t.dtype for t in got["keys"] + got["values"] + expected["keys"]} == {torch.bfloat16}
+    assert wide["keys"][0].dtype == torch.float32
+    for key in ("keys", "values"):  # each loop rounds its own rotated float32 keys: one last bit may differ
+        for a, b in zip(got[key], expected[key], strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=8e-3, atol=1e-3)
+    for key in ("logits", "hidden"):
+        for a, b in zip(got[key], expected[key], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    # negative control: the narrow cache is what the forward read (a float32 cache gives other logits)
+    assert max((a - b).abs().max().item() for a, b in zip(got["logits"], wide["logits"])) > 2e-3
+
+
+@needs_compiler
 def test_native_on_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError, match=r"hardware.native=on, but it runs dense MLPs only"):
         _target("tiny_qwen3_moe", "hardware.native=on")

@@ -167,20 +167,24 @@ def _session(target) -> list:
 
 
 @functools.cache
-def _python_loop(name: str, head_dim: int | None) -> list:
+def _python_loop(name: str, head_dim: int | None, cache: str) -> list:
     sizes = [f"model.arch_config.head_dim={head_dim}"] if head_dim else []
-    return _session(_target("generic", name, "hardware.native=off", *sizes))
+    return _session(_target("generic", name, "hardware.native=off", f"hardware.cache_dtype={cache}", *sizes))
 
 
-# tiny_qwen3 with head_dim 64: Qwen3's q/k norm and a few-row attention of several vectors a head
+# tiny_qwen3 with head_dim 64: Qwen3's q/k norm and a few-row attention of several vectors a head; a bfloat16 cache
+# (rows rounded where the native loop and the Python loop each write them: a key may differ by one last bit)
+@pytest.mark.parametrize("cache", ["float32", "bfloat16"])
 @pytest.mark.parametrize("variant", RUNNABLE)
-def test_the_layer_loop_of_each_variant_matches_the_python_loop_and_decodes_as_it_verifies(variant):
+def test_the_layer_loop_of_each_variant_matches_the_python_loop_and_decodes_as_it_verifies(variant, cache):
     products = "panel" if variant in VECTOR else "onednn"
     target = _target(variant, "tiny_qwen3", "hardware.native=on", f"hardware.product_kernel={products}",
-                     "model.arch_config.head_dim=64")  # fmt: skip
+                     "model.arch_config.head_dim=64", f"hardware.cache_dtype={cache}")  # fmt: skip
     assert target.native is native.load(variant) and variant in target.kernels["native_reason"]
-    for got, expected in zip(_session(target), _python_loop("tiny_qwen3", 64), strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    close = 1e-5 if cache == "float32" else 1e-3
+    for got, expected in zip(_session(target), _python_loop("tiny_qwen3", 64, cache), strict=True):
+        torch.testing.assert_close(got, expected, rtol=close, atol=close)
+    assert target.cache.layers[0].keys.dtype == getattr(torch, cache)
     if products != "panel":
         return  # oneDNN's sums depend on the row count: decode and verification agree up to float ties
     prompt = [30 + i % 40 for i in range(40)]

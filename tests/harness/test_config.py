@@ -120,6 +120,11 @@ def test_hydra_errors_become_one_line():
         (lambda c: c["run"].update(extra=1), ["unknown key 'extra' in run", "max_new_tokens"]),
         (lambda c: c["method"].update(num_pred_tokens=0), ["num_pred_tokens must be >= 1"]),
         (lambda c: c["logger"].update(mode="sometimes"), ["logger.mode='sometimes'", "offline"]),
+        (
+            lambda c: c["hardware"].update(fast_path="none", cache_dtype="bfloat16"),
+            ["hardware.cache_dtype='bfloat16'", "auto with hardware.fast_path=none", "packed_bf16"],
+        ),
+        (lambda c: c["hardware"].update(cache_dtype="fp8"), ["hardware.cache_dtype='fp8'", "bfloat16"]),
     ],
 )
 def test_bad_values_in_a_composed_config(mutate, needles):

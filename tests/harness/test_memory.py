@@ -154,6 +154,25 @@ def test_the_cpu_fast_path_counts_its_weight_layouts():
     assert plan.tree_nodes == 1 and plan.draft_head == 0  # the baseline alone: no tree, no head
 
 
+def test_the_kv_cache_is_counted_in_its_own_dtype():
+    """packed_bf16 multiplies in bfloat16 but keeps a float32 cache; hardware.cache_dtype=bfloat16 halves it."""
+    kv = {
+        cache: plan_memory(
+            config(
+                "model=smollm2_135m",
+                "method=ar",
+                "hardware=cpu",
+                "hardware.fast_path=packed_bf16",
+                f"hardware.cache_dtype={cache}",
+            ),
+            "cpu",
+        ).kv_cache  # fmt: skip
+        for cache in ("auto", "float32", "bfloat16")
+    }
+    per_token = 2 * 30 * 3 * 64  # keys and values, 30 layers, 3 key/value heads of 64
+    assert kv["auto"] == kv["float32"] == 2 * kv["bfloat16"] and kv["bfloat16"] % (per_token * 2) == 0
+
+
 # packed: oneDNN's copy and the small-row one the load-time measurements kept (W_t or the panels), and W_t for one
 # row beside the panels where it measured faster there: the plan counts the three
 @pytest.mark.parametrize(

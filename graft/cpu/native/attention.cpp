@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
+#include "cache_values.h"
 #include "native.h"
 #include "vector_math.h"
 
@@ -41,39 +43,64 @@ inline void norm_rotate(const float* x, const float* norm_weight, const float* c
 }  // namespace
 
 // q/k of n rows (optionally normed per head) rotated into `q` [heads, n, d] and the cache's rows start.. of
-// k_cache / v_cache [kv_heads, capacity, d]; values copied there. qkv_rows [n, (heads + 2 kv_heads) * d].
+// k_cache / v_cache [kv_heads, capacity, d] (float32 or bfloat16, C); values copied there.
+// qkv_rows [n, (heads + 2 kv_heads) * d].
+template <typename C>
 void place_rows(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, const float* norm,
-                const float* cos, const float* sin, float* q, float* k_cache, float* v_cache, int64_t capacity,
-                int64_t start, float eps) {
+                const float* cos, const float* sin, float* q, C* k_cache, C* v_cache, int64_t capacity, int64_t start,
+                float eps) {
   const int64_t qk_heads = heads + kv_heads, row_width = (heads + 2 * kv_heads) * d;
-  std::vector<float> scratch(d);
+  std::vector<float> scratch(d), rotated(d);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = qkv_rows + i * row_width;
     for (int64_t j = 0; j < qk_heads; ++j) {
-      float* out = j < heads ? q + (j * n + i) * d : k_cache + ((j - heads) * capacity + start + i) * d;
-      norm_rotate(row + j * d, norm ? norm + j * d : nullptr, cos + i * d, sin + i * d, out, d, eps, scratch.data());
+      const float* head_norm = norm ? norm + j * d : nullptr;
+      if (j < heads) {
+        norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, q + (j * n + i) * d, d, eps, scratch.data());
+        continue;
+      }
+      norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, rotated.data(), d, eps, scratch.data());
+      store_row(rotated.data(), k_cache + ((j - heads) * capacity + start + i) * d, d);
     }
-    for (int64_t j = 0; j < kv_heads; ++j) std::copy_n(row + (qk_heads + j) * d, d, v_cache + (j * capacity + start + i) * d);
+    for (int64_t j = 0; j < kv_heads; ++j) store_row(row + (qk_heads + j) * d, v_cache + (j * capacity + start + i) * d, d);
   }
 }
 
 // attend()'s few-row path on raw buffers, for callers that lay out many sequences' rows themselves (layers.cpp:
 // attend_segments), so that a segment costs no tensor of its own: rows placed (place_rows, `q` [heads, n, d]
-// scratch) and attended into out [n, heads * d]; mask [n, mask_stride] or null (causal). False, touching nothing,
-// where this build or head size has no few-row kernel: the caller then runs attend().
+// scratch) and attended into out [n, heads * d]; mask [n, mask_stride] or null (causal); the cache's values
+// float32, or bfloat16 where `bfloat16_cache`. False, touching nothing, where this build or head size has no
+// few-row kernel: the caller then runs attend().
 bool attend_raw(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, const float* norm,
-                const float* cos, const float* sin, float* k_cache, float* v_cache, int64_t capacity, int64_t start,
-                const float* mask, int64_t mask_stride, float scaling, float eps, float* q, float* out) {
+                const float* cos, const float* sin, void* k_cache, void* v_cache, bool bfloat16_cache,
+                int64_t capacity, int64_t start, const float* mask, int64_t mask_stride, float scaling, float eps,
+                float* q, float* out) {
 #if defined(GRAFT_VECTORS)
-  auto few_rows = d == 16 ? few_row_attention<16 / kLanes> : d == 32 ? few_row_attention<32 / kLanes>
-                : d == 64 ? few_row_attention<64 / kLanes> : d == 128 ? few_row_attention<128 / kLanes> : nullptr;
-  if (few_rows == nullptr) return false;
-  place_rows(qkv_rows, n, heads, kv_heads, d, norm, cos, sin, q, k_cache, v_cache, capacity, start, eps);
-  few_rows(q, k_cache, v_cache, capacity, n, start, heads, kv_heads, mask, mask_stride, scaling, out);
+  if (d != 16 && d != 32 && d != 64 && d != 128) return false;
+  const auto run = [&](auto* keys, auto* values) {
+    using C = std::remove_pointer_t<decltype(keys)>;
+    auto few_rows = d == 16 ? few_row_attention<16 / kLanes, C> : d == 32 ? few_row_attention<32 / kLanes, C>
+                  : d == 64 ? few_row_attention<64 / kLanes, C> : few_row_attention<128 / kLanes, C>;
+    place_rows(qkv_rows, n, heads, kv_heads, d, norm, cos, sin, q, keys, values, capacity, start, eps);
+    few_rows(q, keys, values, capacity, n, start, heads, kv_heads, mask, mask_stride, scaling, out);
+  };
+  if (bfloat16_cache)
+    run(static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache));
+  else
+    run(static_cast<float*>(k_cache), static_cast<float*>(v_cache));
   return true;
 #else
   return false;
 #endif
+}
+
+// A cache's keys and values as the kernels take them: contiguous, float32 or bfloat16, both the same.
+bool bfloat16_cache(const at::Tensor& keys, const at::Tensor& values) {
+  const auto type = keys.scalar_type();
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && values.scalar_type() == type &&
+                  (type == at::kFloat || type == at::kBFloat16),
+              "contiguous float32 or bfloat16 cache keys and values, both the same");
+  return type == at::kBFloat16;
 }
 
 // Attention over the cache for n new rows: q/k (optionally normed per head) rotated, keys and values written
@@ -85,26 +112,29 @@ at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_
                   const float* cos, const float* sin, const at::Tensor& keys, const at::Tensor& values, int64_t start,
                   const at::Tensor& mask, double scaling, float eps) {
   const int64_t n = qkv.size(0), groups = heads / kv_heads, capacity = keys.size(2);
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
-                  values.scalar_type() == at::kFloat,
-              "contiguous float32 cache keys and values");
+  const bool narrow_cache = bfloat16_cache(keys, values);
   TORCH_CHECK(start + n <= capacity, "the cache holds ", capacity, " positions, not ", start + n);
   at::Tensor query = at::empty({1, heads, n, d}, qkv.options());  // [1, heads, n, head_dim]
   const float* norm = present(qk_norm) ? qk_norm.data_ptr<float>() : nullptr;
-  float* k_cache = keys.data_ptr<float>();  // [1, kv_heads, capacity, head_dim]
-  float* v_cache = values.data_ptr<float>();
+  void* k_cache = keys.data_ptr();  // [1, kv_heads, capacity, head_dim]
+  void* v_cache = values.data_ptr();
   if (!present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat)) {
     at::Tensor merged = at::empty({n, heads * d}, qkv.options());  // [n, heads * head_dim]
     const float* rows_mask = present(mask) ? mask.data_ptr<float>() : nullptr;  // its first tile: rows 0..n-1
     const int64_t stride = present(mask) ? mask.size(-1) : 0;
-    if (attend_raw(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, k_cache, v_cache, capacity, start,
-                   rows_mask, stride, static_cast<float>(scaling), eps, query.data_ptr<float>(),
+    if (attend_raw(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, k_cache, v_cache, narrow_cache,
+                   capacity, start, rows_mask, stride, static_cast<float>(scaling), eps, query.data_ptr<float>(),
                    merged.data_ptr<float>()))
       return merged;
   }
-  place_rows(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, query.data_ptr<float>(), k_cache, v_cache,
-             capacity, start, eps);
-  at::Tensor k = keys.narrow(2, 0, start + n), v = values.narrow(2, 0, start + n);
+  if (narrow_cache)
+    place_rows(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, query.data_ptr<float>(),
+               static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), capacity, start, eps);
+  else
+    place_rows(qkv.data_ptr<float>(), n, heads, kv_heads, d, norm, cos, sin, query.data_ptr<float>(),
+               static_cast<float*>(k_cache), static_cast<float*>(v_cache), capacity, start, eps);
+  // SDPA reads one dtype: a bfloat16 cache's visible rows widened (this path serves other head sizes only)
+  at::Tensor k = keys.narrow(2, 0, start + n).to(at::kFloat), v = values.narrow(2, 0, start + n).to(at::kFloat);
   at::Tensor attended;  // [1, heads, n, head_dim]
   if (present(mask)) {  // query heads sharing a key/value head folded into the query axis: the cache read in place
     // the folded axis needs the mask tiled once a group (a caller may pass it tiled, or n rows as the few-row path reads it)

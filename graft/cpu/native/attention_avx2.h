@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache_values.h"
 #include "vector_math.h"
 
 namespace graft {
@@ -30,8 +31,8 @@ inline __m256i compress_order(int bits) {
 // Scores of 4 keys (rows of `key`, head_dim 8 V apart; those from `live` on are 0) for query q0 and, with Pair,
 // q1: each key vector loaded once for both. A key's score is its lanes' products summed in one tree,
 // ((0+1)+(2+3)) + ((4+5)+(6+7)), whether or not the query is paired.
-template <int V, bool Pair>
-inline void four_key_scores(const float* q0, const float* q1, const float* key, int live, __m128* sums4) {
+template <int V, bool Pair, typename C>
+inline void four_key_scores(const float* q0, const float* q1, const C* key, int live, __m128* sums4) {
   constexpr int64_t d = 8 * V;
   __m256 products[2][4];
   for (int j = 0; j < 4; ++j) products[0][j] = products[1][j] = _mm256_setzero_ps();
@@ -40,7 +41,7 @@ inline void four_key_scores(const float* q0, const float* q1, const float* key, 
     const __m256 b = Pair ? _mm256_loadu_ps(q1 + 8 * v) : a;
     for (int j = 0; j < 4; ++j) {  // a fixed bound with a break: the accumulators stay in registers
       if (j >= live) break;
-      const __m256 k = _mm256_loadu_ps(key + j * d + 8 * v);
+      const __m256 k = load_lanes(key + j * d + 8 * v);
       products[0][j] = v == 0 ? _mm256_mul_ps(a, k) : _mm256_fmadd_ps(a, k, products[0][j]);
       if constexpr (Pair) products[1][j] = v == 0 ? _mm256_mul_ps(b, k) : _mm256_fmadd_ps(b, k, products[1][j]);
     }
@@ -56,27 +57,28 @@ inline void four_key_scores(const float* q0, const float* q1, const float* key, 
 // Weighted values of one block of keys [b0, b1) for R queries (weights[r][s]; a padded query's are 0) and C vectors
 // from column vector c0, added to their running sums (row r of `partial`, head_dim 8 V apart): each value vector
 // loaded once for the R queries; each accumulator adds its terms in key order.
-template <int V, int R, int C>
-inline void weighted_values(const float* const* weights, const float* v_head, int c0, int64_t b0, int64_t b1,
+template <int V, int R, int C, typename T>
+inline void weighted_values(const float* const* weights, const T* v_head, int c0, int64_t b0, int64_t b1,
                             float* partial) {
   constexpr int64_t d = 8 * V;
   __m256 a[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) a[r][c] = _mm256_loadu_ps(partial + r * d + 8 * (c0 + c));
   for (int64_t s = b0; s < b1; ++s) {
-    const float* value = v_head + s * d + 8 * c0;
+    const T* value = v_head + s * d + 8 * c0;
     for (int r = 0; r < R; ++r) {
       const __m256 w = _mm256_broadcast_ss(weights[r] + s);
-      for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * c), a[r][c]);
+      for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(w, load_lanes(value + 8 * c), a[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(partial + r * d + 8 * (c0 + c), a[r][c]);
 }
 
-// As the AVX-512F few_row_attention, for head_dim = 8 V; same arguments, same guarantees.
-template <int V>
-void few_row_attention(const float* query, const float* keys, const float* values, int64_t capacity, int64_t n,
+// As the AVX-512F few_row_attention, for head_dim = 8 V; same arguments (a float32 or bfloat16 cache, T), same
+// guarantees.
+template <int V, typename T>
+void few_row_attention(const float* query, const T* keys, const T* values, int64_t capacity, int64_t n,
                        int64_t start, int64_t heads, int64_t kv_heads, const float* mask, int64_t mask_stride,
                        float scaling, float* out) {
   constexpr int64_t d = 8 * V;
@@ -90,8 +92,8 @@ void few_row_attention(const float* query, const float* keys, const float* value
     for (int64_t item = first; item < last; ++item) {
       const int64_t g = item / parts, lo = (item % parts) * per_part, hi = std::min(queries, lo + per_part);
       if (lo >= hi) continue;
-      const float* k_head = keys + g * capacity * d;
-      const float* v_head = values + g * capacity * d;
+      const T* k_head = keys + g * capacity * d;
+      const T* v_head = values + g * capacity * d;
       auto row_of = [&](int64_t f) { return f % n; };
       auto head_of = [&](int64_t f) { return g * groups + f / n; };
       auto visible_of = [&](int64_t f) { return mask != nullptr ? total : start + row_of(f) + 1; };
@@ -113,10 +115,10 @@ void few_row_attention(const float* query, const float* keys, const float* value
           __m256 score[2];
           for (int half = 0; half < 2; ++half) {  // keys s0 + 4 half .. + 3
             const int live = static_cast<int>(std::clamp<int64_t>(count - 4 * half, 0, 4));
-            const float* key = k_head + (s0 + 4 * half) * d;
+            const T* key = k_head + (s0 + 4 * half) * d;
             __m128 sums4[2];
-            if (pair) four_key_scores<V, true>(q0, q1, key, live, sums4);
-            else four_key_scores<V, false>(q0, q1, key, live, sums4);
+            if (pair) four_key_scores<V, true, T>(q0, q1, key, live, sums4);
+            else four_key_scores<V, false, T>(q0, q1, key, live, sums4);
             for (int p = 0; p < 2; ++p)
               score[p] = half == 0 ? _mm256_castps128_ps256(sums4[p]) : _mm256_insertf128_ps(score[p], sums4[p], 1);
           }
@@ -189,9 +191,9 @@ void few_row_attention(const float* query, const float* keys, const float* value
           float* rows = partial.data() + (f0 - lo) * d;
           if (b0 < b1) {
             if (group == R)
-              for (int c0 = 0; c0 < V; c0 += C) weighted_values<V, R, C>(weights, v_head, c0, b0, b1, rows);
+              for (int c0 = 0; c0 < V; c0 += C) weighted_values<V, R, C, T>(weights, v_head, c0, b0, b1, rows);
             else
-              for (int c0 = 0; c0 < V; c0 += C1) weighted_values<V, 1, C1>(weights, v_head, c0, b0, b1, rows);
+              for (int c0 = 0; c0 < V; c0 += C1) weighted_values<V, 1, C1, T>(weights, v_head, c0, b0, b1, rows);
           }
           f0 += group;
         }

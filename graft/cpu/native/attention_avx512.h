@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache_values.h"
 #include "vector_math.h"
 
 namespace graft {
@@ -40,9 +41,9 @@ inline __m512 sum_lanes16(const __m512* products) {
 // key (mask row i added, or causal from `start`), softmax, weighted sum of values. A query's result does not
 // depend on the other queries or on masked positions (their weights are exactly 0, and the sums run over the
 // kept keys in key order), so a token's attention is the same bits in a decode step and in a verification.
-// query [heads, n, d]; keys, values [kv_heads, capacity, d]; mask [n, mask_stride] or null; out [n, heads * d].
-template <int V>
-void few_row_attention(const float* query, const float* keys, const float* values, int64_t capacity, int64_t n,
+// query [heads, n, d]; keys, values [kv_heads, capacity, d] of float32 or bfloat16 (C); mask [n, mask_stride] or null; out [n, heads * d].
+template <int V, typename C>
+void few_row_attention(const float* query, const C* keys, const C* values, int64_t capacity, int64_t n,
                        int64_t start, int64_t heads, int64_t kv_heads, const float* mask, int64_t mask_stride,
                        float scaling, float* out) {
   constexpr int64_t d = 16 * V;
@@ -56,8 +57,8 @@ void few_row_attention(const float* query, const float* keys, const float* value
     for (int64_t item = first; item < last; ++item) {
       const int64_t g = item / parts, lo = (item % parts) * per_part, hi = std::min(queries, lo + per_part);
       if (lo >= hi) continue;
-      const float* k_head = keys + g * capacity * d;
-      const float* v_head = values + g * capacity * d;
+      const C* k_head = keys + g * capacity * d;
+      const C* v_head = values + g * capacity * d;
       // folded query f = member * n + row: head g * groups + member, row i
       auto row_of = [&](int64_t f) { return f % n; };
       auto head_of = [&](int64_t f) { return g * groups + f / n; };
@@ -76,9 +77,9 @@ void few_row_attention(const float* query, const float* keys, const float* value
           for (int j = 0; j < 16; ++j) {
             products[j] = _mm512_setzero_ps();
             if (j >= count) continue;
-            const float* key = k_head + (s0 + j) * d;
-            products[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-            for (int v = 1; v < V; ++v) products[j] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(key + 16 * v), products[j]);
+            const C* key = k_head + (s0 + j) * d;
+            products[j] = _mm512_mul_ps(qv[0], load_lanes(key));
+            for (int v = 1; v < V; ++v) products[j] = _mm512_fmadd_ps(qv[v], load_lanes(key + 16 * v), products[j]);
           }
           __m512 score = sum_lanes16(products);
           if (mask != nullptr)
@@ -124,7 +125,7 @@ void few_row_attention(const float* query, const float* keys, const float* value
           for (int v = 0; v < V; ++v) a[r][v] = _mm512_setzero_ps();
         for (int64_t s = 0; s < reach; ++s) {
           __m512 value[V];
-          for (int v = 0; v < V; ++v) value[v] = _mm512_loadu_ps(v_head + s * d + 16 * v);
+          for (int v = 0; v < V; ++v) value[v] = load_lanes(v_head + s * d + 16 * v);
           for (int r = 0; r < R; ++r) {
             const __m512 w = _mm512_set1_ps(weights[r][s]);
             for (int v = 0; v < V; ++v) a[r][v] = _mm512_fmadd_ps(w, value[v], a[r][v]);

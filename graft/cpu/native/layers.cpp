@@ -83,20 +83,20 @@ at::Tensor attend_segments(const at::Tensor& qkv, const at::Tensor& norm, const 
   for (int64_t s = 0; s < segments; ++s) {
     longest = std::max(longest, offsets[s + 1] - offsets[s]);
     const int64_t capacity = keys[s].size(2);
-    TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous() && keys[s].scalar_type() == at::kFloat &&
-                    values[s].scalar_type() == at::kFloat,
-                "contiguous float32 cache keys and values");
+    bfloat16_cache(keys[s], values[s]);  // checks the layout
     TORCH_CHECK(starts[s] + offsets[s + 1] - offsets[s] <= capacity, "segment ", s, ": the cache holds ", capacity,
                 " positions, not ", starts[s] + offsets[s + 1] - offsets[s]);
   }
   const auto segment = [&](int64_t s) {
     const int64_t first = offsets[s], n = offsets[s + 1] - offsets[s], capacity = keys[s].size(2);
-    const int64_t slot_size = keys[s].stride(0);
+    const bool narrow = keys[s].scalar_type() == at::kBFloat16;
+    const int64_t slot_bytes = keys[s].stride(0) * keys[s].element_size();
     const at::Tensor& mask = masks[s];
     const bool raw_mask = !present(mask) || (mask.is_contiguous() && mask.scalar_type() == at::kFloat);
     if (raw_mask && attend_raw(qkv.data_ptr<float>() + first * row_width, n, heads, kv_heads, d, norm_weight,
-                               cos + first * d, sin + first * d, keys[s].data_ptr<float>() + slots[s] * slot_size,
-                               values[s].data_ptr<float>() + slots[s] * slot_size, capacity, starts[s],
+                               cos + first * d, sin + first * d,
+                               static_cast<char*>(keys[s].data_ptr()) + slots[s] * slot_bytes,
+                               static_cast<char*>(values[s].data_ptr()) + slots[s] * slot_bytes, narrow, capacity, starts[s],
                                present(mask) ? mask.data_ptr<float>() : nullptr, present(mask) ? mask.size(-1) : 0,
                                static_cast<float>(scaling), eps, query.data_ptr<float>() + first * heads * d,
                                merged.data_ptr<float>() + first * heads * d))

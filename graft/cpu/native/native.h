@@ -31,8 +31,10 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 
 // attention.cpp
 bool attend_raw(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, const float* norm,
-                const float* cos, const float* sin, float* k_cache, float* v_cache, int64_t capacity, int64_t start,
-                const float* mask, int64_t mask_stride, float scaling, float eps, float* q, float* out);
+                const float* cos, const float* sin, void* k_cache, void* v_cache, bool bfloat16_cache,
+                int64_t capacity, int64_t start, const float* mask, int64_t mask_stride, float scaling, float eps,
+                float* q, float* out);
+bool bfloat16_cache(const at::Tensor& keys, const at::Tensor& values);
 at::Tensor attend(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t d, const at::Tensor& qk_norm,
                   const float* cos, const float* sin, const at::Tensor& keys, const at::Tensor& values, int64_t start,
                   const at::Tensor& mask, double scaling, float eps);
