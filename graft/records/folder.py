@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -145,13 +146,14 @@ class RunLock:
     boot and start time; the run keeps it flock'ed and refreshes its mtime every minute. A second run is refused
     (LockHeld, one line naming the holder). A lock whose run is gone is taken over with a warning: on this
     host, its pid is not running (or the host restarted since); from another host (a shared file system), it
-    was not refreshed for 10 minutes. Taking over flocks the old file first, so two runs never both take it.
+    was not refreshed for 10 minutes, or it names this process's own SLURM job (a requeue). Taking over flocks the old file first, so two runs never both take it.
     `release` (RunDir.close, and at exit) removes it."""
 
     def __init__(self, folder: str | Path):
         self.path = Path(folder) / LOCK
         self.fd: int | None = None
         self._stop = threading.Event()
+        self._sigterm = None  # the SIGTERM handler this lock installed, if any
 
     def acquire(self) -> None:
         deadline = time.monotonic() + 15
@@ -173,7 +175,26 @@ class RunLock:
             self.fd = fd
             self._write()
         atexit.register(self.release)
+        self._release_on_sigterm()
         threading.Thread(target=self._heartbeat, name="run-lock-heartbeat", daemon=True).start()
+
+    def _release_on_sigterm(self) -> None:
+        """SLURM's time limit, scancel and a requeue end a run with SIGTERM, whose default ends Python without its
+        atexit hooks: the lock would stay and a requeued run on another node wait 10 minutes. Where SIGTERM still
+        has its default, it now lets go of the lock and exits 143 through the normal unwinding (records already
+        written stay); a handler someone else installed (submitit's) is left alone."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def ended(signum, frame) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self.release()
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, ended)
+        self._sigterm = ended
 
     def _read(self) -> tuple[str | None, dict | None]:
         try:
@@ -201,6 +222,9 @@ class RunLock:
             if holder.get("boot") and _boot_id() and holder["boot"] != _boot_id():
                 return "its host has restarted since"
             return None if _pid_running(holder.get("pid")) else f"pid {holder.get('pid')} is not running"
+        job = os.environ.get("SLURM_JOB_ID")
+        if job and holder.get("slurm_job") == job:  # SLURM never runs one job twice: this is its requeue
+            return f"this is SLURM job {job} again (requeued), on another node"
         if age is not None and age > STALE_AFTER_S:
             return f"not refreshed for {age / 60:.0f} minutes"
         return None
@@ -230,6 +254,8 @@ class RunLock:
 
     def _write(self) -> None:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(), "boot": _boot_id()}
+        if os.environ.get("SLURM_JOB_ID"):
+            holder["slurm_job"] = os.environ["SLURM_JOB_ID"]
         data = json.dumps(holder).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
@@ -259,6 +285,10 @@ class RunLock:
             return
         self._stop.set()
         atexit.unregister(self.release)
+        if self._sigterm is not None and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) is self._sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._sigterm = None
         try:
             if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
                 self.path.unlink()

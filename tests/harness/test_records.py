@@ -201,6 +201,41 @@ def test_one_writer_per_run_folder_and_a_dead_writers_lock_is_taken_over(tmp_pat
     assert not (folder / LOCK).exists()
 
 
+def test_a_run_ended_by_sigterm_lets_go_of_its_folder(tmp_path):
+    """SLURM's time limit and scancel send SIGTERM, whose default would end the run without removing its lock."""
+    import signal
+    import subprocess
+    import sys
+
+    from graft.records.writer import LOCK
+
+    folder = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked" and (folder / LOCK).is_file()
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not (folder / LOCK).exists()
+    RunDir(folder, {"x": 1}).close()  # the next run opens it at once
+
+
+@pytest.mark.parametrize("job,taken", [("4242", True), ("4243", False)])
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_node(tmp_path, monkeypatch, job, taken):
+    """A lock of another host is trusted for 10 minutes, unless it names this process's own SLURM job: SLURM never
+    runs one job twice, so that holder is the same job before its requeue."""
+    from graft.records.writer import LOCK, RunDirConflict
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK).write_text(json.dumps({"pid": 1, "host": "node-17", "started": "now", "slurm_job": "4242"}))
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    if taken:
+        with RunDir(folder, {"x": 1}):
+            assert json.loads((folder / LOCK).read_text())["slurm_job"] == "4242"
+    else:
+        with pytest.raises(RunDirConflict, match="pid 1 on node-17"):
+            RunDir(folder, {"x": 1})
+
+
 def test_a_run_lets_go_of_its_folder_when_it_fails(tmp_path, monkeypatch):
     """The lock is taken before the model loads and let go of whatever ends the run, so its rerun is not refused."""
     import graft.run.runner
