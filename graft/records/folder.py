@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 from datetime import datetime, timezone
@@ -89,6 +90,8 @@ def _boot_id() -> str | None:
 
 def _pid_running(pid) -> bool:
     try:
+        if int(pid) <= 0:  # os.kill(0 or -n) signals a whole process group: no run's pid
+            return False
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
@@ -105,11 +108,22 @@ def _pid_running(pid) -> bool:
 def lock_holder(folder: str | Path) -> dict | None:
     """The run recorded in `folder`'s lock ({pid, host, started, ...}), or None where there is none (or it
     cannot be read)."""
+    path = Path(folder) / LOCK
+    if not _regular(path):
+        return None
     try:
-        holder = json.loads((Path(folder) / LOCK).read_text())
+        holder = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return holder if isinstance(holder, dict) else None
+
+
+def _regular(path: Path) -> bool:
+    """A regular file, not followed through a link (reading a FIFO would wait for a writer forever)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def live_holder(folder: str | Path) -> dict | None:
@@ -161,6 +175,11 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
+                if not _regular(self.path) and os.path.lexists(self.path):
+                    raise LockHeld(
+                        f"run.out_dir={self.path.parent} holds {self.path}, which is not a regular file (no run "
+                        "writes one there); remove it, or use another run.out_dir"
+                    ) from None
                 raw, holder = self._read()
                 stale = self._stale(holder)
                 if stale is None and (holder is not None or time.monotonic() > deadline):
@@ -197,6 +216,8 @@ class RunLock:
         self._sigterm = ended
 
     def _read(self) -> tuple[str | None, dict | None]:
+        if not _regular(self.path):  # a FIFO would block the read forever; a folder or link is no run's lock
+            return None, None
         try:
             raw = self.path.read_text()
         except OSError:

@@ -2,6 +2,8 @@
 "complete" is resumed, and every resume ends with the records an uninterrupted run wrote."""
 
 import json
+import os
+import socket
 import shutil
 
 import pytest
@@ -234,6 +236,25 @@ def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_node(tmp_path
     else:
         with pytest.raises(RunDirConflict, match="pid 1 on node-17"):
             RunDir(folder, {"x": 1})
+
+
+def test_a_lock_that_is_not_a_file_is_refused_in_one_line_and_one_naming_pid_0_is_taken_over(tmp_path):
+    """A FIFO named .lock hung every run and reader; os.kill(0, 0) signals a process group, so pid 0 read as live."""
+    from graft.records.folder import lock_holder
+    from graft.records.writer import LOCK, RunDirConflict
+
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / LOCK)
+    with pytest.raises(RunDirConflict) as err:
+        RunDir(fifo, {"x": 1})
+    assert "is not a regular file" in str(err.value) and "\n" not in str(err.value)
+    assert lock_holder(fifo) is None  # readers do not wait on it either
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / LOCK).write_text(json.dumps({"pid": 0, "host": socket.gethostname(), "started": "then"}))
+    with RunDir(zero, {"x": 1}):
+        assert json.loads((zero / LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_a_run_lets_go_of_its_folder_when_it_fails(tmp_path, monkeypatch):
