@@ -60,6 +60,7 @@ def _row(summary: dict, run: Path, method: str) -> dict:
         "other_share": split.get("other"),
         "stages": summary.get("stages"),
         "hardware": hardware_name(summary.get("hardware") or {}),
+        "engine": (summary.get("peer") or {}).get("engine", "graft"),  # a peer engine's run (graft/peers)
         **(repeat_columns(summary["repeats"]) if summary.get("repeats") else {}),  # run.repeats > 1 only
     }
 
@@ -115,7 +116,8 @@ def method_rows(paths, intervals: bool = False, partial: bool = False) -> pd.Dat
             base = summary["rows"]["ar"]
             baseline = {**first, **base, "time_split": None, "stages": None, "method_config": {"total_tokens": 1}}
             baseline["repeats"] = None  # (the first method's; the baseline's ratios are 1 in every repeat)
-            label = "ar (imported)" if summary.get("imported") else "ar"  # graft/report/specbench.py: import
+            # another system's baseline (graft/report/foreign.py: imported answer files, a peer engine) says whose
+            label = summary.get("baseline_label") or ("ar (imported)" if summary.get("imported") else "ar")
             found = [_row(baseline, run, label)] + [_row(s, run, name) for name, s in summary["methods"].items()]
         elif summary.get("n_prompts"):
             found = [_row(summary, run, summary["method"])]
@@ -455,33 +457,39 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
         # how the batch was kept full: a steady stream of >= 4 B sequences, or (older runs) groups of 2 B drained
         # in turn; batch 1 runs one sequence at a time, which any series may start from
         stream = None if not batch else "steady" if batch.get("stream_repeats") is not None else "groups of 2B"
-        if batch:
-            size = batch["batch_size"]
+        peer = (summary.get("peer") or {}).get("batch_throughput")
+        if peer:  # a peer engine's AR at several batch sizes (graft/peers: --batch-sizes), a steady stream each
+            label = summary.get("baseline_label", "ar")
+            points = [(p["batch_size"], {label: {"throughput_tokens_per_s": p["tokens_per_s"]}}) for p in peer]
+            stream = "steady"
+        elif batch:
             found = {("ar" if role == "baseline" else role): row for role, row in batch["roles"].items()}
+            points = [(batch["batch_size"], found)]
         else:  # batch 1: each role's new tokens over its wall seconds, summed over the records
-            size, sums = 1, {}
+            sums = {}
             for _, _, method, side in run_sides(Path(run)):
                 totals = side.get("totals") or {}  # records written by hand (tests) may carry none
                 into = sums.setdefault(method, [0, 0.0])
                 into[0] += totals.get("new_tokens", 0)
                 into[1] += totals.get("wall_s", 0.0)
-            found = {m: {"throughput_tokens_per_s": n / s if s else None} for m, (n, s) in sums.items()}
-        base = (found.get("ar") or {}).get("throughput_tokens_per_s")
-        for method, row in found.items():
-            throughput = row.get("throughput_tokens_per_s")
-            rows.append(
-                {
-                    "run": run,
-                    "method": method,
-                    "batch_size": size,
-                    "throughput_tokens_per_s": throughput,
-                    "speedup_throughput": throughput / base if throughput and base and method != "ar" else None,
-                    "latency_tokens_per_s_p50": row.get("latency_tokens_per_s_p50"),
-                    "steady_sequences_per_step": row.get("steady_sequences_per_step"),
-                    "max_new_tokens": new_tokens,
-                    "stream": stream,
-                }
-            )
+            points = [(1, {m: {"throughput_tokens_per_s": n / s if s else None} for m, (n, s) in sums.items()})]
+        for size, found in points:
+            base = (found.get("ar") or {}).get("throughput_tokens_per_s")
+            for method, row in found.items():
+                throughput = row.get("throughput_tokens_per_s")
+                rows.append(
+                    {
+                        "run": run,
+                        "method": method,
+                        "batch_size": size,
+                        "throughput_tokens_per_s": throughput,
+                        "speedup_throughput": throughput / base if throughput and base and method != "ar" else None,
+                        "latency_tokens_per_s_p50": row.get("latency_tokens_per_s_p50"),
+                        "steady_sequences_per_step": row.get("steady_sequences_per_step"),
+                        "max_new_tokens": new_tokens,
+                        "stream": stream,
+                    }
+                )
     return per_sequence.merge(pd.DataFrame(rows), on=["run", "method"], how="inner")
 
 

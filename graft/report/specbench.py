@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 BASELINE = "vanilla"  # Spec-Bench's name for plain autoregressive decoding (evaluation/inference_baseline.py)
@@ -322,23 +321,6 @@ def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
     return turns, f"steps from {source}, step tokens from {'accept_lengths' if lengths is not None else 'new_tokens'}"
 
 
-def imported_side(turns: list[dict]) -> dict:
-    """A side record with the totals the report tools read, computed as graft/records/metrics.py's side_totals does;
-    what an answer file does not record (decode and prefill time, tree sizes) is None."""
-    new_tokens = sum(t["new_tokens"] for t in turns)
-    wall = sum(t["wall_s"] for t in turns)
-    totals = {
-        "new_tokens": new_tokens,
-        "step_tokens": sum(t["step_tokens"] for t in turns),
-        "steps": sum(t["steps"] for t in turns),
-        "wall_s": wall,
-        "decode_s": None,
-        "prefill_s": None,
-        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
-    }
-    return {"turns": turns, "totals": totals}
-
-
 def _names(stems: list[str]) -> tuple[str, list[str]]:
     """(the model, each file's method) of answer files named `<model>-<method>[-<dtype>][-temp(erature)-<t>]`: the
     longest prefix, cut after a '-', that every name shares."""
@@ -351,52 +333,6 @@ def _names(stems: list[str]) -> tuple[str, list[str]]:
     if len(plain) > 1 and all(len(name) > len(prefix) for name in plain):
         return prefix.rstrip("-"), [name[len(prefix) :] for name in plain]
     return "", plain
-
-
-def _summary(records: list[dict], label: str, meta: dict) -> dict:
-    """One imported method's summary: graft/records/metrics.py's summarize on what answer files record."""
-    from graft.records.metrics import DEFINITIONS, throughput
-
-    method = [r["methods"][label]["side"]["totals"] for r in records]
-    base = [r["baseline"]["totals"] for r in records]
-    total = lambda rows, key: sum(row[key] for row in rows)  # noqa: E731
-    unknown = ("speedup_decode", "avg_nodes_per_step", "avg_kept_nodes_per_step", "retrieval_share", "ms_per_step")
-    return {
-        **meta,
-        "method": label,
-        "method_config": {},
-        "n_prompts": len(records),
-        "n_skipped": 0,
-        **throughput(method, base),
-        **dict.fromkeys(unknown),
-        "baseline_ms_per_step": None,
-        "lossless": None,
-        "n_divergent": None,
-        "new_tokens": total(method, "new_tokens"),
-        "steps": total(method, "steps"),
-        "time_split": None,
-        "definitions": DEFINITIONS,
-    }
-
-
-def _intervals(records: list[dict]) -> dict:
-    """graft/analysis/stats.py's intervals of the imported records, their unknown decode times as NaN (speedup_decode
-    then has no value)."""
-    from graft.analysis import stats
-
-    nan = float("nan")
-    copies = [
-        {
-            **r,
-            "baseline": {**r["baseline"], "totals": {**r["baseline"]["totals"], "decode_s": nan}},
-            "methods": {
-                name: {**entry, "side": {**entry["side"], "totals": {**entry["side"]["totals"], "decode_s": nan}}}
-                for name, entry in r["methods"].items()
-            },
-        }
-        for r in records
-    ]
-    return stats.intervals(copies)
 
 
 def import_specbench(
@@ -414,8 +350,8 @@ def import_specbench(
     wall_time, steps and accepted lengths; tokens/s, tau and speedup are computed from them as for this harness's
     runs, so a run exported with `export --format spec-bench` comes back with the same values."""
     from graft.records.reader import RecordError
+    from graft.report.foreign import side_of, write_foreign_run
     from graft.run.provenance import code
-    from graft.records.writer import config_hash, records_digest
 
     answers = Path(answers)
     if not answers.is_dir():
@@ -463,7 +399,7 @@ def import_specbench(
         where = lambda i: f"{files[i]}:{read[i][qid]['_line']}"  # noqa: E731
         base_turns, how = imported_turns(base_answer, where(base_index))
         steps_from["ar"] = how
-        baseline_side = imported_side(base_turns)
+        baseline_side = side_of(base_turns)
         entries = {}
         for i, label in enumerate(labels):
             if i == base_index:
@@ -472,7 +408,7 @@ def import_specbench(
             steps_from[label] = how
             if len(turns) != len(base_turns):
                 raise RecordError(f"{where(i)}: {len(turns)} turns, the baseline's answer {len(base_turns)}")
-            side = imported_side(turns)
+            side = side_of(turns)
             b_tps = baseline_side["totals"]["tokens_per_s"]
             entries[label] = {
                 "side": side,
@@ -515,63 +451,9 @@ def import_specbench(
         "temperature": temperature,
         "hardware": {"device": None, "cpu": "unrecorded (imported)"},
         "imported": imported,
+        "baseline_label": "ar" + IMPORTED,
     }
-    per_method = {label: _summary(records, label, meta) for i, label in enumerate(labels) if i != base_index}
-    first = next(iter(per_method.values()))
-    ids = [r["id"] for r in records]
-    rows = {
-        "ar": {
-            "tau": first["baseline_tau"],
-            "speedup_wall": 1.0,
-            "speedup_decode": None,
-            "avg_nodes_per_step": None,
-            "tokens_per_s": first["baseline_tokens_per_s"],
-            "lossless": None,
-            "retrieval_share": None,
-            "ms_per_step": None,
-            "n_prompts": len(records),
-        }
-    }
-    keys = ("tau", "speedup_wall", "speedup_decode", "avg_nodes_per_step", "tokens_per_s", "lossless")
-    keys += ("retrieval_share", "ms_per_step", "n_prompts")
-    rows.update({label: {k: s.get(k) for k in keys} for label, s in per_method.items()})
-    summary = {
-        **meta,
-        "kind": "comparison",
-        "method": "compare",
-        "baseline": "ar",
-        "n_prompts": len(records),
-        "n_skipped": 0,
-        "rows": rows,
-        "methods": per_method,
-        "definitions": first["definitions"],
-        "complete": {"plan": {"imported": "spec-bench"}, "ids": ids, "records_sha1": records_digest(records)},
-    }
-    from graft.analysis import stats
-
-    if hasattr(
-        stats, "INTERVAL_METHOD"
-    ):  # recorded the way graft/analysis/stats.py computes them, so readers take them
-        summary["intervals"], summary["interval_method"] = _intervals(records), stats.INTERVAL_METHOD
     config = {"imported": imported, "model": {"name": model}, "dataset": {"name": dataset}}
     config["run"] = {"temperature": temperature}
-    run = {
-        "config_hash": config_hash(config),
-        "config": config,
-        "imported": imported,
-        "provenance": {"code": code(), "imported_files": sources},
-    }
-    partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "summaries").mkdir(parents=True)
-    (partial / "samples.jsonl").write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
-    (partial / "run.json").write_text(json.dumps(run, indent=2, default=str))
-    for label, method_summary in per_method.items():
-        name = label.removesuffix(IMPORTED)
-        (partial / "summaries" / f"{name}.json").write_text(json.dumps(method_summary, indent=2, default=str))
-    (partial / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if out.exists():
-        out.rmdir()  # empty, checked above
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial.rename(out)
-    return out, notes
+    run = {"imported": imported, "provenance": {"code": code(), "imported_files": sources}}
+    return write_foreign_run(out, records, meta=meta, config=config, run=run, suffix=IMPORTED), notes

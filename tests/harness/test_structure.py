@@ -27,7 +27,7 @@ LAYERS = (
     ("records", ("graft.records",)),
     ("analysis", ("graft.analysis",)),
     ("run", ("graft.run",)),
-    ("tools", ("graft.report", "graft.costmodel", "graft.gpu_check", "graft.train", "graft.bench")),
+    ("tools", ("graft.report", "graft.costmodel", "graft.gpu_check", "graft.train", "graft.bench", "graft.peers")),
 )
 ENGINE = "graft.cpu"
 CORE = (

@@ -1,0 +1,47 @@
+"""python -m graft.peers vllm [overrides ...] --out RUN_DIR [--python PY] [--methods ...] [--k 4] [--batch-sizes ...]
+
+graft/peers/vllm_runner.py says what it runs and writes; docs/peers.md what its rows mean beside this harness's."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    from graft.peers import vllm_runner as vllm
+
+    parser = argparse.ArgumentParser(
+        prog="python -m graft.peers", description=vllm.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("engine", choices=("vllm",))
+    parser.add_argument("overrides", nargs="*", help="run.py's overrides: model=, dataset=, run.num_prompts=, ...")
+    parser.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="a new (or empty) folder")
+    parser.add_argument("--python", type=Path, default=Path(".peers/vllm/bin/python"), help="vLLM's environment")
+    parser.add_argument("--methods", default="ar,ngram,eagle3,dflash", help=f"of {', '.join(vllm.PEER_METHODS)}")
+    parser.add_argument("--k", type=int, default=4, help="speculative tokens a step (ngram, suffix, eagle3)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--batch-sizes", default="", help="also vLLM's AR throughput at these batch sizes (1,8,32)")
+    args = parser.parse_args(argv)
+    from graft.config.experiment import compose_checked, validate
+    from graft.schema import ConfigError
+
+    try:
+        cfg = validate(compose_checked(["logger=none", *args.overrides]))
+        plan, chat, prompts = vllm.plan_peer(
+            cfg, python=args.python, methods=vllm.parse_methods(args.methods), k=args.k, dtype=args.dtype,
+            max_model_len=args.max_model_len,
+        )  # fmt: skip
+        from graft.bench import batch_sizes
+
+        sizes = batch_sizes(args.batch_sizes, least=1, example="1,8,32") if args.batch_sizes else []
+        out = vllm.run_peer(cfg, plan, chat, prompts, out=args.out, batch_sizes=sizes)
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
