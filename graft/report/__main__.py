@@ -6,7 +6,7 @@ python -m graft.report export multirun/cpu_embedded results/cpu_embedded/runs   
 python -m graft.report export --format spec-bench multirun/spec_bench answers   # Spec-Bench answer files
 python -m graft.report import --format spec-bench answers --out runs/imported     # and back, or other systems'
 python -m graft.report render [--check] [results/README.md]                       # generated tables
-python -m graft.report compare BEFORE_ROOT AFTER_ROOT [--out FILE.md]             # outputs kept?
+python -m graft.report compare BEFORE AFTER [--out FILE.md]                       # outputs kept?
 python -m graft.report check-lossless --methods pld,graft --datasets builtin      # one baseline, many methods
 python -m graft.report summarize outputs/**/summary.json [--out table.md]         # one Markdown table
 """

@@ -95,8 +95,9 @@ def _single_run(path, name: str, complete: bool = True):
     """A single-method run folder (summary, one record with its method side), finished or killed (no `complete`)."""
     path.mkdir(parents=True)
     (path / "summary.json").write_text(json.dumps({**_method(name, 1.5, 2.0, 24), "n_skipped": 0}))
-    turn = {"tokens_sha256": "0" * 16, "accept_lengths": [2, 1], "nodes": [4, 4]}
+    turn = {"tokens_sha256": "0" * 16, "accept_lengths": [2, 1], "nodes": [4, 4], "step_tokens": 3, "steps": 2}
     (path / "samples.jsonl").write_text(json.dumps({"id": "p1", "status": "ok", "method": {"turns": [turn]}}) + "\n")
+    (path / "run.json").write_text(json.dumps({"config": {"method": {"name": name}}}))  # as every run writes one
     finish_run(path)
     if not complete:
         summary = json.loads((path / "summary.json").read_text())
@@ -126,4 +127,49 @@ def test_summarize_and_compare_skip_an_unfinished_run_or_mark_it_partial(tmp_pat
     assert done.value.code == 0 and "| pld |" in out and "graft" not in out and f"{killed}: partial" in err
     with pytest.raises(SystemExit):
         compare([str(tmp_path / "before"), str(tmp_path / "after"), "--partial"])
-    assert "| graft (partial) | 2.0000 | 2.0000 | 1/1 | True |" in capsys.readouterr().out
+    assert "| graft (partial) | 1.5000 | 1.5000 | 1/1 | True |" in capsys.readouterr().out
+
+
+def _comparison(path, *overrides):
+    from conftest import compose
+
+    from graft.config.experiment import validate
+    from graft.run.runner import run
+
+    resolved = compose(["model=tiny_llama", "dataset=builtin_quick", "methods=[pld,graft]", "run.max_new_tokens=8",
+                        "logger=none", "run.warmup=false", "run.progress=false", *overrides])  # fmt: skip
+    resolved["run"]["out_dir"] = str(path)
+    run(validate(resolved), resolved)
+    return path
+
+
+def test_compare_reads_comparison_runs_and_matches_turns_by_prompt_id(tmp_path, capsys):
+    """The default run kind (every method and the baseline in one folder) raised KeyError: 'method'; turns were
+    matched by position, so two prompt sets read as changed outputs."""
+    import pytest
+
+    from graft.report.compare import main as compare
+
+    before = _comparison(tmp_path / "before", "run.num_prompts=3")
+    after = _comparison(tmp_path / "after", "run.num_prompts=3")
+    with pytest.raises(SystemExit) as done:
+        compare([str(before), str(after)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and [line.split(" | ")[0] for line in out.splitlines()[2:]] == [
+        "| ar",
+        "| pld",
+        "| graft",
+    ]
+    turns = sum(json.loads(line)["turns"] for line in (before / "samples.jsonl").read_text().splitlines())
+    assert all(f"| {turns}/{turns} | True |" in line and line.endswith("| - | - |") for line in out.splitlines()[2:])
+    other = _comparison(tmp_path / "other", "dataset.categories=[chat]")
+    with pytest.raises(SystemExit) as done:
+        compare([str(before), str(other)])
+    out = capsys.readouterr().out
+    graft = next(line for line in out.splitlines() if line.startswith("| graft |"))
+    ids = lambda run: {json.loads(line)["id"] for line in (run / "samples.jsonl").read_text().splitlines()}  # noqa: E731
+    only_before, only_after = sorted(ids(before) - ids(other)), sorted(ids(other) - ids(before))
+    assert only_before and ids(before) & ids(other), "the two prompt sets should overlap in part"
+    shown = lambda found: ", ".join(found) or "-"  # noqa: E731
+    assert done.value.code == 1 and graft.endswith(f"| {shown(only_before)} | {shown(only_after)} |")
+    assert "| True | True / True |" in graft and "| 0/" not in graft  # shared prompts: same outputs, matched by id
