@@ -9,6 +9,7 @@ python -m graft.bench moe-experts [--rounds 15]                    # verify time
 python -m graft.bench batch [--sizes 1,8,32] [--vllm PYTHON]       # AR's throughput against B, beside vLLM
 python -m graft.bench batch-lossless [--sizes 1,4,8]               # batched tokens against batch-1 AR's
 python -m graft.bench batch-ops [--sizes 1,8,16]                   # ATen ops, padding and reads per batched step
+python -m graft.bench decode-rows [--rows 32]                      # a batched decode forward against the context
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ COMMANDS = {  # command -> (module, what it measures)
         "each method's batched tokens against batch-1 AR's, per model and B",
     ),
     "batch-ops": ("graft.bench.batch_ops", "ATen ops, positions per node and host reads per batched step"),
+    "decode-rows": ("graft.bench.decode_rows", "one forward of B one-token segments against each one's context"),
 }
 
 

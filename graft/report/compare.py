@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(text)
         changed |= moved
     for key in [k for k in before if k not in after] + [k for k in after if k not in before]:
-        print(f"{_label(key)}: under {args.before if key in before else args.after} only; not compared", file=sys.stderr)
+        print(
+            f"{_label(key)}: under {args.before if key in before else args.after} only; not compared", file=sys.stderr
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:
