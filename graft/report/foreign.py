@@ -76,11 +76,15 @@ def _intervals(records: list[dict]) -> dict:
     return stats.intervals(copies)
 
 
-def write_foreign_run(out: Path, records: list[dict], *, meta: dict, config: dict, run: dict, suffix: str) -> Path:
+def write_foreign_run(
+    out: Path, records: list[dict], *, meta: dict, config: dict, run: dict, suffix: str, partial: bool = False
+) -> Path:
     """Write the comparison `records` (each with `baseline` and `methods` {label: entry}) as the run folder `out`,
     whole or not at all (a hidden `.partial` sibling renamed into place). `meta` goes into every summary (model,
     dataset, temperature, hardware and the marker naming where the run came from); `meta["baseline_label"]` is the
-    baseline's row in the tables; `suffix` ends every method label and is dropped from summaries/ file names."""
+    baseline's row in the tables; `suffix` ends every method label and is dropped from summaries/ file names.
+    `partial`: the records come from an unfinished run; the summary says so and holds no `complete` record, so
+    every tool treats the folder as an unfinished run (shown only with --partial)."""
     from graft.analysis import stats
     from graft.records.writer import config_hash, records_digest
 
@@ -109,6 +113,8 @@ def write_foreign_run(out: Path, records: list[dict], *, meta: dict, config: dic
         "intervals": _intervals(records),
         "interval_method": stats.INTERVAL_METHOD,
     }
+    if partial:
+        summary = {**{k: v for k, v in summary.items() if k != "complete"}, "partial": True}
     run = {"config_hash": config_hash(config), "config": config, **run}
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)

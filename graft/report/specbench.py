@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -199,8 +200,11 @@ def export_specbench(
         raise RecordError(f"{target}: is a file, expected a folder for the answer files")
     checked = []  # everything read and checked before anything is written
     taskless: dict[str, int] = {}
-    for run in run_dirs([source], partial):
+    unfinished: dict = {}
+    for run in run_dirs([source], partial, unfinished):
         files, texted, skipped, outside = run_answers(run)
+        if unfinished.get(run):  # a mark Spec-Bench's scripts ignore and `import` honours: not a finished result
+            files = {name: [{**line, "partial": True} for line in lines] for name, lines in files.items()}
         checked.append((run, files, texted, skipped))
         for category, count in outside.items():
             taskless[category] = taskless.get(category, 0) + count
@@ -247,7 +251,13 @@ def read_answer_file(path: Path) -> dict:
     from graft.records.reader import RecordError
 
     answers: dict = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RecordError(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); answer files are UTF-8 JSONL"
+        ) from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -259,7 +269,12 @@ def read_answer_file(path: Path) -> dict:
         choices = answer.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise RecordError(f"{path}:{number}: has no choices")
-        answers[answer["question_id"]] = {**answer, "_line": number}
+        qid = answer["question_id"]
+        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+            raise RecordError(
+                f"{path}:{number}: question_id {qid!r} is a {type(qid).__name__}; expected an integer or a string"
+            )
+        answers[qid] = {**answer, "_line": number}
     if not answers:
         raise RecordError(f"{path}: holds no answers")
     return answers
@@ -299,6 +314,7 @@ def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
         raise RecordError(f"{where}: new_tokens, wall_time, its steps and turns differ in length")
     if lengths is not None and len(lengths) != sum(steps):
         raise RecordError(f"{where}: accept_lengths holds {len(lengths)} steps, its {source} say {sum(steps)}")
+    _check_values(where, new_tokens=new_tokens, wall=wall, steps=steps, lengths=lengths)
     turns, start = [], 0
     for n, w, k, text in zip(new_tokens, wall, steps, texts):
         own = lengths[start : start + k] if lengths is not None else None
@@ -319,6 +335,31 @@ def imported_turns(answer: dict, where: str) -> tuple[list[dict], str]:
             }
         )
     return turns, f"steps from {source}, step tokens from {'accept_lengths' if lengths is not None else 'new_tokens'}"
+
+
+def _check_values(where: str, *, new_tokens: list[int], wall: list[float], steps: list[int], lengths) -> None:
+    """What an answer's numbers must be to mean anything: counts >= 0, seconds finite and > 0, a step commits at
+    least one token, and a turn's steps commit its new tokens (the first may come from the prefill, and the last
+    step may run past the limit and be cut)."""
+    from graft.records.reader import RecordError
+
+    for turn, (n, w, k) in enumerate(zip(new_tokens, wall, steps)):
+        if n < 0 or k < 0:
+            raise RecordError(f"{where}: turn {turn}: new_tokens {n}, steps {k}; expected counts >= 0")
+        if not math.isfinite(w) or w <= 0:
+            raise RecordError(f"{where}: turn {turn}: wall_time {w}; expected a finite number of seconds > 0")
+    if lengths is None:
+        return
+    if any(n < 1 for n in lengths):
+        raise RecordError(f"{where}: accept_lengths holds {min(lengths)}; a step commits at least 1 token")
+    start = 0
+    for turn, (n, k) in enumerate(zip(new_tokens, steps)):
+        own = lengths[start : start + k]
+        start += k
+        if own and not n - 1 <= sum(own) <= n + max(own):
+            raise RecordError(
+                f"{where}: turn {turn}: accept_lengths commit {sum(own)} tokens, new_tokens says {n}; they must agree"
+            )
 
 
 def _names(stems: list[str]) -> tuple[str, list[str]]:
@@ -385,7 +426,19 @@ def import_specbench(
             notes.append("the file names give no temperature: recorded as 0 (--temperature to set it)")
         temperature = temperatures.pop() if temperatures else 0.0
     read = [read_answer_file(p) for p in files]
-    labels = [f"{m}{IMPORTED}" for m in methods]
+    shared = {m for m in methods if methods.count(m) > 1}  # m-graft.jsonl beside m-graft-float16.jsonl
+    own = [p.stem.removeprefix(f"{found_model}-") if found_model else p.stem for p in files]
+    labels = [f"{own[i] if m in shared else m}{IMPORTED}" for i, m in enumerate(methods)]
+    if len(set(labels)) < len(labels):
+        raise RecordError(
+            f"{answers}: two answer files would be one method; rename one ({', '.join(p.name for p in files)})"
+        )
+    if shared:
+        named = sorted(label for label, m in zip(labels, methods) if m in shared)
+        notes.append(f"files sharing a method are labelled by their names: {', '.join(named)}")
+    partial = sorted(p.name for p, answered in zip(files, read) if any(a.get("partial") for a in answered.values()))
+    if partial:
+        notes.append(f"{', '.join(partial)}: exported from an unfinished run (partial); imported as partial")
     common = [qid for qid in read[base_index] if all(qid in answered for answered in read)]
     if not common:
         raise RecordError(f"{answers}: no question is answered in every file")
@@ -456,4 +509,5 @@ def import_specbench(
     config = {"imported": imported, "model": {"name": model}, "dataset": {"name": dataset}}
     config["run"] = {"temperature": temperature}
     run = {"imported": imported, "provenance": {"code": code(), "imported_files": sources}}
-    return write_foreign_run(out, records, meta=meta, config=config, run=run, suffix=IMPORTED), notes
+    written = write_foreign_run(out, records, meta=meta, config=config, run=run, suffix=IMPORTED, partial=bool(partial))
+    return written, notes

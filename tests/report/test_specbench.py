@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -333,3 +334,80 @@ def test_eagle_answer_files_import_with_steps_from_idxs(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a folder whose baseline cannot be told
         report(["import", str(tmp_path / "run"), "--out", str(tmp_path / "other")])
     assert "error:" in capsys.readouterr().err
+
+
+def _answers(folder: Path, name: str, *answers: dict) -> None:
+    """An answer file of Spec-Bench's layout: each answer {qid, new_tokens, wall, steps, lengths} (one turn)."""
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for a in answers:
+        choice = {"index": 0, "turns": ["x"], "new_tokens": [a["new_tokens"]], "wall_time": [a["wall"]],
+                  "decoding_steps": [a["steps"]], "accept_lengths": a["lengths"]}  # fmt: skip
+        lines.append(json.dumps({"question_id": a["qid"], "choices": [choice], **a.get("extra", {})}))
+    (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def _good(qid=1, **changed) -> dict:
+    return {"qid": qid, "new_tokens": 9, "wall": 1.0, "steps": 4, "lengths": [3, 2, 2, 1], **changed}
+
+
+@pytest.mark.parametrize(
+    "bad,needles",
+    [
+        (dict(new_tokens=-2), ["m-graft.jsonl:1", "new_tokens -2", ">= 0"]),
+        (dict(wall=0.0), ["m-graft.jsonl:1", "wall_time 0.0", "> 0"]),
+        (dict(wall=float("nan")), ["wall_time nan"]),
+        (dict(lengths=[9, 9, 9, 9]), ["accept_lengths commit 36 tokens, new_tokens says 9"]),
+        (dict(lengths=[3, 2, 0, 1]), ["accept_lengths holds 0"]),
+        (dict(qid=[1, 2]), ["m-graft.jsonl:1", "question_id [1, 2] is a list"]),
+    ],
+)
+def test_an_import_refuses_values_that_cannot_be_true_naming_file_line_and_value(tmp_path, capsys, bad, needles):
+    _answers(tmp_path / "a", "m-vanilla.jsonl", _good(steps=8, lengths=[1] * 8))
+    _answers(tmp_path / "a", "m-graft.jsonl", _good(**bad))
+    with pytest.raises(SystemExit) as done:
+        report(["import", str(tmp_path / "a"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and all(n in err for n in needles) and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_answer_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    _answers(tmp_path / "a", "m-vanilla.jsonl", _good(steps=8, lengths=[1] * 8))
+    (tmp_path / "a" / "m-graft.jsonl").write_bytes(
+        json.dumps({"question_id": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n"
+    )
+    with pytest.raises(SystemExit):
+        report(["import", str(tmp_path / "a"), "--out", str(tmp_path / "run")])
+    assert "m-graft.jsonl: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_two_files_of_one_method_import_as_two_rows_named_by_their_files(tmp_path, capsys):
+    """m-graft.jsonl and m-graft-float16.jsonl both read as `graft`: one of them was dropped without a word."""
+    _answers(tmp_path / "a", "m-vanilla.jsonl", _good(steps=8, lengths=[1] * 8))
+    _answers(tmp_path / "a", "m-graft.jsonl", _good())
+    _answers(tmp_path / "a", "m-graft-float16.jsonl", _good(steps=2, lengths=[5, 4]))
+    report(["import", str(tmp_path / "a"), "--out", str(tmp_path / "run")])
+    rows = json.loads((tmp_path / "run" / "summary.json").read_text())["rows"]
+    assert rows["graft (imported)"]["tau"] == pytest.approx(8 / 4)
+    assert rows["graft-float16 (imported)"]["tau"] == pytest.approx(9 / 2)
+    assert "labelled by their names" in capsys.readouterr().err
+
+
+def test_a_partial_export_is_marked_in_its_answer_files_and_imports_as_partial(tiny_run, tmp_path, capsys):
+    from graft.analysis.tables import method_rows
+    from graft.records.reader import RecordError, run_problem
+
+    killed = tmp_path / "killed"
+    shutil.copytree(tiny_run, killed)
+    summary = json.loads((killed / "summary.json").read_text())
+    (killed / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "complete"}))
+    report(["export", "--format", "spec-bench", str(killed), str(tmp_path / "answers"), "--partial"])
+    lines = [json.loads(line) for f in (tmp_path / "answers").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert lines and all(line["partial"] is True for line in lines)
+    report(["import", str(tmp_path / "answers"), "--out", str(tmp_path / "back")])
+    assert "imported as partial" in capsys.readouterr().err
+    assert run_problem(tmp_path / "back") is not None  # unfinished, as the run it came from
+    with pytest.raises(RecordError, match="no finished runs"):
+        method_rows([tmp_path / "back"])
+    assert not method_rows([tmp_path / "back"], partial=True).empty
