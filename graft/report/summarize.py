@@ -64,8 +64,10 @@ def _load(path: Path, partial: bool = False, lines: list | None = None) -> list[
     or each method's summary of a comparison; each with its verification budget (when the method has one).
     None of an unfinished run (named in `lines`), unless `partial` (graft/records/reader.py: run_use); then its
     methods say so."""
-    from graft.records.reader import read_json, run_use
+    from graft.records.reader import RecordError, read_json, run_use
 
+    if not path.is_dir() and path.name != "summary.json":  # run.json, samples.jsonl: a run's other files
+        raise RecordError(f"{path}: not a summary; give a run's folder or its summary.json")
     summary = read_json(path / "summary.json" if path.is_dir() else path)
     use, unfinished = run_use(path if path.is_dir() else path.parent, partial, summary, lines)
     if not use:

@@ -173,3 +173,17 @@ def test_compare_reads_comparison_runs_and_matches_turns_by_prompt_id(tmp_path, 
     shown = lambda found: ", ".join(found) or "-"  # noqa: E731
     assert done.value.code == 1 and graft.endswith(f"| {shown(only_before)} | {shown(only_after)} |")
     assert "| True | True / True |" in graft and "| 0/" not in graft  # shared prompts: same outputs, matched by id
+
+
+def test_summarize_names_a_file_that_is_not_a_summary(tmp_path, capsys):
+    """It read run.json as a summary and called a finished run "partial (0 of 4 prompts)"."""
+    import pytest
+
+    from graft.report.__main__ import main as report
+
+    run = _single_run(tmp_path / "pld", "pld")
+    with pytest.raises(SystemExit) as done:
+        report(["summarize", str(run / "run.json")])
+    assert done.value.code == 2 and "run.json: not a summary; give a run's folder or its summary.json" in (
+        capsys.readouterr().err
+    )
