@@ -28,6 +28,8 @@ TOOLS = {
     "train": "graft.train.__main__",
     "costmodel": "graft.costmodel.__main__",
     "gpu_check": "graft.gpu_check.__main__",
+    "bench": "graft.bench.__main__",
+    "peers": "graft.peers.__main__",
 }
 
 
@@ -50,8 +52,12 @@ def _child(case: dict, out: Path, err: Path, shared: bool = True, seconds: int =
         elif case["tool"].startswith("module:"):  # python -m MODULE ARGS
             import runpy
 
+            import warnings
+
             module = case["tool"].removeprefix("module:")
             sys.argv = [module, *case["args"]]
+            # this parent imported the module already; a user's `python -m` starts fresh and sees no such warning
+            warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package")
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             import importlib

@@ -362,6 +362,8 @@ if __name__ == "__main__":
     parser.add_argument("--coverage", action="store_true", help="print the simulated coverage by number of prompts")
     parser.add_argument("--trials", type=int, default=2000)
     args = parser.parse_args()
+    if args.trials < 1:
+        parser.exit(2, f"error: --trials {args.trials} is not allowed; expected an integer >= 1\n")
     if args.coverage:
         print(coverage_table(trials=args.trials))
     else:

@@ -23,7 +23,7 @@ prefer_huge_pages()
 
 import torch  # noqa: E402
 
-from graft.bench import command_parser  # noqa: E402
+from graft.bench import at_least, batch_sizes, command_parser, model_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new", type=int, default=48)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    model_config(args.model)
+    at_least(context=(args.context, 1), repeats=(args.repeats, 1), prompts=(args.prompts, 0), max_new=(args.max_new, 1))
+    node_counts = batch_sizes(args.nodes, least=1, example="1,8,16,32", flag="--nodes", what="tree sizes")
 
     from baselines.autoregressive import Autoregressive
     from graft.backends.hf import HFBackend
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     fast.fixed_size_trees, fast.compile_mode, fast.max_context = True, args.mode, eager.max_context
     fast.compile_backend = args.backend
     backends = {"eager": eager, "compiled": fast}
-    nodes = [int(n) for n in args.nodes.split(",")]
+    nodes = node_counts
     context = torch.randint(0, eager.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
     trees = {n: random_tree(n, eager.vocab_size, eager.device, seed=n) for n in nodes}  # bushy, 4 children a node
     for target in backends.values():

@@ -34,7 +34,7 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 import torch  # noqa: E402
 
 from graft.config.experiment import CONFIG_DIR  # noqa: E402
-from graft.bench import command_parser  # noqa: E402
+from graft.bench import at_least, command_parser, model_config  # noqa: E402
 from graft.hub import REPO  # noqa: E402
 from graft.report.e2e import (  # noqa: E402
     NO_AMX,
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         help="also give the tau each system would need, at its measured step costs, for this ratio to its target's AR",
     )
     args = parser.parse_args(argv)
+    model_config(args.model)
+    at_least(new_tokens=(args.new_tokens, 1), prompts=(args.prompts, 1), repeats=(args.repeats, 1))
 
     from graft.config.experiment import HardwareConfig, ModelConfig
     from graft.load.models import load_model

@@ -15,7 +15,7 @@ import torch
 from graft.budget.measure import ContextCache, measure_experts
 from graft.gpu_check.measure import harness_target, random_causal_lm
 
-from graft.bench import command_parser
+from graft.bench import at_least, command_parser
 
 ARCH = dict(
     vocab_size=512,
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = command_parser("moe-experts", __doc__)
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds of the pinned sweep (medians)")
     args = parser.parse_args(argv)
+    at_least(rounds=(args.rounds, 1))
     torch.set_num_threads(1)
     model = random_causal_lm("qwen3_moe", ARCH, torch.device("cpu"), torch.float32)
     target = harness_target(model, object(), "moe_small")  # no hardware settings: plain forward, host clock

@@ -26,7 +26,7 @@ prefer_huge_pages()
 
 import torch  # noqa: E402
 
-from graft.bench import command_parser  # noqa: E402
+from graft.bench import at_least, batch_sizes, command_parser  # noqa: E402
 
 
 def build_at(ref: str, variant: str):
@@ -125,6 +125,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    at_least(rounds=(args.rounds, 1))
+    batch_sizes(args.tokens, least=1, example="1,2,4,8,16", flag="--tokens", what="token counts")
+    batch_sizes(args.contexts, least=1, example="256,1024,4096", flag="--contexts", what="context lengths")
+    known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.ref}^{{commit}}"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    if known.returncode != 0:
+        from graft.schema import ConfigError
+
+        raise ConfigError(f"--ref {args.ref}: not a revision of this repository (git rev-parse finds no commit)")
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

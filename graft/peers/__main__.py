@@ -5,10 +5,12 @@ graft/peers/vllm_runner.py says what it runs and writes; docs/peers.md what its 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from graft.run.commands import one_line_errors
 
+
+@one_line_errors  # bad input is one line and exit 2, as in run.py
 def main(argv: list[str] | None = None) -> None:
     from graft.peers import vllm_runner as vllm
 
@@ -25,21 +27,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--batch-sizes", default="", help="also vLLM's AR throughput at these batch sizes (1,8,32)")
     args = parser.parse_args(argv)
+    from graft.bench import batch_sizes
     from graft.config.experiment import compose_checked, validate
-    from graft.schema import ConfigError
 
-    try:
-        cfg = validate(compose_checked(["logger=none", *args.overrides]))
-        plan, chat, prompts = vllm.plan_peer(
-            cfg, python=args.python, methods=vllm.parse_methods(args.methods), k=args.k, dtype=args.dtype,
-            max_model_len=args.max_model_len,
-        )  # fmt: skip
-        from graft.bench import batch_sizes
-
-        sizes = batch_sizes(args.batch_sizes, least=1, example="1,8,32") if args.batch_sizes else []
-        out = vllm.run_peer(cfg, plan, chat, prompts, out=args.out, batch_sizes=sizes)
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
+    cfg = validate(compose_checked(["logger=none", *args.overrides]))
+    plan, chat, prompts = vllm.plan_peer(
+        cfg, python=args.python, methods=vllm.parse_methods(args.methods), k=args.k, dtype=args.dtype,
+        max_model_len=args.max_model_len,
+    )  # fmt: skip
+    sizes = batch_sizes(args.batch_sizes, least=1, example="1,8,32", flag="--batch-sizes") if args.batch_sizes else []
+    out = vllm.run_peer(cfg, plan, chat, prompts, out=args.out, batch_sizes=sizes)
     print(out)
 
 

@@ -760,7 +760,13 @@ CASES = [
         "not valid JSON",
         setup=_torn_summary,
     ),
-    Case("compare: missing root", "report", ("compare", "{t}/before", "{t}/after"), 2, "before: no such directory"),
+    Case(
+        "compare: missing root",
+        "report",
+        ("compare", "{t}/before", "{t}/after"),
+        2,
+        "before: no such file or directory",
+    ),
     Case("unknown report command", "report", ("tabels",), 2, "unknown command 'tabels'; commands: tables"),
     Case(
         "check-lossless: unknown method",
@@ -965,9 +971,18 @@ CASES = [
         "report",
         ("compare", "{t}/runs", "{t}"),
         2,
-        "no method has a run directory",
+        "no method of a run directory is under both",
         setup=_finished,
     ),
+    # the bench and stats commands' arguments, and the peer runner's
+    Case("e2e: no prompts", "bench", ("e2e", "--prompts", "0"), 2, "--prompts 0 is not allowed"),
+    Case("compile: nodes not a list", "bench", ("compile", "--nodes", "x"), 2, "--nodes x is not allowed"),
+    Case("compile: unknown model", "bench", ("compile", "--model", "bogus"), 2, "--model bogus: unknown"),
+    Case("native-ab: unknown ref", "bench", ("native-ab", "--ref", "nosuchrev"), 2, "--ref nosuchrev: not a rev"),
+    Case("moe-experts: no rounds", "bench", ("moe-experts", "--rounds", "0"), 2, "--rounds 0 is not allowed"),
+    Case("stats: no trials", "module:graft.analysis.stats", ("--coverage", "--trials", "0"), 2, "--trials 0"),
+    Case("peers: unknown method", "peers", ("vllm", "--out", "{t}/p", "--methods", "ar,medusa"), 2, "medusa"),
+    Case("peers: no vLLM", "peers", ("vllm", "--out", "{t}/p", "--python", "{t}/none"), 2, "make peers"),
 ]
 
 
