@@ -1,9 +1,11 @@
 """What produced a run, for run.json's `provenance` block (and the W&B run's config):
 
 - `code`: the package's version (importlib.metadata, distribution `graft-harness` as pyproject.toml names it) and,
-  where the package runs from a git checkout, its commit and whether tracked files differ from it (`dirty`); from
-  an installed wheel, or where git is missing or fails, `commit` and `dirty` are None with the `reason`, and the
-  version is the provenance. One `git status` subprocess per call, never an error.
+  where the package runs from a git checkout, its commit and whether its code differs from it (`dirty`: a tracked
+  file changed, or an untracked file under graft/, baselines/ or configs/, listed as `untracked_code`); from an
+  installed wheel or a copy without .git, or where git is missing or fails, `commit` and `dirty` are None with
+  the `reason` (and, without .git, `source_sha256`: the package's source hashed). One `git status` subprocess per
+  call, never an error.
 - `libraries`: python, torch, transformers, huggingface_hub, the CUDA torch was built with, cuDNN where CUDA runs.
 - `dataset`: the sha256 of every file the prompts were read from; the built-in set's prompts hashed as JSON; a Hub
   dataset's id and the revision of its cached snapshot where one is cached.
@@ -26,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) th
 WEIGHTS_HASHED_UP_TO = 256 * 2**20  # weight files hashed only up to this size in all (heads: ~20 MB; targets: GBs)
 SNAPSHOT = re.compile(r"/(models|datasets)--([^/]+)/snapshots/([0-9a-f]{40})(/|$)")
 GIT_TIMEOUT_S = 20
+CODE_FOLDERS = ("graft/", "baselines/", "configs/")  # untracked files here make a run dirty
+CODE_FILES = ("run.py",)
+SOURCE_SUFFIXES = (".py", ".yaml", ".cpp", ".h", ".json")  # what source_digest hashes
 
 
 def sha256_file(path: Path, chunk: int = 2**20) -> str:
@@ -63,9 +68,11 @@ def git_state(root: Path = ROOT) -> dict:
     if not (root / ".git").exists():
         return {
             **unknown,
-            "reason": f"{root} is not a git checkout (an installed package): its version is the provenance",
+            "source_sha256": source_digest(root),
+            "reason": f"{root} is not a git checkout (an installed package, or a copy): its version and the hash of "
+            "its source are the provenance",
         }
-    command = ["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=normal"]
+    command = ["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=all"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
     except FileNotFoundError:
@@ -77,19 +84,38 @@ def git_state(root: Path = ROOT) -> dict:
     if out.returncode != 0:
         said = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[0]
         return {**unknown, "reason": f"git status failed: {said[:200]}"}
-    commit, changed, untracked = None, 0, 0
+    commit, changed, untracked, code_files = None, 0, 0, []
     for line in out.stdout.splitlines():
         if line.startswith("# branch.oid "):
             oid = line.split()[-1]
             commit = oid if re.fullmatch(r"[0-9a-f]{40}", oid) else None
         elif line.startswith("? "):
             untracked += 1
+            path = line[2:]
+            if path.startswith(CODE_FOLDERS) or path in CODE_FILES:
+                code_files.append(path)
         elif line and not line.startswith("#"):
             changed += 1
-    state = {"commit": commit, "dirty": changed > 0, "changed": changed, "untracked": untracked}
+    # an untracked file of the code (a new method's YAML or module: the README's "Adding a method") changes
+    # what runs as surely as an edit does
+    state = {"commit": commit, "dirty": changed > 0 or bool(code_files), "changed": changed, "untracked": untracked}
+    if code_files:
+        state["untracked_code"] = code_files[:20] + (
+            [f"... {len(code_files) - 20} more"] if len(code_files) > 20 else []
+        )
     if commit is None:
         state["reason"] = "the checkout has no commit yet"
     return state
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """One sha256 over the package's source files (path and content, in path order): what ran, where no commit
+    says it."""
+    digest = hashlib.sha256()
+    package = root / "graft" if (root / "graft").is_dir() else Path(__file__).resolve().parents[1]
+    for path in sorted(p for p in package.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def code() -> dict:

@@ -57,6 +57,11 @@ def test_a_tiny_run_records_its_provenance_with_one_git_call_and_export_keeps_it
 def test_no_checkout_or_no_git_is_said_not_raised(tmp_path, monkeypatch):
     state = provenance.git_state(tmp_path)  # an installed package: no .git beside it
     assert state["commit"] is None and state["dirty"] is None and "not a git checkout" in state["reason"]
+    (tmp_path / "graft").mkdir()  # a copy of the source without .git: its source is hashed, and an edit shows
+    (tmp_path / "graft" / "a.py").write_text("x = 1\n")
+    first = provenance.git_state(tmp_path)["source_sha256"]
+    (tmp_path / "graft" / "a.py").write_text("x = 2\n")
+    assert provenance.git_state(tmp_path)["source_sha256"] != first
 
     (tmp_path / ".git").mkdir()
 
@@ -82,9 +87,14 @@ def test_a_checkout_gives_its_commit_and_whether_tracked_files_changed(tmp_path)
     state = provenance.git_state(tmp_path)
     assert state == {"commit": head.stdout.strip(), "dirty": False, "changed": 0, "untracked": 0}
     (tmp_path / "new.py").write_text("")
-    assert provenance.git_state(tmp_path)["dirty"] is False  # an untracked file is counted, not dirt
+    assert provenance.git_state(tmp_path)["dirty"] is False  # an untracked file outside the code is counted, not dirt
     (tmp_path / "a.py").write_text("x = 2\n")
     assert provenance.git_state(tmp_path) == {**state, "dirty": True, "changed": 1, "untracked": 1}
+    git("checkout", "-q", "a.py")
+    (tmp_path / "graft" / "configs" / "method").mkdir(parents=True)  # the README's "Adding a method": a new YAML
+    (tmp_path / "graft" / "configs" / "method" / "mine.yaml").write_text("name: mine\n")
+    new = provenance.git_state(tmp_path)
+    assert new["dirty"] is True and new["untracked_code"] == ["graft/configs/method/mine.yaml"]
 
 
 def test_dataset_files_are_hashed(tmp_path):
