@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -188,8 +189,9 @@ def run_dirs(paths, partial: bool = False, unfinished: dict | None = None) -> li
         elif not path.is_dir():
             raise RecordError(f"{path}: not a run directory (a folder with summary.json and run.json)")
         else:
-            runs = sorted(p.parent for p in path.rglob("summary.json") if (p.parent / "run.json").is_file())
-            started = sorted(p.parent for p in path.rglob("run.json") if not (p.parent / "summary.json").exists())
+            folders = _folders_below(path)
+            runs = [f for f in folders if (f / "summary.json").is_file() and (f / "run.json").is_file()]
+            started = [f for f in folders if (f / "run.json").is_file() and not (f / "summary.json").exists()]
             for run in started:  # started, but no prompt recorded yet (summary.json is written after each one)
                 planned = planned_prompts(run)
                 lines.append(
@@ -207,6 +209,20 @@ def run_dirs(paths, partial: bool = False, unfinished: dict | None = None) -> li
     for line in lines:
         _tell(line)
     return list(dict.fromkeys(found))
+
+
+def _folders_below(path: Path) -> list[Path]:
+    """`path` and every folder below it, in path order, following links to folders (a run linked into a results
+    tree is read like one copied there), each real folder once."""
+    seen, found = set(), []
+    for top, folders, _ in os.walk(path, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            folders[:] = []
+            continue
+        seen.add(real)
+        found.append(Path(top))
+    return sorted(found)
 
 
 def check_export_paths(source, target) -> tuple[Path, Path]:

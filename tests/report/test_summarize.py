@@ -187,3 +187,14 @@ def test_summarize_names_a_file_that_is_not_a_summary(tmp_path, capsys):
     assert done.value.code == 2 and "run.json: not a summary; give a run's folder or its summary.json" in (
         capsys.readouterr().err
     )
+
+
+def test_a_run_folder_linked_into_a_tree_is_read_like_one_copied_there(tmp_path):
+    """`tables` skipped a run folder that is a symlink (rglob does not follow links); a link back up is no loop."""
+    from graft.records.reader import run_dirs
+
+    run = _single_run(tmp_path / "store" / "pld", "pld")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "pld").symlink_to(run, target_is_directory=True)
+    (tmp_path / "tree" / "back").symlink_to(tmp_path / "tree", target_is_directory=True)
+    assert run_dirs([tmp_path / "tree"]) == [tmp_path / "tree" / "pld"]
