@@ -61,9 +61,10 @@ class ComposeParams:
         if isinstance(self.retrieval, str):
             self.retrieval = RETRIEVAL_ALIASES.get(self.retrieval, [self.retrieval] if self.retrieval != "none" else [])
         self.retrieval = list(self.retrieval)
-        if self.total_tokens is not None and self.total_tokens < 1:
+        if self.total_tokens is not None and self.total_tokens < 2:  # the root alone drafts nothing: that is AR
             raise ConfigError(
-                f"method.total_tokens={self.total_tokens} is not allowed; expected an integer >= 1 (null: what the parts can fill)"
+                f"method.total_tokens={self.total_tokens} is not allowed; expected an integer >= 2, the root and at "
+                "least one drafted node (null: what the parts can fill; method=ar decodes without drafting)"
             )
 
 

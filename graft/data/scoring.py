@@ -19,16 +19,24 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from pathlib import Path
 from typing import NamedTuple
 
 from graft.data.prompt import Prompt
 
-_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+# a comma only between groups of three digits (1,000 and 12,345,678; "2,3,5" is three numbers)
+_NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_MINUSES = str.maketrans({"\u2212": "-", "\ufe63": "-"})  # the minus sign and the small hyphen-minus
+
+
+def _plain(text: str) -> str:
+    """Full-width digits and commas as ASCII (NFKC: "１，０００" is 1,000), typographic minus signs as "-"."""
+    return unicodedata.normalize("NFKC", text).translate(_MINUSES)
 
 
 def normalise_number(text: str) -> str | None:
-    cleaned = text.replace(",", "").replace("$", "").strip().rstrip(".")
+    cleaned = _plain(text).replace(",", "").replace("$", "").strip().rstrip(".")
     try:
         value = float(cleaned)
     except ValueError:
@@ -37,7 +45,7 @@ def normalise_number(text: str) -> str | None:
 
 
 def last_number(text: str) -> str | None:
-    matches = _NUMBER.findall(text)
+    matches = _NUMBER.findall(_plain(text))
     return normalise_number(matches[-1]) if matches else None
 
 

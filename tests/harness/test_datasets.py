@@ -202,6 +202,20 @@ def test_gsm8k_scoring():
     assert not gsm8k_correct("I do not know.", "18")
 
 
+@pytest.mark.parametrize(
+    "answer,number",
+    [
+        ("The answer is １，０００.", "1000"),  # full-width digits and comma: read as 0 before
+        ("It is −5 degrees.", "-5"),  # the minus sign U+2212: read as 5
+        ("The primes are 2,3,5", "5"),  # commas not between groups of three: three numbers, not 235
+        ("12,345,678 people", "12345678"),
+        ("It costs $1,234.50", "1234.5"),
+    ],
+)
+def test_gsm8k_numbers_are_read_as_a_reader_reads_them(answer, number):
+    assert last_number(answer) == number
+
+
 PROBLEM = {
     "task_id": "HumanEval/x",
     "prompt": 'def add(a, b):\n    """Return a + b."""\n',
