@@ -196,7 +196,7 @@ def measured_speedup(summary: dict, method_summary: dict, method: str, batch: in
 
 
 def projection_rows(
-    paths, profile: CostProfile, methods: list[str] | None, draft: str, anchor: str = "profile"
+    paths, profile: CostProfile, methods: list[str] | None, draft: str, anchor: str = "profile", partial: bool = False
 ) -> list[dict]:
     """One row per (run, method): the setting, the measured speedup (`measured_speedup`) and the projection.
     anchor="job" scales the profile per run by its own baseline's speed (graft/costmodel: job_anchor)."""
@@ -206,7 +206,7 @@ def projection_rows(
             f"{profile.batch}: use --anchor profile"
         )
     rows = []
-    for run in run_dirs(paths):
+    for run in run_dirs(paths, partial):  # unfinished runs too with --partial, as run_dirs tells the user
         summary = json.loads((run / "summary.json").read_text())
         steps = run_steps(run)
         factor = job_anchor(steps[AR], profile) if anchor == "job" and steps.get(AR) else None
@@ -378,6 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         help="job: scale the profile per run by the speed its own baseline ran at (the profile keeps its shape)",
     )
     parser.add_argument("--diagnose", action="store_true", help="also the recorded ms per step beside the profile's")
+    parser.add_argument("--partial", action="store_true", help="also unfinished (killed) runs' recorded steps")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     parser.add_argument("--json", type=Path, help="also write every row with its full projection here")
     args = parser.parse_args(argv)
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = CostProfile.load(args.profile)
     methods = args.methods.split(",") if args.methods else None
     try:
-        rows = projection_rows(args.paths, profile, methods, args.draft, args.anchor)
+        rows = projection_rows(args.paths, profile, methods, args.draft, args.anchor, args.partial)
     except KeyError as err:  # --draft profile, and the profile did not measure a method's drafter
         if not str(err.args[0]).startswith("the profile has no draft cost"):  # a record without a field it reads
             raise ConfigError(

@@ -399,3 +399,18 @@ def test_the_profile_carries_the_experts_and_costs_a_verify_by_them(tiny_moe, mo
     assert costs[-1] - costs[0] == pytest.approx(0.25 * tiny_moe.num_layers * 2)
     steps = [Step(accepted=2, nodes=16, context=256, draft_ms=0.0, experts=e) for e in (2, 4)]
     assert project(steps[1:], profile)["verify_ms_per_step"] > project(steps[:1], profile)["verify_ms_per_step"]
+
+
+def test_project_on_a_killed_run_takes_the_partial_flag_it_points_to(tmp_path):
+    """It said "pass --partial" and then refused --partial as an unknown argument."""
+    _run_dir(tmp_path / "runs" / "killed")
+    summary = json.loads((tmp_path / "runs" / "killed" / "summary.json").read_text())
+    del summary["complete"]
+    (tmp_path / "runs" / "killed" / "summary.json").write_text(json.dumps(summary))
+    _profile().save(tmp_path / "profile.json")
+    command = [sys.executable, "-m", "graft.costmodel", "project", str(tmp_path / "runs"), "--profile"]
+    command += [str(tmp_path / "profile.json")]
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "pass --partial" in refused.stderr
+    shown = subprocess.run([*command, "--partial"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "| mt | graft" in shown.stdout, shown.stderr[-2000:]
