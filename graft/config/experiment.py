@@ -542,6 +542,21 @@ def _syntax_problem(arg: str, message: str) -> str:
     return f"the override '{arg}' is not valid Hydra syntax{where}; {quoting}"
 
 
+def check_sweeps(argv: list[str]) -> None:
+    """A group option swept with a comma (method=pld,graft) without -m: Hydra refuses it and suggests a list,
+    which a group does not take; name the two things the user may have meant."""
+    if any(a in ("-m", "--multirun") or a.startswith("--multirun=") for a in argv):
+        return
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if key in GROUPS and "," in value and not value.startswith(("[", "'", '"')) and "(" not in value:
+            also = f"; to compare methods in one run: methods=[{value}]" if key == "method" else ""
+            raise ConfigError(
+                f"{arg}: a comma sweeps over {key} options, one run each; add -m (python run.py -m {arg}){also}"
+            )
+
+
 def check_overrides(argv: list[str]) -> list[str]:
     """Fail fast on command-line overrides that name an unknown group option or key; returns argv with
     method keys written as Hydra needs them (method_override), and `methods=null` added when the command
@@ -551,6 +566,7 @@ def check_overrides(argv: list[str]) -> list[str]:
     and lists what is allowed. Sweep syntax (a,b or functions) is checked value by value where possible.
     """
     check_syntax(argv)
+    check_sweeps(argv)
     methods = [_default_choice("method")]
     for arg in argv:
         if arg.startswith("method=") and "(" not in arg:

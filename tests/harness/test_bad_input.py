@@ -289,6 +289,14 @@ CASES = [
     Case("CUDA without a GPU", "run", ("method=ar", "hardware=gpu"), 2, "torch sees no CUDA device"),
     Case("zero prompts", "run", ("method=ar", "run.num_prompts=0"), 2, "num_prompts=0"),
     Case("zero budget", "run", ("method=graft", "method.total_tokens=0"), 2, "total_tokens=0"),
+    Case(
+        "a method sweep without -m",
+        "run",
+        ("method=pld,graft",),
+        2,
+        "add -m (python run.py -m method=pld,graft)",
+        base=(),
+    ),
     Case("a budget of the root alone", "run", ("method=graft_auto", "method.total_tokens=1"), 2, "method=ar decodes"),
     Case(
         "tensor parallel on a CPU",
