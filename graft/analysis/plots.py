@@ -846,7 +846,7 @@ def batch_scaling(rows, out: Path) -> list[Path]:
     written = []
     if rows.empty or rows["batch_size"].nunique() < 2:
         return written
-    from graft.analysis.tables import batch_series
+    from graft.analysis.tables import batch_series, is_ar
 
     for (model, dataset, temperature, new_tokens, stream), group in batch_series(rows):
         if group["batch_size"].nunique() < 2:
@@ -862,7 +862,7 @@ def batch_scaling(rows, out: Path) -> list[Path]:
                 color=style["color"],
                 label=style["label"],
             )
-            if method == "ar":
+            if is_ar(method):
                 continue
             left.plot(
                 runs["batch_size"],

@@ -493,6 +493,11 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
     return per_sequence.merge(pd.DataFrame(rows), on=["run", "method"], how="inner")
 
 
+def is_ar(method: str) -> bool:
+    """AR's row: this harness's (`ar`) or another system's (`ar (vllm)`, `ar (imported)`)."""
+    return method == "ar" or method.startswith("ar (")
+
+
 def batch_series(rows: pd.DataFrame):
     """(model, dataset, temperature, max_new_tokens, stream) and its rows: the runs one batch-size series may draw
     together. Runs that differ in temperature, answer length or how their batch was kept full (a steady stream, or
@@ -510,7 +515,7 @@ def batch_table(rows: pd.DataFrame, order: list[str] | None = None) -> pd.DataFr
     methods = [m for m in (order or sorted(set(rows["method"]))) if m in set(rows["method"])]
     cells = {}
     for row in rows.itertuples():
-        if row.method == "ar":
+        if is_ar(row.method):
             text = f"{row.throughput_tokens_per_s:.1f} tok/s"
         else:
             speed = (
