@@ -28,9 +28,7 @@ import time
 
 
 def main() -> None:
-    # Python puts this file's folder first on the path: no module beside it may stand in for vLLM's
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # Python puts this file's folder first on the path, so no module beside it may be named vllm
     job = json.loads(sys.stdin.readline())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: no __main__ guard
     # the CPU build's KV cache takes a fixed share of RAM (its default filled a 24 GiB machine): a few GiB hold
