@@ -85,15 +85,20 @@ def export(source: Path, target: Path, partial: bool = False, replace: bool = Fa
             f"{target}: is not empty; pass --replace to replace the run folders this export writes there "
             "(nothing else in it is touched), or export into an empty folder"
         )
+    place = {run: run.relative_to(source) for run, _, _ in checked}
+    if target.is_dir() and any(p == Path(".") for p in place.values()) and _holds_runs_below(target):
+        # one run folder exported into a tree of exports: at the tree's root it would hide every run below it
+        # from the tools (a folder with summary.json is read as one run), so it goes where the tree keeps runs
+        place = {run: Path(source.name) if p == Path(".") else p for run, p in place.items()}
     for run, _, _ in checked:
-        shadow = target / run.relative_to(source) / "samples.jsonl"
+        shadow = target / place[run] / "samples.jsonl"
         if shadow.exists():  # the tools would read it, not the exported samples.jsonl.gz
             raise RecordError(f"{shadow}: would be read instead of the exported samples.jsonl.gz; move it away")
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     written = []
     for run, records, summary in checked:
-        out = staging / run.relative_to(source)
+        out = staging / place[run]
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(run / "run.json", out / "run.json")
         if summary is None:
@@ -105,8 +110,7 @@ def export(source: Path, target: Path, partial: bool = False, replace: bool = Fa
         text = "".join(json.dumps(r) + "\n" for r in records)
         (out / "samples.jsonl.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
     for run, _, _ in checked:  # into place: each file whole; only what this export writes is replaced
-        relative = run.relative_to(source)
-        out, dest = staging / relative, target / relative
+        out, dest = staging / place[run], target / place[run]
         dest.mkdir(parents=True, exist_ok=True)
         for name in EXPORTED:
             os.replace(out / name, dest / name)
@@ -117,6 +121,11 @@ def export(source: Path, target: Path, partial: bool = False, replace: bool = Fa
         written.append(dest)
     shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def _holds_runs_below(folder: Path) -> bool:
+    """Run folders (summary.json beside run.json) below `folder`, not at it."""
+    return any(p.parent != folder and (p.parent / "run.json").is_file() for p in folder.rglob("summary.json"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -198,3 +198,19 @@ def test_a_run_folder_linked_into_a_tree_is_read_like_one_copied_there(tmp_path)
     (tmp_path / "tree" / "pld").symlink_to(run, target_is_directory=True)
     (tmp_path / "tree" / "back").symlink_to(tmp_path / "tree", target_is_directory=True)
     assert run_dirs([tmp_path / "tree"]) == [tmp_path / "tree" / "pld"]
+
+
+def test_one_run_exported_into_a_tree_of_exports_keeps_the_trees_layout(tmp_path):
+    """`export RUN TREE --replace` wrote the run at the tree's root, which hid every run below it from the tools."""
+    from graft.records.reader import run_dirs
+    from graft.report.export import export
+
+    _single_run(tmp_path / "src" / "a", "pld")
+    _single_run(tmp_path / "src" / "b", "graft")
+    export(tmp_path / "src", tmp_path / "tree")
+    later = _single_run(tmp_path / "later" / "c", "pld")
+    (written,) = export(later, tmp_path / "tree", replace=True)
+    assert written == tmp_path / "tree" / "c" and not (tmp_path / "tree" / "summary.json").exists()
+    assert [p.name for p in run_dirs([tmp_path / "tree"])] == ["a", "b", "c"]
+    (alone,) = export(later, tmp_path / "empty")  # into an empty folder a run is still the folder itself
+    assert alone == tmp_path / "empty"
