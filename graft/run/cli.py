@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 import time
 
 
@@ -74,6 +75,24 @@ def prepare() -> None:
     register_resolvers()  # ${gpus_needed:}: the GPUs a scheduler asks for (graft/plan/hardware.py)
 
 
+def make_run_dir(argv: list[str]) -> None:
+    """The folder a single run writes to (hydra.run.dir, which run.out_dir sets), made now: Hydra makes it before
+    the run starts and a folder that cannot be made (read-only, a file in the way) ended in its traceback."""
+    if any(a in ("-m", "--multirun") or a.startswith("--multirun=") for a in argv):
+        return  # a sweep's folders are made per job, under hydra.sweep.dir
+    for arg in argv:
+        if arg.startswith("hydra.run.dir=") and "${" not in arg:  # an interpolation is Hydra's to resolve
+            folder = Path(arg.split("=", 1)[1].strip("'\"")).expanduser()
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                from graft.config.experiment import ConfigError
+
+                raise ConfigError(
+                    f"{arg}: the run's folder cannot be made ({err.strerror or err}); choose another run.out_dir"
+                ) from None
+
+
 def main() -> None:
     """The `graft-run` console script (and run.py): overrides checked, then Hydra composes and runs `job`."""
     prepare()
@@ -83,6 +102,7 @@ def main() -> None:
 
     try:
         sys.argv[1:] = check_overrides(sys.argv[1:])
+        make_run_dir(sys.argv[1:])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -289,6 +289,7 @@ CASES = [
     Case("CUDA without a GPU", "run", ("method=ar", "hardware=gpu"), 2, "torch sees no CUDA device"),
     Case("zero prompts", "run", ("method=ar", "run.num_prompts=0"), 2, "num_prompts=0"),
     Case("zero budget", "run", ("method=graft", "method.total_tokens=0"), 2, "total_tokens=0"),
+    Case("a run folder that cannot be made", "run", ("method=ar", "run.out_dir=/proc/graft_run"), 2, "cannot be made"),
     Case(
         "a method sweep without -m",
         "run",
