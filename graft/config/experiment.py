@@ -542,10 +542,28 @@ def _syntax_problem(arg: str, message: str) -> str:
     return f"the override '{arg}' is not valid Hydra syntax{where}; {quoting}"
 
 
+def check_early_values(argv: list[str]) -> None:
+    """Values a launcher's config reads while Hydra resolves it, before validate() would see them (the SLURM
+    launcher's GPU count reads model.num_gpus): checked here, so a bad one is one line, not Hydra's traceback."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "model.num_gpus":
+            for one in value.split(","):
+                require(
+                    one == "auto" or (one.isdigit() and int(one) >= 1), "model.num_gpus", one, "auto or an integer >= 1"
+                )
+
+
 def check_sweeps(argv: list[str]) -> None:
     """A group option swept with a comma (method=pld,graft) without -m: Hydra refuses it and suggests a list,
     which a group does not take; name the two things the user may have meant."""
     if any(a in ("-m", "--multirun") or a.startswith("--multirun=") for a in argv):
+        shown = [a for a in argv if a in ("--cfg", "-c", "--info", "-i") or a.startswith(("--cfg=", "--info="))]
+        if shown:  # Hydra: "Only one of --run, --multirun, --cfg, ..." as a traceback
+            raise ConfigError(
+                f"{shown[0]} shows one run's config, -m runs a sweep: drop -m to see a job's config "
+                f"(python run.py {' '.join(a for a in argv if a not in ('-m', '--multirun'))})"
+            )
         return
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -567,6 +585,7 @@ def check_overrides(argv: list[str]) -> list[str]:
     """
     check_syntax(argv)
     check_sweeps(argv)
+    check_early_values(argv)
     methods = [_default_choice("method")]
     for arg in argv:
         if arg.startswith("method=") and "(" not in arg:

@@ -190,7 +190,7 @@ def run_dirs(paths, partial: bool = False, unfinished: dict | None = None) -> li
             raise RecordError(f"{path}: not a run directory (a folder with summary.json and run.json)")
         else:
             folders = _folders_below(path)
-            runs = [f for f in folders if (f / "summary.json").is_file() and (f / "run.json").is_file()]
+            runs = [f for f in folders if (f / "summary.json").exists() and (f / "run.json").is_file()]
             started = [f for f in folders if (f / "run.json").is_file() and not (f / "summary.json").exists()]
             for run in started:  # started, but no prompt recorded yet (summary.json is written after each one)
                 planned = planned_prompts(run)

@@ -289,6 +289,14 @@ CASES = [
     Case("CUDA without a GPU", "run", ("method=ar", "hardware=gpu"), 2, "torch sees no CUDA device"),
     Case("zero prompts", "run", ("method=ar", "run.num_prompts=0"), 2, "num_prompts=0"),
     Case("zero budget", "run", ("method=graft", "method.total_tokens=0"), 2, "total_tokens=0"),
+    Case(
+        "GPUs 0 under the SLURM launcher",
+        "run",
+        ("-m", "hydra/launcher=graft_slurm", "model.num_gpus=0"),
+        2,
+        "model.num_gpus='0' is not allowed",
+    ),
+    Case("--cfg with -m", "run", ("-m", "hydra/launcher=graft_slurm", "--cfg", "job"), 2, "drop -m"),
     Case("a run folder that cannot be made", "run", ("method=ar", "run.out_dir=/proc/graft_run"), 2, "cannot be made"),
     Case(
         "a method sweep without -m",
