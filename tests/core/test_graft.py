@@ -244,7 +244,7 @@ BUDGETED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("budget", [1, 3])
+@pytest.mark.parametrize("budget", [2, 3])  # 1, the root alone, is AR: a composed method refuses it
 def test_every_method_verifies_at_most_its_budget(tiny, budget):
     from conftest import make_drafter, method_yaml
     from graft.decode import generate
