@@ -48,8 +48,13 @@ class SuccessorTable:
         read with one gather (read_templates) and taught with one scatter (update_tables) for every slot."""
         if other.group is self.group:
             return
-        storage = torch.cat([self.storage, other._rows[None]])
-        group = self.group + [other]
+        group, storage = self.group + [other], self.storage
+        if len(group) > storage.shape[0]:  # full: twice the slots, so a batch's B joins copy O(B) slots in all
+            storage = torch.full(
+                (2 * storage.shape[0], *storage.shape[1:]), -1, dtype=storage.dtype, device=storage.device
+            )
+            storage[: len(self.group)] = self.storage[: len(self.group)]
+        storage[len(group) - 1] = other._rows  # slots past the group's are never read
         for slot, table in enumerate(group):
             table._place(storage, slot, group)
 

@@ -126,6 +126,26 @@ LOGITS = torch.tensor(
 )
 
 
+def test_a_batch_of_tables_joins_with_a_copy_only_when_its_storage_doubles():
+    """B joins copied every earlier slot each time (O(B^2) bytes: about 5 GB at a 152K vocabulary and B = 32);
+    the storage now doubles when full, so 9 tables take 4 copies and every table keeps its rows."""
+    from graft.retrieval.recycling import SuccessorTable
+
+    rows = [[[(b * 7 + v * 3 + r) % 6 for r in range(2)] for v in range(6)] for b in range(9)]
+    tables = []
+    for own in rows:
+        table = SuccessorTable(6, k=2)
+        table.rows.copy_(torch.tensor(own))
+        tables.append(table)
+    storages = []
+    for table in tables[1:]:
+        tables[0].join(table)
+        if not storages or storages[-1] is not tables[0].storage:
+            storages.append(tables[0].storage)
+    assert [s.shape[0] for s in storages] == [2, 4, 8, 16] and len({id(t.storage) for t in tables}) == 1
+    assert [t.slot for t in tables] == list(range(9)) and [t.rows.tolist() for t in tables] == rows
+
+
 def test_a_batchs_recycling_tables_read_and_learn_in_one_pass_what_each_does_alone():
     """Three tables joined in one storage: one template read for all equals each table's read_template, and one
     update_tables (a repeated token in a slot, an empty node, each slot its own accepted path) leaves every table
