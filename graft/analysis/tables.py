@@ -483,7 +483,7 @@ def batch_rows(paths, partial: bool = False) -> pd.DataFrame:
                         "method": method,
                         "batch_size": size,
                         "throughput_tokens_per_s": throughput,
-                        "speedup_throughput": throughput / base if throughput and base and method != "ar" else None,
+                        "speedup_throughput": throughput / base if throughput and base and not is_ar(method) else None,
                         "latency_tokens_per_s_p50": row.get("latency_tokens_per_s_p50"),
                         "steady_sequences_per_step": row.get("steady_sequences_per_step"),
                         "max_new_tokens": new_tokens,

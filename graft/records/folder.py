@@ -52,6 +52,12 @@ def result_config(cfg: dict) -> dict:
     return kept
 
 
+def marked_partial(summary: dict) -> dict:
+    """The summary of a run that did not finish, as a copy says so: `partial: true` and no `complete` record, so
+    every tool reads it as unfinished (run_problem) and shows it only with --partial."""
+    return {**{k: v for k, v in summary.items() if k != "complete"}, "partial": True}
+
+
 def records_digest(records: list[dict]) -> str:
     """What a summary was computed from: the sha1 of its records, in order, as samples.jsonl holds them."""
     lines = "".join(json.dumps(r, default=float) + "\n" for r in records)
@@ -108,14 +114,7 @@ def _pid_running(pid) -> bool:
 def lock_holder(folder: str | Path) -> dict | None:
     """The run recorded in `folder`'s lock ({pid, host, started, ...}), or None where there is none (or it
     cannot be read)."""
-    path = Path(folder) / LOCK
-    if not _regular(path):
-        return None
-    try:
-        holder = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return holder if isinstance(holder, dict) else None
+    return RunLock(folder)._read()[1]
 
 
 def _regular(path: Path) -> bool:

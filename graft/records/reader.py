@@ -189,7 +189,7 @@ def run_dirs(paths, partial: bool = False, unfinished: dict | None = None) -> li
         elif not path.is_dir():
             raise RecordError(f"{path}: not a run directory (a folder with summary.json and run.json)")
         else:
-            folders = _folders_below(path)
+            folders = folders_below(path)
             runs = [f for f in folders if (f / "summary.json").exists() and (f / "run.json").is_file()]
             started = [f for f in folders if (f / "run.json").is_file() and not (f / "summary.json").exists()]
             for run in started:  # started, but no prompt recorded yet (summary.json is written after each one)
@@ -211,7 +211,7 @@ def run_dirs(paths, partial: bool = False, unfinished: dict | None = None) -> li
     return list(dict.fromkeys(found))
 
 
-def _folders_below(path: Path) -> list[Path]:
+def folders_below(path: Path) -> list[Path]:
     """`path` and every folder below it, in path order, following links to folders (a run linked into a results
     tree is read like one copied there), each real folder once."""
     seen, found = set(), []

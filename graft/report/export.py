@@ -39,10 +39,10 @@ def exported_summary(summary: dict, records: list[dict], unfinished: bool) -> di
     run's marked `partial: true` (a `complete` that does not verify dropped); a finished run's `complete`
     sha1 recomputed over the exported records (the run's own kept as `source_records_sha1`), so that the
     export verifies as the run did."""
-    from graft.records.folder import records_digest
+    from graft.records.folder import marked_partial, records_digest
 
     if unfinished:
-        return {**{k: v for k, v in summary.items() if k != "complete"}, "partial": True}
+        return marked_partial(summary)
     complete = summary.get("complete")
     if not isinstance(complete, dict) or complete.get("ids") is None or not complete.get("records_sha1"):
         return None  # the plan alone (a summary from before the digest): nothing to recompute
@@ -124,8 +124,12 @@ def export(source: Path, target: Path, partial: bool = False, replace: bool = Fa
 
 
 def _holds_runs_below(folder: Path) -> bool:
-    """Run folders (summary.json beside run.json) below `folder`, not at it."""
-    return any(p.parent != folder and (p.parent / "run.json").is_file() for p in folder.rglob("summary.json"))
+    """Run folders (summary.json beside run.json) below `folder`, not at it, found as the tools find them."""
+    from graft.records.reader import folders_below
+
+    return any(
+        f != folder and (f / "summary.json").exists() and (f / "run.json").is_file() for f in folders_below(folder)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

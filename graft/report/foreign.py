@@ -86,6 +86,7 @@ def write_foreign_run(
     `partial`: the records come from an unfinished run; the summary says so and holds no `complete` record, so
     every tool treats the folder as an unfinished run (shown only with --partial)."""
     from graft.analysis import stats
+    from graft.records.folder import marked_partial
     from graft.records.writer import config_hash, records_digest
 
     labels = list(records[0]["methods"])
@@ -114,19 +115,19 @@ def write_foreign_run(
         "interval_method": stats.INTERVAL_METHOD,
     }
     if partial:
-        summary = {**{k: v for k, v in summary.items() if k != "complete"}, "partial": True}
+        summary = marked_partial(summary)
     run = {"config_hash": config_hash(config), "config": config, **run}
-    partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "summaries").mkdir(parents=True)
-    (partial / "samples.jsonl").write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
-    (partial / "run.json").write_text(json.dumps(run, indent=2, default=str))
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "summaries").mkdir(parents=True)
+    (staging / "samples.jsonl").write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
+    (staging / "run.json").write_text(json.dumps(run, indent=2, default=str))
     for label, method_summary_ in per_method.items():
         name = label.removesuffix(suffix)
-        (partial / "summaries" / f"{name}.json").write_text(json.dumps(method_summary_, indent=2, default=str))
-    (partial / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        (staging / "summaries" / f"{name}.json").write_text(json.dumps(method_summary_, indent=2, default=str))
+    (staging / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     if out.exists():
         out.rmdir()  # callers refuse a folder that is not empty
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial.rename(out)
+    staging.rename(out)
     return out
