@@ -376,13 +376,14 @@ def split_settings(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     numbers depend on (run_settings; not the seed, REPEAT_KEYS: those are repeats), every row of that method
     gets the values it ran with, `method` = "graft (max_new_tokens=64)"; an unfinished run's rows are marked
     "(partial)" the same way. Returns the rows and, per model and temperature, one line naming the settings
-    that differ."""
+    that differ. The `settings` column is replaced by those settings alone, full key names ("run.batch_size=8;
+    method.cost_profile_batch=..."), empty where nothing splits the row's cell."""
     if rows.empty or "settings" not in rows:
         return rows, []
     rows = rows.reset_index(drop=True)
     settings = [json.loads(s) if isinstance(s, str) else {} for s in rows["settings"]]
     ignored = CELL_KEYS | REPEAT_KEYS
-    labels, notes = list(rows["method"]), []
+    labels, notes, split = list(rows["method"]), [], [""] * len(rows)
     unfinished = list(rows["partial"].fillna(False).astype(bool)) if "partial" in rows else [False] * len(rows)
     for (model, temperature), group in rows.groupby(["model", "temperature"], dropna=False):
         cells: dict[tuple, list[int]] = {}
@@ -398,6 +399,7 @@ def split_settings(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             short = {k: k.rsplit(".", 1)[-1] for k in own}
             short = {k: k if list(short.values()).count(v) > 1 else v for k, v in short.items()}
             for i in mine:
+                split[i] = "; ".join(f"{k}={_text(settings[i].get(k))}" for k in own)
                 parts = [f"{short[k]}={_text(settings[i].get(k))}" for k in own]
                 parts += ["partial"] if unfinished[i] else []
                 if parts:
@@ -407,7 +409,7 @@ def split_settings(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 f"{model}, temperature {temperature:g}: runs that would share a cell differ in "
                 f"{', '.join(sorted(differ))}; shown apart, each row labelled with its value."
             )
-    rows["method"] = labels
+    rows["method"], rows["settings"] = labels, split
     return rows, notes
 
 

@@ -1,5 +1,7 @@
-"""Rewrite the generated tables of results/README.md from the committed records, so that no number there is
-typed by hand. A generated block is
+"""Rewrite the generated tables of results/README.md, and the table files (tables.md, tables.tex, rows.csv,
+categories.csv) of every folder beside it, from the committed records, so that no number there is typed by hand
+and none trails the code. A folder's tables.md names on its first line the `tables` command that wrote it; that
+command is run again. A generated block is
 
     <!-- generated: <kind> <paths ...> -->
     ...
@@ -272,6 +274,49 @@ def render(text: str, name: str = "README") -> str:
     return BLOCK.sub(one, text)
 
 
+WRITTEN_BY = re.compile(r"<!-- (python -m graft\.report tables .*) --out <this folder> -->\n")
+TABLE_FILES = ("tables.md", "tables.tex", "rows.csv", "categories.csv")
+
+
+def table_folders(readme: Path) -> dict[Path, str]:
+    """The folders beside `readme` whose tables.md names the command that wrote it (graft/report/tables.py's first
+    line), with that command."""
+    found = {}
+    for tables_md in sorted(readme.parent.glob("*/tables.md")):
+        match = WRITTEN_BY.match(tables_md.read_text())
+        if match:
+            found[tables_md.parent] = match.group(1)
+    return found
+
+
+def write_tables(command: str, out: Path) -> None:
+    """Run a folder's `python -m graft.report tables ...` again into `out`, its paths read from the repository root."""
+    import contextlib
+    import io
+    import shlex
+
+    from graft.report.tables import main as tables_main
+
+    words = shlex.split(command)[4:]
+    words = [str(ROOT / w) if not w.startswith("-") and (ROOT / w).exists() else w for w in words]
+    with contextlib.redirect_stdout(io.StringIO()):
+        tables_main([*words, "--out", str(out)])
+
+
+def stale_tables(folder: Path, command: str) -> list[str]:
+    """The table files of `folder` that differ from what its command writes today from its records."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as fresh:
+        write_tables(command, Path(fresh))
+        return [
+            name
+            for name in TABLE_FILES
+            if (folder / name).exists() != (Path(fresh) / name).exists()
+            or ((folder / name).exists() and (folder / name).read_bytes() != (Path(fresh) / name).read_bytes())
+        ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m graft.report render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -282,13 +327,18 @@ def main(argv: list[str] | None = None) -> None:
     text = args.readme.read_text()
     fresh = render(text, str(args.readme))
     blocks = len(BLOCK.findall(text))
+    folders = table_folders(args.readme)
     if args.check:
-        if fresh != text:
-            raise SystemExit(f"{args.readme}: generated blocks are stale; run python -m graft.report render")
-        print(f"{args.readme}: {blocks} generated blocks match their records")
+        stale = [f"{folder}/{name}" for folder, command in folders.items() for name in stale_tables(folder, command)]
+        stale += [f"{args.readme} (its generated blocks)"] if fresh != text else []
+        if stale:
+            raise SystemExit(f"stale, not what the records give today: {', '.join(stale)}; run python -m graft.report render")
+        print(f"{args.readme}: {blocks} generated blocks and the tables of {len(folders)} folders match their records")
         return
     args.readme.write_text(fresh)
-    print(f"{args.readme}: rewrote {blocks} generated blocks")
+    for folder, command in folders.items():
+        write_tables(command, folder)
+    print(f"{args.readme}: rewrote {blocks} generated blocks and the tables of {len(folders)} folders")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ from samples.jsonl. A run of run.repeats > 1 adds a table of each ratio's mean a
 Finished runs only: an unfinished one (no verifying `complete` record in summary.json) is named on stderr and
 skipped, or with `--partial` shown, its rows marked "(partial)". Runs that would share a cell but differ in a
 setting their numbers depend on (run.max_new_tokens, the method's config, the hardware, ...) are not averaged:
-their rows are labelled with it ("graft (max_new_tokens=64)") and a line under the table names it.
+their rows are labelled with it ("graft (max_new_tokens=64)") and a line under the table names it; rows.csv's
+`settings` column holds those settings alone ("run.max_new_tokens=64"), empty where nothing splits a cell.
+With --out, tables.md and tables.tex begin with the command that writes them again (`python -m graft.report
+render` reruns it for every folder of results/, and --check fails where the committed files trail the code).
 
 `--by category`: also, per model, temperature and dataset, rows = the dataset's categories and "all", columns =
 methods, cells "speedup [low, high] / tau [low, high]"; with --out, categories.csv holds every interval (one row
@@ -187,6 +190,29 @@ def _cell(entries: dict, key: tuple, category: str, metric: str) -> str:
     return f"{text} (n={int(n)})" if n and n < MIN_N_FOR_INTERVAL else text
 
 
+def shown_path(path) -> str:
+    """`path` relative to the repository root where it lies in it (as results/ names its runs), else to the
+    working folder, else as given: so that the files written name the same runs wherever they are written from."""
+    for base in (Path(__file__).resolve().parents[2], Path.cwd().resolve()):
+        try:
+            return str(Path(path).resolve().relative_to(base))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def written_by(args: argparse.Namespace) -> str:
+    """The command that writes these tables again, the output folder left as a placeholder, so that a copy
+    written elsewhere has the same line."""
+    import shlex
+
+    words = ["python", "-m", "graft.report", "tables", *map(shown_path, args.paths)]
+    words += ["--metric", args.metric] if args.metric != "speedup_wall" else []
+    words += ["--by", args.by] if args.by else []
+    words += ["--partial"] if args.partial else []
+    return shlex.join(words) + " --out <this folder>"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m graft.report tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -207,12 +233,13 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tables.md").write_text(markdown + "\n")
-        (args.out / "tables.tex").write_text(latex + "\n")
-        rows.drop(columns=["run", "settings"]).to_csv(args.out / "rows.csv", index=False)
+        command = written_by(args)  # the first line says how to write the folder again (tests/report: results/)
+        (args.out / "tables.md").write_text(f"<!-- {command} -->\n{markdown}\n")
+        (args.out / "tables.tex").write_text(f"% {command}\n{latex}\n")
+        rows.drop(columns=["run"]).to_csv(args.out / "rows.csv", index=False)
         written = "tables.md, tables.tex, rows.csv"
         if categories is not None:
-            categories.to_csv(args.out / "categories.csv", index=False)
+            categories.assign(run=categories["run"].map(shown_path)).to_csv(args.out / "categories.csv", index=False)
             written += ", categories.csv"
         print(f"wrote {args.out}/{written}")
 

@@ -210,3 +210,77 @@ def test_a_job_relaunched_into_its_folder_continues_its_records(tmp_path):
     assert resumed[0] == records[0] and len(resumed) == 2  # kept byte for byte, the second prompt rerun
     assert json.loads(resumed[1])["id"] == json.loads(records[1])["id"]
     assert (tmp_path / "summary.json").exists()
+
+
+def submitit_task(folder) -> "psutil.Process | None":
+    """The process submitit's local controller started for the job (`python -m submitit.core._submit <folder>`)."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "submitit.core._submit" in cmdline and any(str(folder) in part for part in cmdline):
+            return process
+    return None
+
+
+def wait_for(condition, what: str, timeout_s: float = 240):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"waited {timeout_s:.0f} s for {what}")
+
+
+def test_a_job_submitit_requeues_after_sigterm_resumes_its_records_at_once(tmp_path):
+    """SLURM's end of a job, through submitit's own machinery (its local executor, which relaunches a job that
+    asks to be requeued as SLURM does): SIGTERM first, which submitit answers by carrying on (the run must not
+    die of it, nor lose its lock to it), then the USR2 that SLURM sends before the time limit, on which
+    submitit checkpoints Hydra's job and requeues it. The requeued job starts in the same folder, is not refused
+    by the lock the first one held, keeps every record the first one wrote byte for byte, and runs only the
+    prompts still missing."""
+    import signal
+
+    pytest.importorskip("psutil")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    # the embedded model at 48 tokens: about a second a prompt, time enough to signal between two records
+    job = ["experiment=smoke", "model=smollm2_135m", "run.num_prompts=4", "run.max_new_tokens=48"]
+    sweep = subprocess.Popen(
+        [sys.executable, "run.py", "-m", *job, "hardware=cpu_plain", "run.warmup=false"]
+        + ["hydra/launcher=submitit_local", f"run.out_dir={tmp_path}"],
+        cwd=ROOT,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        records = lambda: [p for p in tmp_path.glob("0_*/samples.jsonl") if p.read_text().count("\n") >= 1]  # noqa: E731
+        samples = wait_for(records, "the job's first record")[0]
+        task = submitit_task(tmp_path)
+        assert task is not None, "no submitit task process found"
+        first_pid = task.pid
+        task.send_signal(signal.SIGTERM)
+        log_err = next(tmp_path.glob(".submitit/*/*_0_log.err"))
+        answered = lambda: "Bypassing signal SIGTERM" in log_err.read_text() or not task.is_running()  # noqa: E731
+        wait_for(answered, "submitit to answer SIGTERM", timeout_s=60)
+        assert task.is_running() and (samples.parent / ".lock").exists()  # still running, still its folder's
+        before = samples.read_text()
+        task.send_signal(signal.SIGUSR2)
+        output, _ = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill() if sweep.poll() is None else None
+    assert sweep.returncode == 0, output[-3000:]
+    logs = "".join(p.read_text() for p in tmp_path.glob(".submitit/*/*_0_log.*"))
+    assert "this job is preempted" in logs and "Requeued job" in logs, logs[-3000:]
+    assert "Loading pickle" in logs.split("Requeued job", 1)[1]  # a second task ran the checkpointed job
+    kept = before.splitlines(keepends=True)
+    after = samples.read_text().splitlines(keepends=True)
+    assert 1 <= len(kept) < 4 and after[: len(kept)] == kept and len(after) == 4, after  # nothing rewritten
+    assert len({json.loads(line)["id"] for line in after}) == 4
+    assert json.loads((samples.parent / "summary.json").read_text())["complete"]
+    assert not (samples.parent / ".lock").exists()
+    assert submitit_task(tmp_path) is None and first_pid not in [p.pid for p in __import__("psutil").process_iter()]

@@ -258,6 +258,25 @@ def test_results_readme_tables_match_their_committed_records():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
+def test_render_notices_a_results_folder_whose_tables_trail_the_code_and_rewrites_it(tmp_path):
+    """A folder's tables.md names the command that wrote it; `render --check` runs it again over the committed
+    records and names every file that differs (here a rows.csv written before a column was added)."""
+    import shutil
+
+    folder = tmp_path / "long_context"
+    shutil.copytree(ROOT / "results" / "long_context", folder, ignore=shutil.ignore_patterns("runs", "figures"))
+    (tmp_path / "README.md").write_text("no generated blocks\n")
+    rows = (folder / "rows.csv").read_text().splitlines(keepends=True)
+    (folder / "rows.csv").write_text("".join(",".join(r.split(",")[:-1]) + "\n" for r in rows))  # a column short
+    check = [sys.executable, "-m", "graft.report", "render", "--check", str(tmp_path / "README.md")]
+    proc = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and f"{folder}/rows.csv;" in proc.stderr, proc.stderr[-2000:]
+    assert "tables.md" not in proc.stderr  # the other files are as the records give them
+    subprocess.run(check[:4] + check[5:], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    assert (folder / "rows.csv").read_text() == (ROOT / "results" / "long_context" / "rows.csv").read_text()
+    assert subprocess.run(check, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+
+
 def test_render_results_notices_a_hand_edited_table(tmp_path):
     readme = tmp_path / "README.md"
     block = "<!-- generated: lossless results/lossless/mt_bench.json -->\n| typed by hand |\n<!-- /generated -->\n"
@@ -429,8 +448,10 @@ def test_runs_of_one_cell_that_differ_in_a_setting_are_shown_apart_and_the_table
     for tokens, speed in ((64, 1.2), (128, 1.6)):
         config = {"run": {"max_new_tokens": tokens, "seed": 0}, "dataset": {"name": "mt"}}
         _comparison(sweep / f"t{tokens}", "mt", {"eagle3": (speed - 0.2, 2.0), "graft": (speed, 3.0)}, config=config)
-    markdown, _, _ = build([str(sweep)], "speedup_wall")
+    markdown, _, rows = build([str(sweep)], "speedup_wall")
     lines = markdown.splitlines()
+    # rows.csv's settings column: the one setting that splits the cell, not every key the runs were made with
+    assert sorted(set(rows["settings"])) == ["run.max_new_tokens=128", "run.max_new_tokens=64"]
     assert "1.20x / 3.00" in next(line for line in lines if line.startswith("| graft (max_new_tokens=64)"))
     assert "1.60x / 3.00" in next(line for line in lines if line.startswith("| graft (max_new_tokens=128)"))
     assert not any(line.split("|")[1].strip() == "graft" for line in lines if line.startswith("|"))  # no average
@@ -440,8 +461,9 @@ def test_runs_of_one_cell_that_differ_in_a_setting_are_shown_apart_and_the_table
     for seed, speed in ((0, 1.2), (1, 1.4)):
         config = {"run": {"max_new_tokens": 64, "seed": seed}}
         _comparison(repeats / f"s{seed}", "mt", {"eagle3": (1.0, 2.0), "graft": (speed, 3.0)}, config=config)
-    markdown, _, _ = build([str(repeats)], "speedup_wall")
+    markdown, _, rows = build([str(repeats)], "speedup_wall")
     assert "1.30x (1.20-1.40) / 3.00" in markdown and "differ in" not in markdown
+    assert set(rows["settings"]) == {""}
 
 
 def test_the_stage_table_keeps_every_model(tmp_path):
