@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> None:
         stale = [f"{folder}/{name}" for folder, command in folders.items() for name in stale_tables(folder, command)]
         stale += [f"{args.readme} (its generated blocks)"] if fresh != text else []
         if stale:
-            raise SystemExit(f"stale, not what the records give today: {', '.join(stale)}; run python -m graft.report render")
+            raise SystemExit(
+                f"stale, not what the records give today: {', '.join(stale)}; run python -m graft.report render"
+            )
         print(f"{args.readme}: {blocks} generated blocks and the tables of {len(folders)} folders match their records")
         return
     args.readme.write_text(fresh)

@@ -212,7 +212,7 @@ def test_a_job_relaunched_into_its_folder_continues_its_records(tmp_path):
     assert (tmp_path / "summary.json").exists()
 
 
-def submitit_task(folder) -> "psutil.Process | None":
+def submitit_task(folder):
     """The process submitit's local controller started for the job (`python -m submitit.core._submit <folder>`)."""
     import psutil
 
@@ -244,7 +244,7 @@ def test_a_job_submitit_requeues_after_sigterm_resumes_its_records_at_once(tmp_p
     prompts still missing."""
     import signal
 
-    pytest.importorskip("psutil")
+    psutil = pytest.importorskip("psutil")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     # the embedded model at 48 tokens: about a second a prompt, time enough to signal between two records
     job = ["experiment=smoke", "model=smollm2_135m", "run.num_prompts=4", "run.max_new_tokens=48"]
@@ -283,4 +283,4 @@ def test_a_job_submitit_requeues_after_sigterm_resumes_its_records_at_once(tmp_p
     assert len({json.loads(line)["id"] for line in after}) == 4
     assert json.loads((samples.parent / "summary.json").read_text())["complete"]
     assert not (samples.parent / ".lock").exists()
-    assert submitit_task(tmp_path) is None and first_pid not in [p.pid for p in __import__("psutil").process_iter()]
+    assert submitit_task(tmp_path) is None and not psutil.pid_exists(first_pid)
