@@ -27,6 +27,9 @@ def test_the_notebook_regenerates_the_committed_tables_and_figures(tmp_path, mon
 
     for name in FIGURES:
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
+    # the figures' one table of numbers, to the byte (the images themselves vary with the matplotlib build)
+    beside = "figures/beside_paper.csv"
+    assert (tmp_path / beside).read_bytes() == (ROOT / "results" / "cpu_embedded" / beside).read_bytes()
     assert os.environ["GRAFT_RESULTS_OUT"] == str(tmp_path)
 
 
