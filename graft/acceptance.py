@@ -112,17 +112,17 @@ def accept_greedy(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PL
         return _accept_walk(*_host_lists([tree], [logits], ops)[0])
     if tree.num_nodes > 1:
         return greedy_pending(tree, attn, logits, ops).read()
-    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [1]
-    root = torch.zeros(1, dtype=torch.long, device=target.device)  # made on the device: no copy up
-    return Acceptance(path=[0], tokens=read_back(target), path_index=root, token_ids=target)
+    best = ops.top_k_rows(logits, 1)[1][:, 0]  # [1] the target's argmax
+    root = torch.zeros(1, dtype=torch.long, device=best.device)  # made on the device: no copy up
+    return Acceptance(path=[0], tokens=read_back(best), path_index=root, token_ids=best)
 
 
 def greedy_pending(tree: DraftTree, attn: Topology, logits: Tensor, ops: Ops = PLAIN) -> "PendingAcceptance":
     """accept_greedy's decision left on the device (`read_accepted` reads a batch of them in one copy)."""
-    target = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes]
-    correct = torch.ones_like(target, dtype=torch.bool)  # [num_nodes]
-    correct[1:] = tree.tokens[1:] == target[tree.parents[1:]]
-    return _pending(tree, attn, correct, lambda deepest: target.index_select(0, deepest))
+    best = ops.top_k_rows(logits, 1)[1][:, 0]  # [num_nodes] the target's argmax after each node
+    correct = torch.ones_like(best, dtype=torch.bool)  # [num_nodes]
+    correct[1:] = tree.tokens[1:] == best[tree.parents[1:]]
+    return _pending(tree, attn, correct, lambda deepest: best.index_select(0, deepest))
 
 
 @dataclass

@@ -34,11 +34,11 @@ from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_se
 from graft.decode import (
     Generation,
     SamplingConfig,
-    _top2,
     fit_to_context,
     keep_committed,
-    read_back,
+    read_kept,
     record_steps,
+    top2_logits,
 )
 from graft.drafter import Drafter, PrefillInfo, SequenceState, StepFeedback, run_calls
 from graft.tree import DraftTree, TreeRows, topology, tree_rows
@@ -240,7 +240,7 @@ class _Run:
         gen.slot = slot
         entry.state = SequenceState(tokens=list(ids) + [first], prompt_len=len(ids))
         if self.record_gaps:
-            entry.top2.append(_top2(prefill.logits[-1:], 1))
+            entry.top2.append(top2_logits(prefill.logits[-1:], 1))
         self.drafters[slot].reset(PrefillInfo(state=entry.state, forward=prefill))
         gen.prefill_s = entry.prefill_s + self.clock() - t0
         live[slot] = filling.pop(slot)
@@ -350,7 +350,7 @@ class _Run:
             target.commit(topos[slot].cache_len, acceptance.path, acceptance.path_index)
             done, kept[slot] = keep_committed(entry.gen, entry.state, acceptance, self.max_new_tokens, self.stop_ids)
             if self.record_gaps:
-                entry.top2.append(_top2(forwards[slot].logits[acceptance.index], len(kept[slot])))
+                entry.top2.append(top2_logits(forwards[slot].logits[acceptance.index], len(kept[slot])))
             if not done:
                 feedback = StepFeedback(proposals[slot], topos[slot], forwards[slot], acceptance, entry.state)
                 updates[slot] = self.drafters[slot].update_steps(feedback)
@@ -435,7 +435,7 @@ class _Run:
         for each, all at once: one host read for every leaver of a step), then handed to on_done."""
         leaving, self.leaving = self.leaving, []
         if leaving:
-            read_back([(e.gen, e.book, e.top2 if self.record_gaps else None) for _, e in leaving])
+            read_kept([(e.gen, e.book, e.top2 if self.record_gaps else None) for _, e in leaving])
         for slot, entry in leaving:
             self.on_done(entry.request, entry.gen, slot)
 

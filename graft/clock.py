@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 
-# a step's marks, in order: start, drafted, topology built, verified, accepted and committed, extended, end
-StepMarks = tuple
+class StepMarks(NamedTuple):
+    """A step's marks at its phase boundaries (host seconds, or CUDA events)."""
+
+    start: object
+    drafted: object
+    topology_built: object
+    verified: object
+    committed: object  # acceptance decided and the cache committed
+    extended: object  # the drafter updated from the verification
+    end: object
 
 
 @dataclass
@@ -62,10 +71,12 @@ class PhaseClock:
         step's seven marks (StepMarks) and `end`; read back once (`seconds`)."""
         seconds = self.seconds([start, prefilled, *(m for step in steps for m in step), end])
         times = StepTimes(prefill_s=seconds[1], wall_s=seconds[-1])
+        width = len(StepMarks._fields)
         for i in range(len(steps)):
-            t0, t1, t2, t3, t4, t5, stop = seconds[2 + 7 * i : 9 + 7 * i]
-            draft_s, verify_s = (t1 - t0) + (t5 - t4), t3 - t2
+            at = StepMarks(*seconds[2 + width * i : 2 + width * (i + 1)])
+            draft_s = (at.drafted - at.start) + (at.extended - at.committed)
+            verify_s = at.verified - at.topology_built
             times.draft_s.append(draft_s)
             times.verify_s.append(verify_s)
-            times.other_s.append(stop - t0 - draft_s - verify_s)
+            times.other_s.append(at.end - at.start - draft_s - verify_s)
         return times

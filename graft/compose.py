@@ -4,10 +4,12 @@ One step of a composed drafter (`ComposedDrafter.propose`), in the words of the 
 
 1. draft, prune  - `draft(state) -> Draft`: the source drafts a tree; the split watches its confidence as it
                    is drafted, may stop it early, and says how many of the `total_tokens` nodes the draft keeps;
-2. retrieve      - each retriever proposes a subtree from what the sequence and earlier verifications
-3. and graft       taught it (no model); `retrieve_and_graft(draft, state) -> Proposal`: the attach policy
-                   (`AttachPolicy.place`) asks for them at its anchors (root, leaves, tail) and grafts them
-                   (`Grafted.add_subtree`) within the room the draft left; duplicates merge and free their slots;
+2. retrieve      - `retrieval_over(state)`: each retriever proposes subtrees from what the sequence and earlier
+                   verifications taught it (no model), read where the attach policy asks (root reads are made
+                   ahead, `retrieve_steps`, so a batch makes every slot's at once);
+3. graft         - `graft(draft, retrieval) -> Proposal`: the attach policy (`AttachPolicy.place`) reads them at
+                   its anchors (root, leaves, tail) and grafts them (`Grafted.add_subtree`) within the room the
+                   draft left; duplicates merge and free their slots;
 4. trim          - `trimmed(proposal, state) -> Proposal` (beyond the paper, below);
 5. verify        - the decode loop verifies the united tree; update() then lets every part learn from the
                    verification (the head encodes the accepted tokens, the tables refresh).
@@ -30,7 +32,7 @@ import torch
 
 from graft.backends.target import TargetBackend
 from graft.parts import AttachPolicy, DenseSplit, Draft, DraftSource, Retrieval, Retriever, Split, Trim
-from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, TargetNeeds, drive
+from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, StepNote, TargetNeeds, drive
 from graft.fixed_size import Deferred
 from graft.grafting import Grafted
 from graft.fixed_size import compact
@@ -156,7 +158,7 @@ class ComposedDrafter(Drafter):
         self.bucket = (
             target.tree_bucket if self.fixed_size and not isinstance(self.split, (DenseSplit, type(None))) else 0
         )
-        # budget=auto measures (or loads) the target's costs: last, so a refused config costs no measuring
+        # split auto and trim auto measure (or load) the target's costs: last, so a refused config costs no measuring
         for costed in filter(None, (self.split, self.trim)):
             costed.prepare(target, p.total_tokens, batch_size=batch_size)
 
@@ -203,14 +205,16 @@ class ComposedDrafter(Drafter):
             return Draft(self._bare_root(state))
         return (yield from self.source.draft_steps(state, self.split, self.params.total_tokens))
 
-    def retrieve(self, state: SequenceState) -> Retrieval:
-        """Retrieve: the retrievers over the sequence as it stands (what earlier verifications taught them)."""
+    def retrieval_over(self, state: SequenceState) -> Retrieval:
+        """The retrievers over the sequence as it stands (what earlier verifications taught them), ready to be
+        read at the anchors the attach policy chooses (their reads happen in graft(), or at the root beforehand
+        in retrieve_steps)."""
         return Retrieval(self.retrievers, state)
 
     def retrieve_steps(self, state: SequenceState, draft: Draft) -> Generator:
-        """retrieve(), with the reads the attach policy will make at the root made now, as calls
+        """retrieval_over(), with the reads the attach policy will make at the root made now, as calls
         (Retriever.read_steps), so a batch makes every slot's at once."""
-        retrieval = self.retrieve(state)
+        retrieval = self.retrieval_over(state)
         tree_nodes = draft.tree.num_nodes
         room = None if self.fixed_size else self.params.total_tokens - tree_nodes
         if not self.retrievers or not self.attach_policy.reads_root or (room is not None and room <= 0):
@@ -228,7 +232,7 @@ class ComposedDrafter(Drafter):
         """Graft: the attach policy reads the retrieval at its anchors and grafts what it finds into the room the
         draft left; the refill (beyond the paper) fills what retrieval left empty."""
         total = self.params.total_tokens
-        note = {"stage": draft.stage} if draft.stage is not None else {}
+        note = StepNote(stage=draft.stage)
         if not self.retrievers and not self.params.refill:
             return Proposal(self._bucketed(compact(draft.tree, total) if self.bucket else draft.tree), note)
         started = time.perf_counter() - retrieval.read_s  # the reads made at the root count too
@@ -239,9 +243,9 @@ class ComposedDrafter(Drafter):
             grafted = Grafted(draft.tree, total - draft.tree.num_nodes)
         if self.retrievers:
             self.attach_policy.place(grafted, retrieval)
-            note.update(self._retrieval_note(draft.tree, grafted, started))
+            note = self._retrieval_note(note, draft.tree, grafted, started)
         if self.params.refill:
-            note["refilled_nodes"] = self._refill(draft, grafted)
+            note = note.said(refilled_nodes=self._refill(draft, grafted))
         return Proposal(self._bucketed(grafted.finish(total)), note)
 
     def trimmed(self, united: Proposal, state: SequenceState) -> Proposal:
@@ -249,7 +253,7 @@ class ComposedDrafter(Drafter):
         if self.trim is None:
             return united
         tree = self.trim.cut(united.tree, state)
-        note = {**united.note, **self.trim.note(), "trimmed_nodes": united.tree.num_nodes - tree.num_nodes}
+        note = united.note.said(**self.trim.note(), trimmed_nodes=united.tree.num_nodes - tree.num_nodes)
         return Proposal(tree, note)
 
     def _bucketed(self, tree: DraftTree) -> DraftTree:
@@ -285,30 +289,27 @@ class ComposedDrafter(Drafter):
         started = time.perf_counter()
         bare = DraftTree.root_only(state.root, self.target.device)
         grafted = Grafted(bare, self.params.total_tokens - 1)
-        self.attach_policy.place(grafted, self.retrieve(state))
-        note = self._retrieval_note(bare, grafted, started)
+        self.attach_policy.place(grafted, self.retrieval_over(state))
+        note = self._retrieval_note(StepNote(), bare, grafted, started)
         if grafted.added:
-            return Proposal(grafted.tree, {"stage": "retrieval", **note})
+            return Proposal(grafted.tree, note.said(stage="retrieval"))
         draft = yield from self.source.draft_steps(state, self.split, self.params.total_tokens)
-        return Proposal(draft.tree, {"stage": "draft", **note, "draft_nodes": draft.tree.num_nodes - 1})
+        return Proposal(draft.tree, note.said(stage="draft", draft_nodes=draft.tree.num_nodes - 1))
 
-    def _retrieval_note(self, draft: DraftTree, grafted: Grafted, started: float) -> dict:
+    def _retrieval_note(self, note: StepNote, draft: DraftTree, grafted: Grafted, started: float) -> StepNote:
         if grafted.fixed_size:
-            note = {
-                "draft_nodes": Deferred((draft.tokens >= 0).sum() - 1),
-                "retrieved_nodes": Deferred(torch.as_tensor(grafted.added)),
-                "merged_nodes": Deferred(torch.as_tensor(grafted.merged)),
-            }
+            note = note.said(
+                draft_nodes=Deferred((draft.tokens >= 0).sum() - 1),
+                retrieved_nodes=Deferred(torch.as_tensor(grafted.added)),
+                merged_nodes=Deferred(torch.as_tensor(grafted.merged)),
+            )
         else:
-            note = {
-                "draft_nodes": draft.num_nodes - 1,
-                "retrieved_nodes": grafted.added,
-                "merged_nodes": grafted.merged,
-            }
+            note = note.said(
+                draft_nodes=draft.num_nodes - 1, retrieved_nodes=grafted.added, merged_nodes=grafted.merged
+            )
         for retriever in self.retrievers:
-            note.update(retriever.note())
-        note["graft_ms"] = 1e3 * (time.perf_counter() - started)
-        return note
+            note = note.said(**retriever.note())
+        return note.said(retrieval_ms=1e3 * (time.perf_counter() - started))
 
     def update(self, step: StepFeedback) -> None:
         drive(self.update_steps(step))
@@ -323,11 +324,12 @@ class ComposedDrafter(Drafter):
 
     def _update_retrievers(self, step: StepFeedback) -> Generator:
         """Every retriever learns from the verification (in lockstep where it yields calls: it returns its
-        share of their seconds); their seconds count in graft_ms."""
+        share of their seconds); their seconds count in the step's retrieval_ms."""
         if self.retrievers:
             seconds = 0.0
             for retriever in self.retrievers:
                 started = time.perf_counter()
                 share = yield from retriever.update_steps(step)
                 seconds += share if share is not None else time.perf_counter() - started
-            step.proposal.note["graft_ms"] = step.proposal.note.get("graft_ms", 0.0) + 1e3 * seconds
+            note = step.proposal.note
+            note.retrieval_ms = (note.retrieval_ms or 0.0) + 1e3 * seconds

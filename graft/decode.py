@@ -23,10 +23,10 @@ import torch
 
 from graft.acceptance import accept, device_generator, sample_token
 from graft.backends.target import TargetBackend
+from graft.clock import StepMarks
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback
 from graft.fixed_size import deferred_in, resolve_deferred
-from graft.ops import read_back as ops_read_back
-from graft.ops import upload
+from graft.ops import read_back, upload
 from graft.tree import NodeSource, topology
 
 
@@ -81,7 +81,7 @@ class Generation:
         return self.step_tokens / self.steps if self.steps else None
 
 
-def _top2(logits: torch.Tensor, count: int) -> torch.Tensor:
+def top2_logits(logits: torch.Tensor, count: int) -> torch.Tensor:
     return logits.topk(2, dim=-1).values[:count]  # [count, 2], left on the device until the end
 
 
@@ -109,11 +109,11 @@ def generate(
         prompt_len=len(prompt_ids), new_tokens=[first], stop_reason="max_new_tokens", prefill_s=0.0, wall_s=0.0
     )
     if record_gaps:
-        top2 = [_top2(prefill.logits[-1:], 1)]
+        top2 = [top2_logits(prefill.logits[-1:], 1)]
     state = SequenceState(tokens=list(prompt_ids) + [first], prompt_len=len(prompt_ids))
     drafter.reset(PrefillInfo(state=state, forward=prefill))
     prefilled = clock.mark()
-    marks = []  # per step the seven marks of graft/clock.py: StepMarks
+    marks: list[StepMarks] = []
     done = first in stop_ids or max_new_tokens <= 1
     if first in stop_ids:
         gen.stop_reason = "stop_token"
@@ -141,7 +141,7 @@ def generate(
 
         done, committed = keep_committed(gen, state, acceptance, max_new_tokens, stop_ids)
         if record_gaps:
-            top2.append(_top2(forward.logits[acceptance.index], len(committed)))
+            top2.append(top2_logits(forward.logits[acceptance.index], len(committed)))
         t4 = clock.mark()
         if not done:  # extend: the drafter learns from the verification for the next step
             drafter.update(
@@ -150,12 +150,12 @@ def generate(
         t5 = clock.mark()
 
         record_steps([gen], [proposal], [acceptance], [len(committed)], [book])
-        marks.append((t0, t1, t2, t3, t4, t5, clock.mark()))
+        marks.append(StepMarks(t0, t1, t2, t3, t4, t5, clock.mark()))
 
     times = clock.step_times(start, prefilled, marks, clock.mark())
     gen.prefill_s, gen.wall_s = times.prefill_s, times.wall_s
     gen.draft_s, gen.verify_s, gen.other_s = times.draft_s, times.verify_s, times.other_s
-    read_back([(gen, book, top2 if record_gaps else None)])
+    read_kept([(gen, book, top2 if record_gaps else None)])
     return gen
 
 
@@ -165,7 +165,7 @@ def fit_to_context(proposal: Proposal, room: int) -> Proposal:
     baseline's tokens up to max_new_tokens."""
     if proposal.tree.num_nodes <= room:
         return proposal
-    return Proposal(proposal.tree.first(room), {**proposal.note, "fitted_to_context": room})
+    return Proposal(proposal.tree.first(room), proposal.note.said(fitted_to_context=room))
 
 
 def keep_committed(gen: Generation, state: SequenceState, acceptance, max_new_tokens: int, stop_ids) -> tuple:
@@ -190,10 +190,11 @@ def record_steps(
 ) -> None:
     """One step's records for every sequence that verified a tree in it (one at batch 1): its drafter's note, its
     accepted length and nodes; the trees' source counts and filled slots, counted in one pass over every tree's
-    nodes, stay on the device: each sequence's `book` gets (the step's counts, its row) until read_back."""
+    nodes, stay on the device: each sequence's `book` gets (the step's counts, its row) until read_kept."""
     for gen, proposal, count in zip(gens, proposals, committed):
-        if proposal.note:
-            gen.step_info.append(proposal.note)
+        note = proposal.note.record()
+        if note:
+            gen.step_info.append(note)
         gen.accept_lengths.append(count)
         gen.nodes.append(proposal.tree.num_nodes)
     counts = _step_counts([p.tree for p in proposals], acceptances)
@@ -225,7 +226,7 @@ def _step_counts(trees: list, acceptances: list) -> torch.Tensor:
     return torch.cat([table[:, pair], table[:, kinds:][:, pair], table[:, 2 * kinds :]], dim=1)
 
 
-def read_back(sequences: list[tuple[Generation, list, list | None]]) -> None:
+def read_kept(sequences: list[tuple[Generation, list, list | None]]) -> None:
     """What sequences kept on the device, read back in one copy at their end (a batched step's every leaver
     together): each one's deferred figures, source counts and filled slots (its book: record_steps' entries)
     and, with a top2 list, the top-2 logits of every new token. sequences: [(generation, book, top2 or None)]."""
@@ -239,7 +240,7 @@ def read_back(sequences: list[tuple[Generation, list, list | None]]) -> None:
         layout.append((found, len(book), 0 if top is None else len(top)))
     if not parts:
         return
-    host, at = ops_read_back(torch.cat(parts)), 0
+    host, at = read_back(torch.cat(parts)), 0
     for (gen, book, top2), (found, steps, tops) in zip(sequences, layout):
         resolve_deferred(found, host[at : at + len(found)])
         at += len(found)

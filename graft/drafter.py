@@ -15,6 +15,7 @@ and registers itself with `graft.registry.register("drafter", name, params)`.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from typing import Callable, Generator
 from dataclasses import dataclass, field
@@ -77,12 +78,36 @@ class PrefillInfo:
 
 
 @dataclass
+class StepNote:
+    """A drafter's note on one step, stored in the step's record (`step_info`: the fields it set, in this order).
+    Counts are nodes without the root; on fixed-size trees a count or the stage may be a Deferred, read back once
+    at the sequence's end (graft/fixed_size.py)."""
+
+    stage: object = None  # the pruning stage that fired (check@<levels>) or dense; switch: retrieval | draft
+    draft_nodes: object = None
+    retrieved_nodes: object = None
+    merged_nodes: object = None  # retrieved nodes the draft already held
+    match: int | None = None  # the suffix retriever's match length
+    refilled_nodes: int | None = None  # the draft's next-best candidates in the room retrieval left
+    trim_expected: float | None = None  # the trim's expected tokens per step at its size (trim auto)
+    trimmed_nodes: int | None = None
+    fitted_to_context: int | None = None  # the tree was cut to the positions left in the context
+    retrieval_ms: float | None = None  # the retrievers' reads, the grafting, and the tables' refresh after the step
+
+    def said(self, **values) -> "StepNote":
+        """This note with `values` set (a part's own note: Retriever.note, Trim.note)."""
+        return dataclasses.replace(self, **values)
+
+    def record(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass
 class Proposal:
-    """The draft phase's output: the tree to verify and the drafter's own note on the step (its stage,
-    drafted and retrieved node counts, ...), which the loop stores in the step's record."""
+    """The draft phase's output: the tree to verify and the drafter's note on the step."""
 
     tree: DraftTree
-    note: dict = field(default_factory=dict)
+    note: StepNote = field(default_factory=StepNote)
 
 
 @dataclass

@@ -28,7 +28,7 @@ class NodeSource(IntEnum):
     DRAFT = 1  # a model drafter (EAGLE head, block drafter)
     RETRIEVAL = 2  # a lookup structure (prompt lookup, token recycling, suffix automaton)
     TEST = 3  # injected by tests
-    EMPTY = 4  # a slot of a fixed-size tree that holds no token (token -1; graft/grafting.py: graft_fixed)
+    EMPTY = 4  # a slot of a fixed-size tree that holds no token (token -1; graft/fixed_size.py: graft_fixed)
 
 
 @dataclass

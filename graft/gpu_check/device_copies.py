@@ -178,7 +178,7 @@ def balanced_map(model, shards: int) -> dict[str, int]:
     embeddings (and rotary table) on the first, the layers in order (the first devices taking one more where
     they do not divide), the final norm and the LM head on the last."""
     from graft.backends.hf import decoder_of
-    from graft.plan.memory import layer_split
+    from graft.plan.placement import layer_split
 
     decoder = decoder_of(model)
     prefix = next(name for name, module in model.named_modules() if module is decoder)
@@ -266,7 +266,7 @@ def reference_branch(reference: list[int], prompt_len: int):
             device = self.target.device
             sources = torch.full((len(tokens),), int(NodeSource.TEST), dtype=torch.int8, device=device)
             tree = DraftTree(torch.tensor(tokens, device=device), torch.tensor(parents, device=device), sources=sources)
-            return Proposal(tree, {})
+            return Proposal(tree)
 
     return ReferenceBranch
 

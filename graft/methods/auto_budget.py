@@ -1,4 +1,4 @@
-"""budget=auto (beyond the paper): choose each step's tree size from the device's cost profile and the
+"""split auto and trim auto (beyond the paper): choose each step's tree size from the device's cost profile and the
 draft's own confidence, instead of a fixed total_tokens.
 
 After the draft is expanded, keeping the best N - 1 candidates (root included: N nodes) is expected to

@@ -6,7 +6,8 @@
   records the stage: Graft w/o prune) and keeps the best `draft_tokens[i]` nodes (root included) of
   `reference_budget`, scaled to total_tokens; when none fires the draft keeps the whole budget. The
   defaults (checkpoints after 0, 1 and 5 levels; draft tokens 8 / 24 / 40 of 60; thresholds 0.35 / 0.25 /
-  0.15) are the paper's 60-node example as quoted by readers of arXiv 2605.20104 (../shared/notes/reference.md).
+  0.15) are the paper's 60-node example as quoted by readers of arXiv 2605.20104 (results/paper/README.md lists
+  the sources).
 - fixed (Graft(ROOT) ablation): no checkpoints; always `fixed_draft_tokens` of `reference_budget`.
 - confident (Graft(TAIL)): drafting stops once the frontier's confidence falls below `tail_threshold`;
   the draft keeps every node at least that confident.

@@ -160,9 +160,10 @@ def summarize(records: list[dict], meta: dict) -> dict:
     stages = [i["stage"] for i in infos if "stage" in i]
     if stages:
         summary["stages"] = {stage: stages.count(stage) / len(stages) for stage in sorted(set(stages))}
-    graft_ms = [i["graft_ms"] for i in infos if "graft_ms" in i]
-    if graft_ms:
-        summary["graft_overhead"] = _ratio(sum(graft_ms) / 1e3, step_time)
+    # retrieval_ms; records written before the rename call it graft_ms
+    retrieval_ms = [i.get("retrieval_ms", i.get("graft_ms")) for i in infos if "retrieval_ms" in i or "graft_ms" in i]
+    if retrieval_ms:
+        summary["graft_overhead"] = _ratio(sum(retrieval_ms) / 1e3, step_time)
     scored = [r["score"] for r in done if r.get("score") and r["score"].get("method") and not r.get("repeat")]
     if scored:
         metric = scored[0]["method"]["metric"]
@@ -240,7 +241,7 @@ def batch_summary(records: list[dict], batch_size: int) -> dict:
     return {"batch_size": batch_size, "groups": len(groups), "groups_cut": cut, "roles": out}
 
 
-# what a batched group's totals sum per role (graft/run/runner.py: run_conversations)
+# what a batched group's totals sum per role (graft/run/batched.py: run_conversations)
 BATCH_TOTALS = (
     "tokens", "wall_s", "prefill_s", "steps", "nodes", "positions", "sequences", "steady_steps", "steady_sequences",
 )  # fmt: skip

@@ -1,4 +1,4 @@
-"""budget=auto: the tree size with the most expected tokens per millisecond."""
+"""split auto and trim auto: the tree size with the most expected tokens per millisecond."""
 
 import pytest
 import torch

@@ -148,7 +148,7 @@ def test_graft_under_a_leaf_anchor():
     assert out.tree.parents.tolist() == [-1, 0, 1, 2, 3]
 
 
-def test_static_graft_fills_the_same_nodes_in_fixed_slots():
+def test_the_fixed_size_graft_fills_the_same_nodes_in_fixed_slots():
     """graft_fixed on the literal case above: the same retrieved nodes in the same order, the slots no
     node took left empty (-1, parent 0, EMPTY), counts as tensors; compact() moves the filled nodes first and
     cuts the tree to the budget, giving graft()'s tree plus empty slots."""
@@ -173,7 +173,7 @@ def test_static_graft_fills_the_same_nodes_in_fixed_slots():
     assert leaf.tree.parents.tolist() == [-1, 0, 1, 2, 3]
 
 
-def test_static_graft_agrees_with_graft_on_random_trees():
+def test_the_fixed_size_graft_agrees_with_graft_on_random_trees():
     """Random drafts and subtrees (duplicates, unknown tokens, any anchor and room): graft_fixed + compact
     keeps exactly graft()'s nodes."""
     rng = random.Random(0)
@@ -199,7 +199,7 @@ def test_static_graft_agrees_with_graft_on_random_trees():
         assert got.parents.tolist() == want.tree.parents.tolist()
 
 
-def test_static_selection_keeps_what_the_pruned_selection_keeps():
+def test_the_fixed_size_selection_keeps_what_the_pruned_selection_keeps():
     """select_fixed fills exactly select()'s nodes (same tokens, same parents) and leaves the rest of the
     fixed size empty; a level cap drops the candidates the host path would not have drafted."""
     from graft.tree import Candidates, select

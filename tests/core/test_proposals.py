@@ -69,7 +69,7 @@ def test_suffix_retrieval_follows_the_longest_earlier_match():
     state = _start(drafter, [1, 2, 3, 4, 9, 2, 3], 4)  # suffix "2 3 4" occurred at 1..3, then 9 2 3 4
     proposal = drafter.propose(state)
     assert _tree(proposal) == ([4, 9, 2, 3, 4], [-1, 0, 1, 2, 3], [R, RET, RET, RET, RET])
-    assert proposal.note["match"] == 3 and proposal.note["retrieved_nodes"] == 4
+    assert proposal.note.match == 3 and proposal.note.retrieved_nodes == 4
     drafter = make_drafter("suffix", StubTarget(), suffix_min_match=4)
     state = _start(drafter, [1, 2, 3, 4, 9, 2, 3], 4)  # the 3-token match is too short
     assert _tree(drafter.propose(state))[0] == [4]
@@ -121,10 +121,10 @@ def test_samd_switches_between_the_suffix_match_and_the_draft_tree(tiny):
     repeated = [10, 11, 12, 13, 14, 15, 16, 17, 30, 10, 11, 12, 13, 14]  # "10 .. 14" (5 tokens) occurred before
     out = propose(samd, repeated)
     assert _tree(out) == ([14, 15, 16, 17, 30, 10, 11, 12], [-1, 0, 1, 2, 3, 4, 5, 6], [R] + [RET] * 7)
-    assert (out.note["stage"], out.note["match"]) == ("retrieval", 5)
+    assert (out.note.stage, out.note.match) == ("retrieval", 5)
     short = [10, 11, 12, 13, 30, 10, 11, 12, 13]  # a 4-token match: below min_match 5, so the EAGLE-3 tree
     out = propose(samd, short)
-    assert out.note["stage"] == "draft" and out.note["match"] == 4
+    assert out.note.stage == "draft" and out.note.match == 4
     assert _tree(out) == _tree(propose(eagle, short))
 
 

@@ -1,7 +1,7 @@
 """A batched step on a GPU, counted on the CPU at the dispatcher (graft/gpu_check/sync_counter.py): one host sync
 for the whole batch (every slot's accepted path read back in one copy), and a forward of fixed shape per bucket of
 live slots. With the GPU settings (hardware=gpu on the CPU: fixed-size trees, device acceptance, host paths off)
-and hardware.tree_bucket=0, as graft/run/runner.py: batched_hardware sets it for a batch."""
+and hardware.tree_bucket=0, as graft/run/batched.py: batched_hardware sets it for a batch."""
 
 import collections
 import contextlib
@@ -15,7 +15,7 @@ from graft.batch import BatchRequest, generate_batch, rows_bucket, slot_capacity
 from graft.decode import SamplingConfig, generate
 from graft.gpu_check.sync_counter import SyncCounter, _snapshot, sites_of, syncs_of
 from graft.ops import Ops
-from graft.config.experiment import group_options
+from graft.config.hydra_setup import group_options
 from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings, steps_of
 
 LENGTHS = (12, 21, 9, 17, 10, 26)  # six prompts over four slots: newcomers enter while others decode
@@ -107,8 +107,8 @@ def test_leavers_read_one_by_one_fail_the_round_check(target, monkeypatch):
     """Negative control: each leaver's records read in a copy of its own (a round of two leavers reads 3)."""
     from graft import decode
 
-    read_back = decode.read_back
-    monkeypatch.setattr(batching, "read_back", lambda sequences: [read_back([s]) for s in sequences])
+    read_kept = decode.read_kept
+    monkeypatch.setattr(batching, "read_kept", lambda sequences: [read_kept([s]) for s in sequences])
     ids = prompts(target.vocab_size, lengths=TOGETHER)
     _, rounds = batched(target, [drafter_for("ar", target) for _ in range(4)], ids, with_leavers=True)
     assert any(syncs_of(r["syncs"]).get("read", 0) > allowed_reads(r) for r in rounds if r["left"] >= 2), rounds
