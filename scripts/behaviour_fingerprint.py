@@ -8,19 +8,16 @@ refactor and diff the two JSON files (behaviour unchanged = identical files).
 import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import compose, load_tiny, method_yaml  # noqa: E402  the suite's seeded tiny models
-
-from graft.config.experiment import group_options, validate  # noqa: E402
-from graft.data.loading import BUILTIN  # noqa: E402
-from graft.decode import SamplingConfig, generate  # noqa: E402
-from graft.load.models import load_model  # noqa: E402
-from graft.registry import build_drafter, method_config  # noqa: E402
+from graft.config.experiment import compose, validate
+from graft.config.hydra_setup import group_options
+from graft.data.loading import BUILTIN
+from graft.decode import SamplingConfig, generate
+from graft.load.models import load_model
+from graft.registry import build_drafter, method_config
 
 
 def digest(values) -> str:
@@ -28,10 +25,16 @@ def digest(values) -> str:
 
 
 def load(name: str):
-    if name.startswith("tiny"):
-        return load_tiny(f"{name}:packed"), "random"
-    cfg = validate(compose([f"model={name}", "logger=none"]))
-    return load_model(cfg.model, cfg.hardware, progress=False), None
+    """The model on the CPU engine, and the drafters' heads: seeded random ones on a tiny model (as the tests
+    build them), the shipped ones on the embedded model."""
+    tiny = name.startswith("tiny")
+    chosen = ["hardware=cpu"] + (["hardware.fast_path=packed"] if tiny else [])
+    cfg = validate(compose([f"model={name}", "logger=none", *chosen]))
+    model = load_model(cfg.model, cfg.hardware, progress=False)
+    torch.set_flush_denormal(True)  # as the tests do: random weights drift into subnormals
+    heads = {"draft_head": "random", "block_drafter": "random"} if tiny else {
+        "draft_head": cfg.model.draft_head, "block_drafter": cfg.model.block_drafter}  # fmt: skip
+    return model, heads
 
 
 def main() -> None:
@@ -44,16 +47,15 @@ def main() -> None:
     torch.manual_seed(0)
     found = {}
     for name in args.models.split(","):
-        model, head = load(name)
+        model, heads = load(name)
         runs = [(m, SamplingConfig()) for m in group_options("method")]
         runs += [(m, SamplingConfig(0.9, 0.95)) for m in group_options("method")] if name == "tiny_llama" else []
         for method, sampling in runs:
-            raw = dict(method_yaml(method))
-            drafter_kwargs = {"draft_head": head, "block_drafter": head} if head else {}
+            raw = compose([f"method={method}"])["method"]
             row = []
             for k in range(args.prompts):
                 ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[k].turns[0]}])
-                drafter = build_drafter(method_config(raw, **drafter_kwargs), model.target)
+                drafter = build_drafter(method_config(raw, **heads), model.target)
                 generator = None if sampling.greedy else torch.Generator().manual_seed(7 + k)
                 out = generate(model.target, drafter, ids, args.tokens, model.stop_ids, sampling, generator)
                 row.append([digest(out.new_tokens), digest(out.accept_lengths), round(out.tau or 0, 4)])

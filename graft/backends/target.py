@@ -294,7 +294,7 @@ class TargetBackend(ABC):
         self._compiled = None
         # static caches: positions added to every capacity asked for, so that a drafter proposing small trees
         # (AR: one node) gets the bucket of the largest drafter its run compares, and the two share one buffer
-        # (graft/run/runner.py: sized_for_largest); decode asks for the drafter's own max_nodes
+        # (graft/run/conversation.py: sized_for_largest); decode asks for the drafter's own max_nodes
         self.spare_nodes = 0
         self.attention = "unknown"  # which attention kernel the forward uses, for run.json
         self.kernels: dict | None = None  # which product kernels the forward chose, for run.json

@@ -39,7 +39,7 @@ def at_least(**flags: tuple[int, int]) -> None:
 
 def model_config(name: str) -> str:
     """`name` where configs/model/ has it, else one line naming the models there."""
-    from graft.config.experiment import CONFIG_DIR
+    from graft.config.hydra_setup import CONFIG_DIR
     from graft.schema import ConfigError
 
     known = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))

@@ -86,7 +86,8 @@ class Loaded:
     """The model on one forward (hardware.fast_path), its prompts, and the batch-1 outputs to compare with."""
 
     def __init__(self, args, fast_path: str):
-        from graft.config.experiment import compose_checked, validate
+        from graft.config.experiment import validate
+        from graft.config.override_checks import compose_checked
         from graft.data.loading import load_prompts
         from graft.load.models import load_model
 

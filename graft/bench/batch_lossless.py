@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.new_tokens < 1:
         raise ConfigError(f"--new-tokens {args.new_tokens} is not allowed; expected an integer >= 1")
     methods, models = args.methods.split(","), args.models.split(",")
-    from graft.config.experiment import group_options
+    from graft.config.hydra_setup import group_options
 
     unknown = sorted(set(methods) - set(group_options("method")) - {"ar"})
     if unknown:
@@ -61,7 +61,8 @@ def table_of(
     """{method: one cell per batch size} for one model."""
     from baselines.autoregressive import Autoregressive
     from graft.batch import BatchRequest, generate_batch, slot_capacity
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
     from graft.data.loading import load_prompts
     from graft.decode import SamplingConfig, generate
     from graft.load.models import load_model

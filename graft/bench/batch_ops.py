@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="ar,pld,eagle3,pruned,graft,dflash")
     args = parser.parse_args(argv)
     sizes = batch_sizes(args.sizes, least=1, example="1,8,16")
-    from graft.config.experiment import group_options
+    from graft.config.hydra_setup import group_options
     from graft.schema import ConfigError
 
     methods = args.methods.split(",")
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
 def _target(model: str, fast_path: str):
     import torch
 
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
     from graft.load.models import load_model
 
     cfg = validate(compose_checked([f"model={model}", "logger=none", f"hardware.fast_path={fast_path}"]))

@@ -44,7 +44,8 @@ def measure(args, cache: str, contexts: list[int]) -> list[tuple[int, float, flo
 
     from graft.backends.slots import SlotCaches
     from graft.backends.target import Segment
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
     from graft.load.models import load_model
 
     overrides = [f"model={args.model}", "logger=none", "hardware=cpu", f"hardware.fast_path={args.fast_path}"]

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from baselines.autoregressive import Autoregressive
     from graft.backends.target import HiddenTap
-    from graft.config.experiment import CONFIG_DIR, HardwareConfig, ModelConfig
+    from graft.config.hydra_setup import CONFIG_DIR
+    from graft.config.schema import HardwareConfig, ModelConfig
     from graft.data.loading import BUILTIN
     from graft.decode import generate
     from graft.draft_models.dflash.checkpoint import load_block_drafter

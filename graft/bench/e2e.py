@@ -33,7 +33,7 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 
 import torch  # noqa: E402
 
-from graft.config.experiment import CONFIG_DIR  # noqa: E402
+from graft.config.hydra_setup import CONFIG_DIR  # noqa: E402
 from graft.bench import at_least, command_parser, model_config  # noqa: E402
 from graft.hub import REPO  # noqa: E402
 from graft.report.e2e import (  # noqa: E402
@@ -60,7 +60,7 @@ def _group_yaml(group: str, name: str) -> dict:
 
 
 def load_prompts(chat, data_root: str | None) -> list[tuple[str, list[int]]]:
-    from graft.config.experiment import DatasetConfig
+    from graft.config.schema import DatasetConfig
     from graft.data.loading import BUILTIN
     from graft.data.loading import load_prompts as load
     from graft.schema import coerce_dataclass
@@ -103,7 +103,7 @@ def hf_runner(plain, lookup: bool, new_tokens: int):
 
 
 def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: int):
-    from graft.config.experiment import load_method_yaml
+    from graft.config.comparison import load_method_yaml
     from graft.decode import generate
     from graft.registry import build_drafter, method_config
 
@@ -138,7 +138,7 @@ def harness_runner(fast, model_cfg, method: str, overrides: dict, new_tokens: in
     return run
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None):
     parser = command_parser("e2e", __doc__)
     parser.add_argument("--model", default="smollm2_135m", help="a config under configs/model/")
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -153,58 +153,24 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         help="also give the tau each system would need, at its measured step costs, for this ratio to its target's AR",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     model_config(args.model)
     at_least(new_tokens=(args.new_tokens, 1), prompts=(args.prompts, 1), repeats=(args.repeats, 1))
 
-    from graft.config.experiment import HardwareConfig, ModelConfig
-    from graft.load.models import load_model
     from graft.records.writer import hardware_info
-    from graft.schema import coerce_dataclass
 
-    model_cfg = coerce_dataclass(ModelConfig, _group_yaml("model", args.model), "model")
-    fast = load_model(model_cfg, coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware"))
-    plain = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
     names = [n for n in args.systems.split(",") if n]
-    unknown = [n for n in names if n not in SYSTEMS]
-    if unknown:
-        raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
-    targets = {None: fast}
-    for key, (field, value, _) in VARIANTS.items():
-        if any(variant(n) == key for n in names):
-            hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
-            setattr(hardware, field, value)
-            targets[key] = load_model(model_cfg, hardware)
-    plain_bf16 = None
-    if "hf_generate/bf16" in names:
-        plain_bf16 = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
-        plain_bf16.target.model.to(torch.bfloat16)
-    runners = {}
-    for name in names:
-        spec = SYSTEMS[name]
-        runners[name] = (
-            hf_runner(plain_bf16 if name.endswith("/bf16") else plain, name == "hf_prompt_lookup", args.new_tokens)
-            if spec is None
-            else harness_runner(targets[variant(name)], model_cfg, *spec, args.new_tokens)
-        )
+    fast, runners = build_runners(args, names)
     if args.repeats < 1:
         raise SystemExit(f"--repeats {args.repeats}: need at least one round")
     prompts = load_prompts(fast.chat, args.data_root)[: args.prompts]
     neighbour = NEIGHBOUR
     try:
-        for run in runners.values():  # warm-up, untimed
-            run(prompts[0][1][:64])
-        records = []
-        for round_ in range(args.repeats):
-            for index, (pid, ids) in enumerate(prompts):
-                shift = (index + round_) % len(names)
-                row = {"prompt": pid, "prompt_tokens": len(ids), "round": round_}
-                for name in names[shift:] + names[:shift]:
-                    tokens, seconds, phases = runners[name](ids)
-                    row[name] = {"tokens": tokens, "seconds": seconds, "phases": phases}
-                records.append(row)
-                rates = ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names)
-                print(f"{pid}{f' (round {round_ + 1})' if args.repeats > 1 else ''}: {rates}")
+        records = time_systems(runners, prompts, names=names, repeats=args.repeats)
     finally:
         if neighbour:
             neighbour.kill()
@@ -231,6 +197,59 @@ def main(argv: list[str] | None = None) -> None:
                 indent=2,
             )
         )
+
+
+def build_runners(args, names: list[str]) -> tuple:
+    """(the fast-path model, {system: runner}): the models the systems named run on, loaded once each (the
+    plain model for transformers' generate, a bfloat16 copy and each hardware variant only where named)."""
+    from graft.config.schema import HardwareConfig, ModelConfig
+    from graft.load.models import load_model
+    from graft.schema import coerce_dataclass
+
+    model_cfg = coerce_dataclass(ModelConfig, _group_yaml("model", args.model), "model")
+    fast = load_model(model_cfg, coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware"))
+    plain = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; allowed: {', '.join(SYSTEMS)}")
+    targets = {None: fast}
+    for key, (field, value, _) in VARIANTS.items():
+        if any(variant(n) == key for n in names):
+            hardware = coerce_dataclass(HardwareConfig, _group_yaml("hardware", "cpu"), "hardware")
+            setattr(hardware, field, value)
+            targets[key] = load_model(model_cfg, hardware)
+    plain_bf16 = None
+    if "hf_generate/bf16" in names:
+        plain_bf16 = load_model(model_cfg, HardwareConfig(name="cpu_plain", fast_path="none"))
+        plain_bf16.target.model.to(torch.bfloat16)
+    runners = {}
+    for name in names:
+        spec = SYSTEMS[name]
+        runners[name] = (
+            hf_runner(plain_bf16 if name.endswith("/bf16") else plain, name == "hf_prompt_lookup", args.new_tokens)
+            if spec is None
+            else harness_runner(targets[variant(name)], model_cfg, *spec, args.new_tokens)
+        )
+    return fast, runners
+
+
+def time_systems(runners: dict, prompts: list, *, names: list[str], repeats: int) -> list[dict]:
+    """Every system on every prompt, `repeats` rounds after one untimed warm-up each, in an order that rotates
+    with the prompt and the round; one record per prompt and round."""
+    for run in runners.values():  # warm-up, untimed
+        run(prompts[0][1][:64])
+    records = []
+    for round_ in range(repeats):
+        for index, (pid, ids) in enumerate(prompts):
+            shift = (index + round_) % len(names)
+            row = {"prompt": pid, "prompt_tokens": len(ids), "round": round_}
+            for name in names[shift:] + names[:shift]:
+                tokens, seconds, phases = runners[name](ids)
+                row[name] = {"tokens": tokens, "seconds": seconds, "phases": phases}
+            records.append(row)
+            rates = ", ".join(f"{n} {len(row[n]['tokens']) / row[n]['seconds']:.1f}" for n in names)
+            print(f"{pid}{f' (round {round_ + 1})' if repeats > 1 else ''}: {rates}")
+    return records
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
     from graft.costmodel.forward import VerifyTimer, write_report
-    from graft.config.experiment import CONFIG_DIR, register_schemas, validate
+    from graft.config.experiment import validate
+    from graft.config.hydra_setup import CONFIG_DIR, register_schemas
     from graft.load.models import load_model
 
     register_schemas()

@@ -238,7 +238,7 @@ class FixedChainDrafter(Drafter):
 def loop_run(target, drafter, prompt: list[int], steps: int, baseline: bool):
     """The decode loop for `steps` steps of `drafter` (no stop token): its per-step draft / verify / other.
     The baseline runs as runs run it: recording the top-2 logit gaps of its tokens for the lossless check
-    (graft/run/runner.py), a cost in its `other` that the measured speedup_decode includes."""
+    (graft/run/conversation.py), a cost in its `other` that the measured speedup_decode includes."""
     from graft.decode import generate
 
     return generate(target, drafter, prompt, max_new_tokens=steps + 1, stop_ids=set(), record_gaps=baseline)

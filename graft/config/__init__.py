@@ -1,1 +1,1 @@
-"""The experiment configuration: the typed sections Hydra composes and validates (experiment.py) and the model shapes they name (shapes.py)."""
+"""The experiment configuration: the typed sections (schema.py) and the model shapes they name (shapes.py), Hydra's groups and composition (hydra_setup.py), a command line's overrides prepared (overrides.py) and checked (override_checks.py), a comparison's methods (comparison.py), and compose and validate (experiment.py)."""

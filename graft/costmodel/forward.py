@@ -213,7 +213,7 @@ def profile(model_cfg, hardware_cfg, paths: list[str], context_len: int, repeats
     return info, bandwidths, rates, dot_rates
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m graft.costmodel forward",
         description=__doc__,
@@ -232,37 +232,76 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--head-level", action="store_true", help="also time one EAGLE draft level of 10 nodes")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from graft.config.experiment import compose_checked, validate
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
 
     cfg = validate(compose_checked([*args.overrides, "logger=none"]))  # bad overrides: one line (graft/run/commands.py)
 
     paths = args.paths.split(",")
-    selected = cfg.hardware.fast_path
+    selected = cfg.hardware.fast_path  # read before profile() sets each path's on the config
     results, bandwidths, rates, dot_rates = profile(
         cfg.model, cfg.hardware, paths, args.context, args.repeats, args.warmup
     )
+    head_levels, head_fmas = None, None
+    if args.head_level:
+        head_levels, head_fmas = measure_head_levels(cfg, args.context, args.repeats, args.warmup)
+    report = build_report(
+        cfg.model.name,
+        results,
+        paths=paths,
+        selected=selected,
+        context=args.context,
+        bandwidths=bandwidths,
+        rates=rates,
+        dot_rates=dot_rates,
+        head_levels=head_levels,
+        head_fmas=head_fmas,
+    )
+    print_report(report, bandwidths=bandwidths, rates=rates, head_levels=head_levels)
+    write_report(args.out, report)
+
+
+def measure_head_levels(cfg, context: int, repeats: int, warmup: int) -> tuple[dict, int]:
+    """head_level_ms on the target loaded with the packed fast path, at ten times the profile's repeats."""
+    from graft.load.models import load_model
+
+    cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
+    cfg.hardware.product_kernel = "auto"
+    target = load_model(cfg.model, cfg.hardware, progress=False).target
+    return head_level_ms(target, cfg.model.draft_head, ["float32", "bfloat16"], context, 10 * repeats, 3 * warmup)
+
+
+def build_report(
+    model: str,
+    results: dict,
+    *,
+    paths: list[str],
+    selected: str,
+    context: int,
+    bandwidths: list[float],
+    rates: list[float],
+    dot_rates: list[float],
+    head_levels: dict | None,
+    head_fmas: int | None,
+) -> dict:
+    """The profile's report: the machine's rates (medians of the samples), each path's times, and each path's
+    bandwidth limit and roofline added to its entry of `results`."""
     bandwidth = statistics.median(bandwidths)
     gfmas = statistics.median(rates) if rates else None
     dot_gmacs = statistics.median(dot_rates) if dot_rates else None
-    head_levels = None
-    if args.head_level:
-        from graft.load.models import load_model
-
-        cfg.hardware.fast_path, cfg.hardware.one_row_kernel, cfg.hardware.native = "packed", "auto", "auto"
-        cfg.hardware.product_kernel = "auto"
-        target = load_model(cfg.model, cfg.hardware, progress=False).target
-        head_levels, head_fmas = head_level_ms(
-            target, cfg.model.draft_head, ["float32", "bfloat16"], args.context, 10 * args.repeats, 3 * args.warmup
-        )
     plain_bytes = results[paths[0]]["weight_bytes"]
     # "fast" is the path the hardware config selects (the CPU default), when it was profiled
     fast = selected if selected in results else paths[-1]
     report = {
-        "model": cfg.model.name,
+        "model": model,
         "threads": torch.get_num_threads(),
-        "context_tokens": args.context,
+        "context_tokens": context,
         "bandwidth_gbs": bandwidth,
         "bandwidth_range_gbs": [min(bandwidths), max(bandwidths)],
         "weight_bytes": plain_bytes,
@@ -276,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         "paths": results,
     }
     if head_levels:
-        report["head_level_ms"] = {"nodes": 10, "context_tokens": args.context, **head_levels}
+        report["head_level_ms"] = {"nodes": 10, "context_tokens": context, **head_levels}
         if gfmas:
             report["head_level_fmas_per_node"] = head_fmas
             report["head_level_compute_limit_ms"] = 10 * head_fmas / (gfmas * 1e9) * 1e3
@@ -293,8 +332,15 @@ def main(argv: list[str] | None = None) -> None:
             r["roofline_ms"] = {
                 k: roofline_ms(k, r["product_fmas"], gfmas, r["bandwidth_limit_ms"]) for k in TOKEN_COUNTS
             }
+    return report
 
-    print(f"model {cfg.model.name}, {torch.get_num_threads()} threads, context {args.context} tokens")
+
+def print_report(report: dict, *, bandwidths: list[float], rates: list[float], head_levels: dict | None) -> None:
+    """The report as the console shows it: the machine's rates, then each path's verify times against its roofs,
+    then the draft level's."""
+    results, bandwidth, gfmas = report["paths"], report["bandwidth_gbs"], report["fma_rate_gfmas"]
+    dot_gmacs, fast = report["dot_rate_gmacs"], report["fast_path"]
+    print(f"model {report['model']}, {torch.get_num_threads()} threads, context {report['context_tokens']} tokens")
     print(
         f"streaming read bandwidth {bandwidth:.1f} GB/s (median of {len(bandwidths)} samples between the rounds, "
         f"{min(bandwidths):.1f}-{max(bandwidths):.1f})"
@@ -338,7 +384,6 @@ def main(argv: list[str] | None = None) -> None:
             )
         if "head_level_dot_limit_ms" in report:
             print(f"  a bfloat16 head's products at the dot rate: {report['head_level_dot_limit_ms']:.2f} ms")
-    write_report(args.out, report)
 
 
 def write_report(path: Path | None, report: dict) -> None:

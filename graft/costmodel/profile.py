@@ -60,7 +60,7 @@ GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
 
 def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float]:
     """{method: mean draft ms per step} in the decode loop on the dataset's first prompt."""
-    from graft.config.experiment import compared_methods
+    from graft.config.comparison import compared_methods
     from graft.data.loading import load_prompts
     from graft.decode import generate
     from graft.registry import build_drafter
@@ -80,7 +80,7 @@ def measure_drafts(model, cfg, names: list[str], tokens: int) -> dict[str, float
     return costs
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m graft.costmodel profile",
         description=__doc__,
@@ -99,12 +99,17 @@ def main(argv: list[str] | None = None) -> None:
         "--batch", type=int, default=1, help="sequences per verify forward: the verify of B trees (run.batch_size)"
     )
     parser.add_argument("--out", type=Path, help="default: results/cost_profile_<model>_<hardware>[_b<B>].json")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from graft.config.experiment import compose_checked, validate
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
     from graft.load.models import load_model
 
-    from graft.run.runner import batched_hardware
+    from graft.run.batched import batched_hardware
     from graft.schema import ConfigError
 
     if args.batch < 1:
@@ -122,6 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     batched = f", batch {args.batch}" if args.batch > 1 else ""
     print(f"{cfg.model.name} on {target.device} ({hardware.fast_path}){batched}, contexts {contexts}, nodes {nodes}")
 
+    profile = measure_profile(model, cfg, args, nodes=nodes, contexts=contexts, fast_path=hardware.fast_path)
+    profile.meta["seconds"] = round(time.perf_counter() - started, 1)
+    print_profile(profile, args.repeats)
+    suffix = f"_b{args.batch}" if args.batch > 1 else ""
+    out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}{suffix}.json")
+    profile.save(out)
+    print(f"wrote {out}")
+
+
+def measure_profile(model, cfg, args, *, nodes: list[int], contexts: list[int], fast_path: str) -> CostProfile:
+    """Every cost of the profile measured on the loaded model (the module docstring says how): verify, the loop's
+    overhead, the commit move, an MoE target's experts and the drafts."""
+    target = model.target
     verify = measure_verify(target, nodes, contexts, args.repeats, args.warmup, batch=args.batch)
     verify_only = CostProfile("", cfg.model.name, nodes, contexts, verify, [0.0] * len(nodes))  # for CUDA's overhead
     verify_at = verify_only.verify_ms
@@ -138,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.methods:
         drafts.update(measure_drafts(model, cfg, args.methods.split(","), args.draft_tokens))
 
-    profile = CostProfile(
+    return CostProfile(
         **identity(target, args.batch),
         nodes=nodes,
         contexts=contexts,
@@ -150,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         meta={
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "overrides": args.overrides,
-            "fast_path": hardware.fast_path,
+            "fast_path": fast_path,
             "dtype": str(target.dtype),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
@@ -158,20 +176,27 @@ def main(argv: list[str] | None = None) -> None:
             "warmup": args.warmup,
             "loop_steps": args.loop_steps,
             "loop_context": args.loop_context,
-            "seconds": round(time.perf_counter() - started, 1),
         },
     )
-    if args.batch > 1:
+
+
+def print_profile(profile: CostProfile, repeats: int) -> None:
+    """The measured tables as the console shows them: verify ms by nodes and context, the overhead beside them."""
+    contexts, verify, overhead, moe = profile.contexts, profile.verify_table_ms, profile.overhead_table_ms, profile.moe
+    if profile.batch > 1:
         print(
-            f"verify ms of one forward of {args.batch} trees (median of {args.repeats}); rows = nodes per tree, "
+            f"verify ms of one forward of {profile.batch} trees (median of {repeats}); rows = nodes per tree, "
             "columns = context; overhead per sequence"
         )
     else:
-        print(f"verify ms (median of {args.repeats}); rows = nodes, columns = context")
+        print(f"verify ms (median of {repeats}); rows = nodes, columns = context")
     print("nodes " + "".join(f"{c:>9}" for c in contexts) + "   overhead")
-    for ni, k in enumerate(nodes):
+    for ni, k in enumerate(profile.nodes):
         print(f"{k:>5} " + "".join(f"{row[ni]:>9.2f}" for row in verify) + f"   {overhead[ni]:>8.2f}")
-    print(f"moving an accepted path in the cache {commit_move:.3f} ms; ar draft {ar_draft:.3f} ms/step")
+    print(
+        f"moving an accepted path in the cache {profile.commit_move_ms:.3f} ms; "
+        f"ar draft {profile.draft_step_ms[AR]:.3f} ms/step"
+    )
     if moe:
         print(f"experts touched per layer by nodes: {moe['experts_touched']}")
         sweep = ", ".join(f"{m}: {ms:.2f}" for m, ms in zip(moe["sweep_experts"], moe["sweep_ms"]))
@@ -179,7 +204,3 @@ def main(argv: list[str] | None = None) -> None:
             f"verify ms of {moe['sweep_nodes']} nodes by experts pinned ({sweep}): {moe['expert_ms']:.3f} ms an expert a layer"
         )
     print(f"{profile.meta['seconds']} s in all")
-    suffix = f"_b{args.batch}" if args.batch > 1 else ""
-    out = args.out or Path(f"results/cost_profile_{cfg.model.name}_{cfg.hardware.name}{suffix}.json")
-    profile.save(out)
-    print(f"wrote {out}")

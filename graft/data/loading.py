@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from graft.config.experiment import DatasetConfig
+from graft.config.schema import DatasetConfig
 from graft.hub import from_cwd_or_repo
 from graft.data import long_context, sources
 from graft.data.builtin import BUILTIN

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graft.config.experiment import DatasetConfig
+from graft.config.schema import DatasetConfig
 from graft.data.prompt import DatasetError, Prompt
-from graft.data.sources import hub_records, local_file, read_jsonl
+from graft.data.sources import hub_records, local_file, read_jsonl, read_utf8
 
 # Our own wording for the LongBench tasks that produce long outputs (the ones the Graft paper uses).
 LONGBENCH_TASKS = {
@@ -55,12 +55,7 @@ def longbench(cfg: DatasetConfig, data_root: str | None, chat) -> list[Prompt]:
 def _read_text(path: Path) -> str:
     if path.suffix in (".jsonl", ".gz"):
         return "\n\n".join(row.get("text", "") for _, row in read_jsonl(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DatasetError(
-            f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})"
-        ) from None
+    text = read_utf8(path)
     if path.suffix == ".json":
         try:
             data = json.loads(text)

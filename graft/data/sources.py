@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from graft.config.experiment import DatasetConfig
+from graft.config.schema import DatasetConfig
 from graft.data.prompt import DatasetError, Prompt
 
 QUESTION_FORMAT = "one JSON object a line with question_id, category, turns (a list of user turns)"
@@ -43,6 +43,16 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(record, dict):
                 raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield number, record
+
+
+def read_utf8(path: Path, *, error: type[Exception] = DatasetError, expected: str = "") -> str:
+    """The text of a UTF-8 file; one that is not UTF-8 is an `error` naming the file, its first bad byte and that
+    byte's offset, then `expected` (what such a file should be) where given."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        wrong = f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})"
+        raise error(f"{wrong}; {expected}" if expected else wrong) from None
 
 
 def _lines(f, path: Path) -> Iterator[bytes]:

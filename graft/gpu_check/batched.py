@@ -1,7 +1,7 @@
 """Part 9 of the device check: run.batch_size = 8 through graft/batch.py (generate_batch), greedy, for ar, eagle3
 and graft on the device the check targets (FULL: an 8-layer slice of the 8B shape, random weights, bf16 with a
 random EAGLE-3 head; QUICK and CPU: tiny_llama in float32), with the settings a batch runs on a GPU (fixed-size
-trees, device acceptance, hardware.tree_bucket=0 as graft/run/runner.py: batched_hardware sets it):
+trees, device acceptance, hardware.tree_bucket=0 as graft/run/batched.py: batched_hardware sets it):
 
 - host syncs per batched step, counted at the dispatcher (sync_counter.py: SyncCounter, any device, as
   tests/gpu/test_batch_syncs.py counts them) and on CUDA under torch.cuda.set_sync_debug_mode("warn") too; a step
@@ -106,7 +106,7 @@ def batch_target(ctx: Context, out: dict) -> Iterator[tuple[object, list[str]]]:
     out.update(model="llama31_8b-shaped", arch=arch, dtype=plan.dtype)
     model = random_causal_lm("llama", arch, ctx.device, getattr(torch, plan.dtype))
     target = harness_target(model, hardware_config(ctx), "batch_8b_shaped")
-    target.tree_bucket = 0  # graft/run/runner.py: batched_hardware (padded rows are verified at one width)
+    target.tree_bucket = 0  # graft/run/batched.py: batched_hardware (padded rows are verified at one width)
     target.ops.host_paths = False
     with tempfile.TemporaryDirectory(prefix="gpu_check_batch_head_") as tmp:
         out["head"] = save_random_head(target, plan, Path(tmp) / "head")
@@ -136,7 +136,7 @@ def batch1_ar(target, prompts: list[list[int]], *, tokens: int) -> tuple[dict, f
 
 
 def slot_drafters(name: str, target, *, size: int, overrides: list[str]) -> list:
-    """One drafter per slot, built as graft/run/runner.py: measure_batched builds them (slot 0's shared state, the
+    """One drafter per slot, built as graft/run/batched.py: measure_batched builds them (slot 0's shared state, the
     head's weights, taken by the others)."""
     from baselines.autoregressive import Autoregressive
     from graft.registry import build_drafter

@@ -12,7 +12,7 @@ from graft.gpu_check.report import Context, release_memory, traceback_tail
 
 def part_lossless(ctx: Context, out: dict) -> None:
     """Greedy tokens of every method equal the baseline's (graft/run/lossless.py decides, with float ties)."""
-    from graft.config.experiment import group_options
+    from graft.config.hydra_setup import group_options
 
     plan = ctx.plan
     methods = list(plan.lossless_methods or group_options("method"))
@@ -174,7 +174,7 @@ def part_lossless_sampled(ctx: Context, out: dict) -> None:
     """Every method's first two tokens at temperature 1 follow the target's distribution (a chi-square over
     plan.sample_draws draws; few draws catch gross errors only) on tiny_llama in float32."""
     from baselines.autoregressive import Autoregressive
-    from graft.config.experiment import group_options
+    from graft.config.hydra_setup import group_options
     from graft.registry import build_drafter
 
     plan = ctx.plan

@@ -268,6 +268,6 @@ def builtin_prompt_ids(model, count: int) -> list[list[int]]:
 
 
 def as_conversation(gen):
-    from graft.run.runner import Conversation
+    from graft.run.conversation import Conversation
 
     return Conversation(turns=[gen], texts=[""])

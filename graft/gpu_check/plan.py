@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from graft.config.experiment import CONFIG_DIR
+from graft.config.hydra_setup import CONFIG_DIR
 
 PART_NAMES = {
     1: "environment",

@@ -12,7 +12,8 @@ import torch
 
 from graft.backends.target import TargetBackend
 from graft.backends.hf import HFBackend
-from graft.config.experiment import ConfigError, HardwareConfig, ModelConfig
+from graft.config.schema import HardwareConfig, ModelConfig
+from graft.schema import ConfigError
 from graft.load.embedded import ensure_smollm2
 from graft.plan.hardware import resolve_device
 from graft.hub import looks_local

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graft import hub
-from graft.config.experiment import ExperimentConfig
+from graft.config.schema import ExperimentConfig
 from graft.registry import PUBLISHED
 from graft.schema import ConfigError
 

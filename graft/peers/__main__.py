@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="", help="also vLLM's AR throughput at these batch sizes (1,8,32)")
     args = parser.parse_args(argv)
     from graft.bench import batch_sizes
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
 
     cfg = validate(compose_checked(["logger=none", *args.overrides]))
     plan, chat, prompts = vllm.plan_peer(

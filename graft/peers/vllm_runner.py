@@ -287,8 +287,8 @@ def last_lines(text: str) -> str:
 
 def throughput_job(plan: PeerPlan, chat, prompts, *, size: int, repeats: int) -> dict:
     """vLLM's AR over the whole dataset as one queue at concurrency `size`, as `run.batch_size=size` streams it
-    (graft/run/runner.py: stream_repeats passes over the prompts, every turn of each conversation)."""
-    from graft.run.runner import stream_repeats
+    (graft/run/batched.py: stream_repeats passes over the prompts, every turn of each conversation)."""
+    from graft.run.batched import stream_repeats
 
     queue = [p for _ in range(stream_repeats(size, len(prompts), repeats)) for p in prompts]
     template = chat.chat_template or getattr(chat.tokenizer, "chat_template", None)

@@ -1,1 +1,1 @@
-"""Planning a run before it loads: which hardware settings a model needs (hardware.py) and whether it fits in memory (memory.py)."""
+"""Planning a run before it loads: which hardware settings a model needs (hardware.py) and whether it fits in memory: the parts' sizes (sizes.py, drafters.py), the plan (memory.py), its place on GPUs (placement.py), what the machine offers (capacity.py), the verdict (fit.py) and a scheduled job's request (jobs.py)."""

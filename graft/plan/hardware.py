@@ -1,9 +1,9 @@
 """Which device, and how many GPUs, a run uses, from its hardware config; and the memory check on them.
 
 hardware=auto (the default) takes CUDA where torch sees a device and the CPU engine elsewhere. Its settings
-come from the config it stands for (configs/hardware/auto.yaml interpolates each one with graft/config/experiment.py's
-`auto_hardware`: gpu.yaml's on CUDA, cpu.yaml's elsewhere), so an override such as hardware.fast_path=none
-still wins. The GPU count needs the memory plan, so it is settled at start-up (`resolve_hardware`): the
+come from the config it stands for (configs/hardware/auto.yaml interpolates each one with
+graft/config/hydra_setup.py's `auto_hardware`: gpu.yaml's on CUDA, cpu.yaml's elsewhere), so an override such as
+hardware.fast_path=none still wins. The GPU count needs the memory plan, so it is settled at start-up (`resolve_hardware`): the
 smallest count whose per-GPU plan fits (model.num_gpus=auto) or model.num_gpus; more than one shards the
 layers as gpu_multi.yaml does (device_map auto over those GPUs). `${gpus_needed:}` (`register_resolvers`)
 gives a scheduler that count before the run.
@@ -17,21 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from graft.config.experiment import ExperimentConfig, HardwareConfig, group_options, validate
-from graft.config.experiment import hardware_profile as profile
-from graft.plan.memory import (
-    MemoryPlan,
-    cuda_free_memory,
-    gpu_type_bytes,
-    host_memory_gb,
-    largest_batch,
-    machine_capacity,
-    placement_map,
-    plan_memory,
-    planned_gpus,
-    reference_gpus,
-)
-from graft.plan.memory import check as check_plan
+from graft.config.experiment import validate
+from graft.config.hydra_setup import group_options
+from graft.config.hydra_setup import hardware_profile as profile
+from graft.config.schema import ExperimentConfig, HardwareConfig
+from graft.plan.capacity import cuda_free_memory, machine_capacity
+from graft.plan.fit import check as check_plan
+from graft.plan.fit import largest_batch
+from graft.plan.jobs import gpu_type_bytes, host_memory_gb, reference_gpus
+from graft.plan.memory import MemoryPlan, placement_map, plan_memory
+from graft.plan.placement import planned_gpus
 from graft.schema import ConfigError
 
 
@@ -178,7 +173,7 @@ def gpus_for_job(root, gpu: str | float | None = None) -> int:
 
 def register_resolvers() -> None:
     """`${gpus_needed:}`, `${slurm_gres:}` and `${host_memory_gb:}` for the configs that ask a scheduler for
-    resources (run.py registers them; graft/config/experiment.py's register_schemas cannot: the plan reaches the CPU
+    resources (run.py registers them; graft/config/hydra_setup.py's register_schemas cannot: the plan reaches the CPU
     engine's layouts, which the config module must not)."""
     from omegaconf import OmegaConf
 
@@ -201,7 +196,7 @@ def slurm_gres(gpu_type: str, constraint: str | None = None, *, _root_) -> str:
 
 
 def host_memory_for_job(*, _root_) -> int:
-    """`${host_memory_gb:}`: the host RAM in GB a GPU job asks for (graft/plan/memory.host_memory_gb)."""
+    """`${host_memory_gb:}`: the host RAM in GB a GPU job asks for (graft/plan/jobs.host_memory_gb)."""
     return host_memory_gb(plan_memory(job_config(_root_), "cuda"))
 
 

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.format == "spec-bench":
-        from graft.report.specbench import export_specbench
+        from graft.report.specbench_export import export_specbench
 
         written, notes = export_specbench(args.source, args.target, args.partial, args.replace)
         for out in written:

@@ -24,9 +24,10 @@ CLAIMS = PAPER / "relative_claims.csv"
 def make_figures(paths: list[str], out: Path, partial: bool = False) -> list[Path]:
     import pandas as pd
 
-    from graft.analysis import plots
+    from graft.analysis import claims as paper_claims, plots
+    from graft.analysis.batch import batch_rows
     from graft.records.reader import RecordError
-    from graft.analysis.tables import batch_rows, method_rows, step_rows
+    from graft.analysis.tables import method_rows, step_rows
 
     rows, steps = method_rows(paths, partial=partial), step_rows(paths, partial=partial)
     if rows.empty:
@@ -38,7 +39,7 @@ def make_figures(paths: list[str], out: Path, partial: bool = False) -> list[Pat
     published = pd.read_csv(PUBLISHED)
     published["model"] = published["model"].fillna("")
     claims = pd.read_csv(CLAIMS, dtype={"dataset": str, "model": str}) if CLAIMS.is_file() else None
-    written += plots.beside_paper(rows, published, out, claims)
+    written += paper_claims.beside_paper(rows, published, out, claims)
     written += plots.batch_scaling(batch_rows(paths, partial=partial), out)
     return written
 

@@ -1,5 +1,5 @@
 """Run folders of results this harness did not decode itself: answer files imported from Spec-Bench or EAGLE
-(graft/report/specbench.py) and a peer engine's runs (graft/peers). Each is one comparison, its baseline the
+(graft/report/specbench_import.py) and a peer engine's runs (graft/peers). Each is one comparison, its baseline the
 other system's autoregressive decoding, laid out as this harness's comparison runs (samples.jsonl, summary.json,
 run.json, summaries/) so `tables`, `plot` and `summarize` read it; numbers that the other system does not record
 (decode time, tree sizes) are None, and everything else is computed as graft/records/metrics.py computes it.

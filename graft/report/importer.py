@@ -7,7 +7,7 @@ choices[0] holding new_tokens, wall_time and decoding_steps or EAGLE's idxs per 
 recorded), one of them the baseline (its method part `vanilla`, `baseline`, `base` or `ar`, else --baseline). The
 run folder is one comparison: the baseline's answers as its baseline, each other file a method named
 `<method> (imported)`; summary.json and run.json carry `imported` (the format, the folder, each file's sha256).
-graft/report/specbench.py (import_specbench) says how each number is read.
+graft/report/specbench_import.py (import_specbench) says how each number is read.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--temperature", type=float, help="default: from the file names (temp-<t>), else 0")
     args = parser.parse_args(argv)
-    from graft.report.specbench import import_specbench
+    from graft.report.specbench_import import import_specbench
 
     out, notes = import_specbench(
         args.answers, args.out, args.baseline, model=args.model, dataset=args.dataset, temperature=args.temperature

@@ -29,7 +29,7 @@ def before_torch() -> None:
     prefer_huge_pages()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m graft.report check-lossless",
         description=__doc__,
@@ -46,18 +46,19 @@ def main(argv: list[str] | None = None) -> None:
         "--base", action="append", default=[], help="override for the model and hardware, e.g. hardware.num_threads=1"
     )
     parser.add_argument("--out", default="results/lossless_check.json")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     check_arguments(args)  # before anything loads: one line naming a bad name or count
 
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
     from graft.run.logs import to_console
-    from graft.data.loading import load_prompts
     from baselines.autoregressive import Autoregressive
-    from graft.decode import SamplingConfig
     from graft.load.models import load_model
     from graft.registry import build_drafter
-    from graft.run.lossless import compare
-    from graft.run.runner import PromptTooLong, run_conversation
 
     to_console()  # what loading the model and the prompts says (graft/run/logs.py), as a run shows it
 
@@ -72,7 +73,6 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model(base_cfg.model, base_cfg.hardware, progress=False)
     drafters = {name: build_drafter(method, model.target) for name, method in configs.items()}
     baseline = Autoregressive(model.target)
-    greedy = SamplingConfig()
     results = {
         "model": base_cfg.model.name,
         "max_new_tokens": args.max_new_tokens,
@@ -84,52 +84,104 @@ def main(argv: list[str] | None = None) -> None:
     }
     earlier = _earlier_results(Path(args.out), results, methods)
     for dataset in args.datasets.split(","):
-        cfg = validate(compose_checked([f"dataset={dataset}", "logger=none"]))
-        prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[: args.num_prompts]
-        table = {name: {"prompts": 0, "equal": 0, "float_tie": 0, "divergent": []} for name in methods}
-        checked = []
-        if dataset in earlier["datasets"]:  # resume: keep what an interrupted check already did
-            table, checked = earlier["datasets"][dataset], earlier["checked"][dataset]
-            print(f"{dataset}: resuming after {len(checked)} prompts checked in {args.out}")
-        started = time.time()
-        for prompt in prompts:
-            if prompt.id in checked:
-                continue
-            try:
-                base = run_conversation(model, baseline, prompt, args.max_new_tokens, greedy, 0, record_gaps=True)
-                for name, drafter in drafters.items():
-                    out = run_conversation(model, drafter, prompt, args.max_new_tokens, greedy, 0, record_gaps=False)
-                    verdict = compare(out, base, model.target.dtype, base_cfg.run.float_tie_ulps)
-                    row = table[name]
-                    row["prompts"] += 1
-                    if verdict["equal"]:
-                        row["equal"] += 1
-                    elif verdict["first_divergence"]["float_tie"]:
-                        row["float_tie"] += 1
-                        row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
-                    else:
-                        row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
-            except PromptTooLong as err:
-                print(f"skipped {prompt.id}: {err}")
-            checked.append(prompt.id)
-            results["datasets"][dataset], results["checked"][dataset] = table, checked
-            _save(results, args.out)  # after every prompt: an interrupted check keeps what it did
-        results["datasets"][dataset], results["checked"][dataset] = table, checked
-        print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
-        for name, row in table.items():
-            bad = len(row["divergent"]) - row["float_tie"]
-            print(
-                f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}"
-            )
-        _save(results, args.out)
+        check_dataset(
+            dataset,
+            args,
+            model=model,
+            baseline=baseline,
+            drafters=drafters,
+            float_tie_ulps=base_cfg.run.float_tie_ulps,
+            results=results,
+            earlier=earlier,
+        )
     lossless = all(len(r["divergent"]) == r["float_tie"] for t in results["datasets"].values() for r in t.values())
     print(f"lossless: {lossless}")
     sys.exit(0 if lossless else 1)
 
 
+def check_dataset(
+    dataset: str,
+    args,
+    *,
+    model,
+    baseline,
+    drafters: dict,
+    float_tie_ulps: float,
+    results: dict,
+    earlier: dict,
+) -> None:
+    """Every method on the first prompts of one dataset, into `results` (resumed from `earlier` where it has the
+    dataset), saved to args.out after every prompt and printed as a table at the end."""
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
+    from graft.data.loading import load_prompts
+    from graft.run.conversation import PromptTooLong
+
+    cfg = validate(compose_checked([f"dataset={dataset}", "logger=none"]))
+    prompts = load_prompts(cfg.dataset, cfg.paths.data_root, model.chat)[: args.num_prompts]
+    table = {name: {"prompts": 0, "equal": 0, "float_tie": 0, "divergent": []} for name in args.methods.split(",")}
+    checked = []
+    if dataset in earlier["datasets"]:  # resume: keep what an interrupted check already did
+        table, checked = earlier["datasets"][dataset], earlier["checked"][dataset]
+        print(f"{dataset}: resuming after {len(checked)} prompts checked in {args.out}")
+    started = time.time()
+    for prompt in prompts:
+        if prompt.id in checked:
+            continue
+        try:
+            check_prompt(
+                prompt,
+                table,
+                model=model,
+                baseline=baseline,
+                drafters=drafters,
+                max_new_tokens=args.max_new_tokens,
+                float_tie_ulps=float_tie_ulps,
+            )
+        except PromptTooLong as err:
+            print(f"skipped {prompt.id}: {err}")
+        checked.append(prompt.id)
+        results["datasets"][dataset], results["checked"][dataset] = table, checked
+        _save(results, args.out)  # after every prompt: an interrupted check keeps what it did
+    results["datasets"][dataset], results["checked"][dataset] = table, checked
+    print(f"{dataset}: {len(prompts)} prompts in {time.time() - started:.0f} s")
+    for name, row in table.items():
+        bad = len(row["divergent"]) - row["float_tie"]
+        print(
+            f"  {name:14s} equal {row['equal']}/{row['prompts']}  float-tie divergences {row['float_tie']}  other divergences {bad}"
+        )
+    _save(results, args.out)
+
+
+def check_prompt(
+    prompt, table: dict, *, model, baseline, drafters: dict, max_new_tokens: int, float_tie_ulps: float
+) -> None:
+    """One prompt: the greedy baseline once (with its top-2 gaps), then every method, each counted in its row of
+    `table` as equal, a float tie or another divergence."""
+    from graft.decode import SamplingConfig
+    from graft.run.lossless import compare
+    from graft.run.conversation import run_conversation
+
+    greedy = SamplingConfig()
+    base = run_conversation(model, baseline, prompt, max_new_tokens, greedy, 0, record_gaps=True)
+    for name, drafter in drafters.items():
+        out = run_conversation(model, drafter, prompt, max_new_tokens, greedy, 0, record_gaps=False)
+        verdict = compare(out, base, model.target.dtype, float_tie_ulps)
+        row = table[name]
+        row["prompts"] += 1
+        if verdict["equal"]:
+            row["equal"] += 1
+        elif verdict["first_divergence"]["float_tie"]:
+            row["float_tie"] += 1
+            row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
+        else:
+            row["divergent"].append({"id": prompt.id, **verdict["first_divergence"]})
+
+
 def check_arguments(args) -> None:
     """The method and dataset names (config names under configs/) and the counts, before the model loads."""
-    from graft.config.experiment import ConfigError, group_options, suggest
+    from graft.config.hydra_setup import group_options
+    from graft.schema import ConfigError, suggest
 
     for flag, group, names in (("--methods", "method", args.methods), ("--datasets", "dataset", args.datasets)):
         options = group_options(group)
@@ -150,7 +202,8 @@ def method_configs(methods: list[str], base: list[str], overrides: list[str]) ->
     """Each method's validated config, composed as run.py composes `method=<name> <base> <overrides>`: the
     one rule for its draft head is the validated config's (method.head if given, else model.draft_head, so
     `--base model.draft_head=random` and `--set method.head=random` both reach every EAGLE method)."""
-    from graft.config.experiment import compose_checked, validate
+    from graft.config.experiment import validate
+    from graft.config.override_checks import compose_checked
 
     return {
         name: validate(compose_checked([f"method={name}", "logger=none", *base, *overrides])).method for name in methods

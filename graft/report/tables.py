@@ -54,10 +54,8 @@ def ordered(labels) -> list[str]:
 
 def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
     from graft.records.reader import RecordError
+    from graft.analysis.batch import batch_rows, batch_series, batch_table
     from graft.analysis.tables import (
-        batch_rows,
-        batch_series,
-        batch_table,
         best_settings,
         improvement,
         is_sweep,

@@ -1,1 +1,1 @@
-"""Running a comparison: the command (cli.py), the interleaved runner (runner.py), sweeps on SLURM (sweeps.py), logging (logs.py), W&B tracking (tracking.py), provenance and the commands' errors (commands.py)."""
+"""Running a comparison: the command (cli.py), the interleaved runner (runner.py; its parts: conversation.py, warmup.py, batched.py, prompt_records.py, summaries.py), sweeps on SLURM (sweeps.py), logging (logs.py), W&B tracking (tracking.py; its mode: wandb_mode.py, its run's name and id: wandb_naming.py), provenance and the commands' errors (commands.py)."""

@@ -1,8 +1,8 @@
 """`graft-run [model=X] [method=Y] [dataset=Z] [run.key=value ...]` (Hydra): one run or comparison, or a sweep
 with `-m`. `python run.py ...` in a checkout is the same command.
 
-The Hydra configs ship inside the package (graft/configs, graft.config.experiment.CONFIG_DIR), so an installed copy runs
-from any directory. Nothing here imports torch at module level: `main()` sets the OpenMP spin policy first
+The Hydra configs ship inside the package (graft/configs, graft.config.hydra_setup.CONFIG_DIR), so an installed copy
+runs from any directory. Nothing here imports torch at module level: `main()` sets the OpenMP spin policy first
 (graft/cpu/threads.py), since OpenMP reads it when torch loads libgomp.
 """
 
@@ -68,7 +68,7 @@ def prepare() -> None:
 
     choose_before_torch()
 
-    from graft.config.experiment import register_schemas
+    from graft.config.hydra_setup import register_schemas
     from graft.plan.hardware import register_resolvers
 
     register_schemas()
@@ -86,7 +86,7 @@ def make_run_dir(argv: list[str]) -> None:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as err:
-                from graft.config.experiment import ConfigError
+                from graft.schema import ConfigError
 
                 raise ConfigError(
                     f"{arg}: the run's folder cannot be made ({err.strerror or err}); choose another run.out_dir"
@@ -98,7 +98,9 @@ def main() -> None:
     prepare()
     import hydra
 
-    from graft.config.experiment import CONFIG_DIR, ConfigError, check_overrides
+    from graft.config.hydra_setup import CONFIG_DIR
+    from graft.config.override_checks import check_overrides
+    from graft.schema import ConfigError
 
     try:
         sys.argv[1:] = check_overrides(sys.argv[1:])

@@ -35,7 +35,7 @@ def float_tie(gap: float, top_logit: float, dtype: torch.dtype, ulps: int | None
 
 
 def compare(method, baseline, dtype: torch.dtype, ulps: int | None) -> dict:
-    """First position where the method's tokens differ from the baseline's (each a Conversation of graft/run/runner.py),
+    """First position where the method's tokens differ from the baseline's (each a Conversation of graft/run/conversation.py),
     with the baseline's top-2 gap there and whether the float-tie rule excuses it."""
     for turn, (m, b) in enumerate(zip(method.turns, baseline.turns)):
         if m.new_tokens == b.new_tokens:

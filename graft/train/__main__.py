@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         from graft.cpu.threads import prefer_huge_pages  # imports no torch
 
         prefer_huge_pages()
-    from graft.config.experiment import register_schemas
+    from graft.config.hydra_setup import register_schemas
 
     if command == "eagle3":
         from graft.train.eagle3 import main as train
@@ -48,7 +48,9 @@ def check_train_overrides(config_name: str, overrides: list[str]) -> None:
     keys are left to Hydra."""
     from hydra import compose, initialize_config_dir
 
-    from graft.config.experiment import CONFIG_DIR, ConfigError, check_syntax, hydra_problem
+    from graft.config.hydra_setup import CONFIG_DIR
+    from graft.config.override_checks import check_syntax, hydra_problem
+    from graft.schema import ConfigError
 
     given = [o for o in overrides if "=" in o and not o.startswith("-") and not o.lstrip("+~").startswith("hydra")]
     check_syntax(given)

@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from graft.config.experiment import HardwareConfig, ModelConfig
+from graft.config.schema import HardwareConfig, ModelConfig
 from graft.hub import REPO
 from graft.schema import ConfigError, coerce_dataclass
 
@@ -143,17 +143,10 @@ def fit_loop(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt_path = out / "checkpoint.pt"
-    state = {"step": 0, "seconds": 0.0}
+    state = _resume(ckpt_path, module, key, optimizer=optimizer, scheduler=scheduler, init_from=init_from)
     if ckpt_path.exists():
-        saved = load_saved(ckpt_path, weights_only=False)
-        module.load_state_dict(saved[key])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
         print(f"resumed at step {state['step']} of {total_steps}")
-    elif init_from:  # warm start: weights of an earlier run (its path, or its state loaded), fresh optimizer
-        saved = init_from if isinstance(init_from, dict) else load_saved(init_from, weights_only=False)
-        module.load_state_dict(saved[key] if key in saved else saved)
+    elif init_from:
         print(f"warm start from {fit.get('init_from') or init_from}")
     log_path = out / "metrics.jsonl"
     logger = wandb_logger(cfg, out)
@@ -165,22 +158,12 @@ def fit_loop(
     module.train()
     while state["step"] < total_steps:
         epoch, position = divmod(state["step"], per_epoch)
-        order = list(range(len(records)))
-        random.Random(cfg.train.seed + epoch).shuffle(order)
-        batch = [records[i] for i in order[position * fit.batch_sequences : (position + 1) * fit.batch_sequences]]
+        batch = _batch(records, cfg.train.seed + epoch, position=position, size=fit.batch_sequences)
         loss, metrics, progress = step(batch, state["step"])
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), fit.grad_clip)
-        optimizer.step()
-        scheduler.step()
+        _optimize(loss, module, optimizer=optimizer, scheduler=scheduler, grad_clip=fit.grad_clip)
         state["step"] += 1
         record = {"step": state["step"], "epoch": epoch, "loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0]}
-        record.update(metrics)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if logger:
-            logger.log(record, step=state["step"])
+        _log({**record, **metrics}, log_path, logger)
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **progress)
         elapsed = state["seconds"] + time.time() - started
@@ -192,16 +175,8 @@ def fit_loop(
             _evaluate_and_keep(module, key, evaluate, state, out, log_path, logger)
             module.train()
         if state["step"] % fit.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
-            saved_state = dict(state, seconds=elapsed)
-            torch.save(
-                {
-                    key: module.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "state": saved_state,
-                },
-                ckpt_path,
-            )
+            saved = {key: module.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            torch.save({**saved, "state": dict(state, seconds=elapsed)}, ckpt_path)
         if out_of_time:
             print(
                 f"stopped after {elapsed / 60:.1f} minutes at step {state['step']} of {total_steps}; rerun to continue"
@@ -212,6 +187,46 @@ def fit_loop(
         logger.finish()
     module.eval()
     return {"steps": state["step"], "total_steps": total_steps, "sequences": len(records), "best": state.get("best")}
+
+
+def _optimize(loss, module, *, optimizer, scheduler, grad_clip: float) -> None:
+    """One optimizer step on `loss`, the gradients clipped to `grad_clip`, and the learning rate's step."""
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+
+
+def _batch(records: list[dict], seed: int, *, position: int, size: int) -> list[dict]:
+    """The `position`-th batch of `size` records in the epoch's order, the records shuffled by `seed`."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    return [records[i] for i in order[position * size : (position + 1) * size]]
+
+
+def _resume(ckpt_path: Path, module, key: str, *, optimizer, scheduler, init_from) -> dict:
+    """The fit's state ({"step", "seconds", ...}): resumed from `ckpt_path` where it exists (the module's weights
+    under `key`, the optimizer's and the scheduler's), else a fresh one, the weights warm-started from
+    `init_from` where given."""
+    if ckpt_path.exists():
+        saved = load_saved(ckpt_path, weights_only=False)
+        module.load_state_dict(saved[key])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        return saved["state"]
+    if init_from:  # warm start: weights of an earlier run (its path, or its state loaded), fresh optimizer
+        saved = init_from if isinstance(init_from, dict) else load_saved(init_from, weights_only=False)
+        module.load_state_dict(saved[key] if key in saved else saved)
+    return {"step": 0, "seconds": 0.0}
+
+
+def _log(record: dict, log_path: Path, logger) -> None:
+    """One metrics.jsonl line, and the same figures to W&B where it logs, at the record's step."""
+    with open(log_path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if logger:
+        logger.log(record, step=record["step"])
 
 
 def _evaluate_and_keep(module, key: str, evaluate, state: dict, out: Path, log_path: Path, logger) -> None:
@@ -225,10 +240,7 @@ def _evaluate_and_keep(module, key: str, evaluate, state: dict, out: Path, log_p
         state["best"] = {"step": state["step"], "score": figures["score"]}
         torch.save({key: module.state_dict(), "best": state["best"]}, out / "best.pt")
     record["heldout_best_step"] = state["best"]["step"]
-    with open(log_path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    if logger:
-        logger.log(record, step=state["step"])
+    _log(record, log_path, logger)
     print(f"step {state['step']}: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
 
 

@@ -13,7 +13,7 @@ import torch
 
 from conftest import make_drafter
 from graft.batch import BatchRequest, generate_batch, slot_capacity
-from graft.config.experiment import group_options
+from graft.config.hydra_setup import group_options
 from graft.decode import SamplingConfig, generate
 
 GREEDY = SamplingConfig()

@@ -7,7 +7,7 @@ import torch
 
 from baselines.autoregressive import Autoregressive
 from conftest import make_drafter
-from graft.config.experiment import group_options
+from graft.config.hydra_setup import group_options
 from graft.data.loading import BUILTIN
 from graft.decode import SamplingConfig, generate
 from graft.run.lossless import float_tie

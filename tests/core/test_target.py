@@ -157,7 +157,8 @@ def test_grouped_attention_in_the_transformers_forward_matches_sdpa(name):
 def test_an_unknown_attention_kernel_is_refused_with_the_allowed_ones():
     from conftest import compose
 
-    from graft.config.experiment import ConfigError, validate
+    from graft.config.experiment import validate
+    from graft.schema import ConfigError
     from graft.load.models import load_model
 
     cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=none", "hardware.attention=fast"]))

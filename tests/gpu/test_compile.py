@@ -100,7 +100,7 @@ def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny, method
     from graft.backends.target import capacity_bucket, compiled_graphs
     from graft.data.loading import Prompt
     from graft.decode import SamplingConfig
-    from graft.run.runner import WarmUp, tree_sizes
+    from graft.run.warmup import WarmUp, tree_sizes
 
     eager = tiny("tiny_llama")
     texts = ["Hi.", BUILTIN[1].turns[0], BUILTIN[1].turns[0] * 12]
@@ -203,12 +203,12 @@ def test_a_warm_up_of_first_turns_only_is_caught_or_mended_by_the_guard(tmp_path
     warm-up of first turns only, as before this change, leaves the second turn's graphs to a timed run and
     run.json counts them; with the guard before each timed turn, the missed bucket is warmed there, untimed,
     and named."""
-    from graft.run import runner
+    from graft.run import warmup
 
-    first_turns = runner.turn_spans
-    monkeypatch.setattr(runner, "turn_spans", lambda *args: first_turns(*args)[:1])
+    first_turns = warmup.turn_spans
+    monkeypatch.setattr(warmup, "turn_spans", lambda *args: first_turns(*args)[:1])
     if not guard:
-        monkeypatch.setattr(runner.WarmUp, "before_turn", lambda self, ids: None)
+        monkeypatch.setattr(warmup.WarmUp, "before_turn", lambda self, ids: None)
     info, (sample,) = _two_turn_run(tmp_path, "eager")
     assert _turn_buckets(sample) == [512, 640]
     if guard:
@@ -220,7 +220,7 @@ def test_a_warm_up_of_first_turns_only_is_caught_or_mended_by_the_guard(tmp_path
 def test_every_drafter_of_a_run_shares_the_largest_drafters_bucket(tiny):
     """AR (one node) and graft (60 nodes) on one prompt whose AR capacity and graft capacity fall in different
     buckets: sized for the larger, they share one static cache buffer."""
-    from graft.run.runner import sized_for_largest
+    from graft.run.conversation import sized_for_largest
 
     with _compiled(tiny, "tiny_llama", "eager") as model:
         target = model.target

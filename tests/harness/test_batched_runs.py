@@ -76,8 +76,10 @@ def test_summary_gives_throughput_against_batched_ar(alone_and_batched):
 def test_an_interrupted_batched_run_resumes_without_lost_or_duplicated_records(
     alone_and_batched, tmp_path, monkeypatch
 ):
+    from graft.run import batched
+
     root, _, _ = alone_and_batched
-    real, calls = runner.measure_group, []
+    real, calls = batched.measure_group, []
 
     def cut_after_the_first_group(*args, **kwargs):
         calls.append(1)
@@ -85,11 +87,11 @@ def test_an_interrupted_batched_run_resumes_without_lost_or_duplicated_records(
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "measure_group", cut_after_the_first_group)
+    monkeypatch.setattr(batched, "measure_group", cut_after_the_first_group)
     with pytest.raises(KeyboardInterrupt):
         run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")  # 12 sequences in groups of 8: cut after one
     assert len(records(tmp_path / "cut")) == 8
-    monkeypatch.setattr(runner, "measure_group", real)
+    monkeypatch.setattr(batched, "measure_group", real)
     summary = run_in(tmp_path / "cut", "run.num_prompts=6", "run.batch_size=2")
     resumed, alone = records(tmp_path / "cut"), records(root / "b1")
     want = [r["id"] for r in alone] + [f"{r['id']}#2" for r in alone]
@@ -126,7 +128,7 @@ def test_a_batch_refuses_what_it_cannot_run_before_the_model_loads(tmp_path):
 
 def test_tables_and_the_figure_lay_runs_out_by_batch_size(alone_and_batched, tmp_path):
     from graft.analysis.plots import batch_scaling
-    from graft.analysis.tables import batch_rows, batch_table
+    from graft.analysis.batch import batch_rows, batch_table
     from graft.report.tables import build
 
     root, alone, batched = alone_and_batched

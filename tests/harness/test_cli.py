@@ -206,7 +206,7 @@ def test_a_comparison_shares_one_baseline_per_prompt_and_resumes(tmp_path):
 
 
 def test_naming_one_method_makes_a_single_run_and_a_method_and_methods_together_are_refused(tmp_path):
-    from graft.config.experiment import check_overrides
+    from graft.config.override_checks import check_overrides
 
     assert check_overrides(["method=pld"])[-1] == "methods=null"
     assert "methods=null" not in check_overrides(["methods=[pld,graft]", "method.total_tokens=16"])

@@ -4,7 +4,10 @@ from pathlib import Path
 import pytest
 
 from conftest import compose
-from graft.config.experiment import ConfigError, check_overrides, group_options, validate
+from graft.config.experiment import validate
+from graft.config.hydra_setup import group_options
+from graft.config.override_checks import check_overrides
+from graft.schema import ConfigError
 
 GROUP_NAMES = ["model", "method", "dataset", "logger", "hardware"]
 
@@ -104,7 +107,7 @@ def test_a_quoted_home_in_the_output_folder_is_expanded():
 
 def test_hydra_errors_become_one_line():
     """What Hydra says about a composition, without its search path and with the cause (hydra_problem)."""
-    from graft.config.experiment import compose_checked
+    from graft.config.override_checks import compose_checked
 
     with pytest.raises(ConfigError) as err:
         compose_checked(["model=tiny_llama", "model.arch_config.foo=1"])  # a key of a mapping Hydra keeps closed
@@ -153,7 +156,8 @@ def test_vicuna_template_renders_fastchat_v1_1():
 
 
 def test_hydras_flags_and_their_values_are_not_read_as_overrides():
-    from graft.config.experiment import ConfigError, check_syntax
+    from graft.config.override_checks import check_syntax
+    from graft.schema import ConfigError
 
     check_syntax(["--cfg", "job", "-cn", "config", "--info", "defaults", "--cfg=job", "method=graft"])
     with pytest.raises(ConfigError, match="character 13"):  # an override after the flags is still checked

@@ -176,7 +176,7 @@ def test_repeated_ids_are_made_unique_and_an_empty_file_says_so(tmp_path, caplog
 
 @pytest.mark.parametrize("key,value", [("num_prompts", 0), ("num_prompts", -1), ("per_category", 0)])
 def test_counts_below_one_are_refused(key, value):
-    from graft.config.experiment import ConfigError
+    from graft.schema import ConfigError
 
     with pytest.raises(ConfigError, match=f"dataset.{key}={value} is not allowed; expected null or an integer >= 1"):
         dataset_cfg("mt_bench", f"dataset.{key}={value}")

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, compose
-from graft.config.experiment import CONFIG_DIR, group_options, validate
+from graft.config.experiment import validate
+from graft.config.hydra_setup import CONFIG_DIR, group_options
 
 
 def sweep_points(experiment: str) -> list[list[str]]:

@@ -13,9 +13,11 @@ import torch
 import yaml
 
 from conftest import compose
-from graft.config.experiment import CONFIG_DIR, ConfigError, validate
+from graft.config.experiment import validate
+from graft.config.hydra_setup import CONFIG_DIR
+from graft.schema import ConfigError
 from graft.config.experiment import compose as compose_default
-from graft.config.experiment import hardware_profile as profile
+from graft.config.hydra_setup import hardware_profile as profile
 from graft.plan.hardware import check_memory, register_resolvers, resolve_hardware
 from graft.plan.memory import plan_memory
 
@@ -112,7 +114,7 @@ def test_too_big_for_the_node_names_the_gpu_that_overflows(cuda_node):
 
 
 def test_a_batch_takes_one_gpu_and_one_too_large_for_it_is_refused_naming_the_batch_size_that_fits(cuda_node):
-    """A batched run decodes on one device (graft/run/runner.batched_hardware): hardware=auto takes one GPU at
+    """A batched run decodes on one device (graft/run/batched.batched_hardware): hardware=auto takes one GPU at
     B > 1, and paper_long's Llama-3.1-8B at B = 32 (279.5 GB of KV cache) is refused on it in one line."""
     cuda_node(4)
     overrides = ("experiment=paper_long", "model=llama31_8b", "hardware=auto")
@@ -159,7 +161,7 @@ def gpus_needed(*overrides: str, argument: str = "") -> int:
     from hydra import initialize_config_dir
     from omegaconf import open_dict
 
-    from graft.config.experiment import register_schemas
+    from graft.config.hydra_setup import register_schemas
 
     register_schemas()
     register_resolvers()
@@ -184,7 +186,8 @@ def test_a_launcher_asking_gpus_needed_gets_the_plans_count():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from graft.config.experiment import prepare_overrides, register_schemas
+    from graft.config.hydra_setup import register_schemas
+    from graft.config.overrides import prepare_overrides
 
     register_schemas()
     register_resolvers()

@@ -97,7 +97,7 @@ def fresh(tmp_path_factory) -> Path:
 def test_a_non_editable_install_runs_graft_run_from_anywhere(fresh, tmp_path):
     python = fresh / "bin" / "python"
     where = run(
-        [python, "-c", "import graft, graft.config.experiment as c; print(graft.__file__); print(c.CONFIG_DIR)"],
+        [python, "-c", "import graft, graft.config.hydra_setup as c; print(graft.__file__); print(c.CONFIG_DIR)"],
         tmp_path,
     )
     package, configs = map(Path, where.stdout.split())

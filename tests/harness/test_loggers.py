@@ -17,15 +17,10 @@ from conftest import ROOT, compose
 
 pytest.importorskip("wandb")
 
-from graft.config.experiment import LoggerConfig  # noqa: E402
-from graft.run.tracking import (  # noqa: E402
-    INTERVAL_COLUMNS,
-    NullLogger,
-    artifact_name,
-    choose_mode,
-    make_logger,
-    run_name,
-)
+from graft.config.schema import LoggerConfig  # noqa: E402
+from graft.run.tracking import INTERVAL_COLUMNS, NullLogger, make_logger  # noqa: E402
+from graft.run.wandb_mode import choose_mode  # noqa: E402
+from graft.run.wandb_naming import artifact_name, run_name  # noqa: E402
 
 
 def wandb_records(run_dir: Path) -> list:
@@ -298,7 +293,7 @@ def test_a_sweep_job_logs_a_run_named_by_its_keys_with_its_tables_figure_and_rec
 def test_a_failing_job_still_finishes_its_wandb_run(offline, monkeypatch, tiny):
     import wandb
 
-    from graft.run import runner
+    from graft.run import prompt_records, runner
     from graft.config.experiment import validate
 
     resolved = compose(["experiment=smoke", "logger=wandb", f"run.out_dir={offline}", "run.warmup=false"])
@@ -307,7 +302,7 @@ def test_a_failing_job_still_finishes_its_wandb_run(offline, monkeypatch, tiny):
     def broken(*args, **kwargs):
         raise RuntimeError("a job that fails")
 
-    monkeypatch.setattr(runner, "measure_prompt", broken)
+    monkeypatch.setattr(prompt_records, "measure_prompt", broken)
     monkeypatch.setattr(runner, "load_model", lambda *args, **kwargs: tiny("tiny_llama"))  # the suite's copy
     with pytest.raises(RuntimeError, match="a job that fails"):
         runner.run(validate(resolved), resolved)

@@ -1,6 +1,6 @@
-"""The memory plan (graft/plan/memory.py): parameter counts against published figures, byte plans against hand
-computations, each part placed on the GPU where it lives, the refusal's figures, and `python run.py
-model=qwen3_235b` refused in seconds on a CPU."""
+"""The memory plan (graft/plan/memory.py, with sizes, drafters, placement, capacity, fit and jobs beside it):
+parameter counts against published figures, byte plans against hand computations, each part placed on the GPU
+where it lives, the refusal's figures, and `python run.py model=qwen3_235b` refused in seconds on a CPU."""
 
 import json
 import math
@@ -14,29 +14,19 @@ import pytest
 
 import torch
 from conftest import compose
-from graft.config.experiment import ConfigError, HardwareConfig, validate
+from graft.config.experiment import validate
+from graft.config.schema import HardwareConfig
+from graft.schema import ConfigError
+from graft.config.shapes import ModelShape, check_declared_shape, count_parameters
 from graft.cpu.layout import narrow_panels_expected
-from graft.config.shapes import check_declared_shape
 from graft.cpu.products import onednn_packs
 from graft.plan.hardware import check_memory
-from graft.plan.memory import (
-    ModelShape,
-    attention_mask_bytes,
-    available_ram,
-    check,
-    count_parameters,
-    cpu_capacity,
-    cuda_capacity,
-    gpus_needed,
-    gpus_needed_like,
-    host_memory_gb,
-    layer_split,
-    needs_text,
-    place,
-    plan_memory,
-    random_model_config,
-    reference_gpus,
-)
+from graft.plan.capacity import available_ram, cpu_capacity, cuda_capacity
+from graft.plan.fit import check, needs_text
+from graft.plan.jobs import host_memory_gb, reference_gpus
+from graft.plan.memory import plan_memory
+from graft.plan.placement import gpus_needed, gpus_needed_like, layer_split, place
+from graft.plan.sizes import attention_mask_bytes, random_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,7 +190,8 @@ def test_a_block_drafter_is_counted_at_its_size(tiny):
     """The plan's parameters for method=dflash's random drafter equal the module's, and its cache grows with
     the context like one KV entry per layer and token."""
     from graft.draft_models.dflash.checkpoint import random_block_drafter
-    from graft.plan.memory import block_drafter_size, model_shape
+    from graft.plan.drafters import block_drafter_size
+    from graft.plan.sizes import model_shape
 
     cfg = config("model=tiny_qwen3", "method=dflash", "method.random_layers=2")
     shape, _ = model_shape(cfg.model)
@@ -319,7 +310,7 @@ def test_the_total_fits_but_the_last_gpu_overflows():
 def test_cuda_capacity_counts_the_gpus_the_model_will_use(monkeypatch):
     import torch
 
-    from graft.plan.memory import machine_capacity
+    from graft.plan.capacity import machine_capacity
 
     asked = []
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -463,9 +454,9 @@ def test_a_model_that_fits_one_h200_at_batch_1_needs_three_at_batch_32_and_its_j
 
 
 def test_a_batch_this_machine_cannot_hold_is_refused_naming_the_batch_size_that_fits(monkeypatch):
-    import graft.plan.memory as memory
+    import graft.plan.capacity as capacity
 
-    monkeypatch.setattr(memory, "available_ram", lambda: (40 * 10**9, "CPU RAM available, /proc/meminfo"))
+    monkeypatch.setattr(capacity, "available_ram", lambda: (40 * 10**9, "CPU RAM available, /proc/meminfo"))
     cfg = config("model=llama31_8b", "method=ar", "hardware=cpu_plain", "dataset=mt_bench", "run.batch_size=32")
     assert check_memory(config("model=llama31_8b", "method=ar", "hardware=cpu_plain", "dataset=mt_bench")).known
     with pytest.raises(ConfigError) as refused:

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from graft.config.experiment import CONFIG_DIR, group_options, prepare_overrides, register_schemas
+from graft.config.hydra_setup import CONFIG_DIR, group_options, register_schemas
+from graft.config.overrides import prepare_overrides
 from graft.plan.hardware import register_resolvers
 
 pytestmark = pytest.mark.slow  # sweeps through submitit's local launcher (about 45 s): `make test-fast` leaves it out

@@ -63,7 +63,7 @@ def test_a_peer_run_is_a_comparison_against_vllms_own_ar_that_tables_show_as_vll
 
 
 def test_vllms_batched_ar_throughput_joins_the_batch_series_as_its_own_line(tmp_path, fake):
-    from graft.analysis.tables import batch_rows, batch_series
+    from graft.analysis.batch import batch_rows, batch_series
 
     cfg, plan, chat, prompts = _plan(methods="ar,ngram")
     out = vllm.run_peer(cfg, plan, chat, prompts, out=tmp_path / "peer", worker=FAKE, batch_sizes=[1, 4])

@@ -142,7 +142,8 @@ def test_the_category_table_has_a_row_per_category_with_the_literal_values(tmp_p
     out = tmp_path / "tables"
     main([str(tmp_path / "runs"), "--by", "category", "--out", str(out)])
     markdown = (out / "tables.md").read_text()
-    by_category = markdown[markdown.index("by category") :]
+    by_category = markdown[markdown.index("### ") :]  # past the line naming the command
+    by_category = by_category[by_category.index("by category") :]
     assert _cells(by_category, "category") == ["category", "eagle3", "graft"]  # the baseline (1.00x) left out
     # six prompts a category: too few for an interval, so the value and n
     assert _cells(by_category, "x") == ["x", "1.00x / 2.00 (n=6)", "2.00x / 3.00 (n=6)"]

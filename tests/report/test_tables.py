@@ -145,7 +145,8 @@ def test_the_palette_gives_a_method_one_colour_whatever_else_is_plotted():
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgba
 
-    from graft.analysis.plots import PALETTE, _bar_groups, method_style
+    from graft.analysis.drawing import bar_groups
+    from graft.analysis.styles import PALETTE, method_style
 
     colours = [method_style(name)["color"] for name in PALETTE]
     assert len(set(colours)) == len(colours)  # no two listed methods share a colour
@@ -153,7 +154,7 @@ def test_the_palette_gives_a_method_one_colour_whatever_else_is_plotted():
 
     def graft_colour(methods):  # the colour of Graft's bar in a bar chart of `methods`
         fig, ax = plt.subplots()
-        _bar_groups(ax, [("d", {m: (1.2, None, None) for m in methods})], methods, "speedup_wall")
+        bar_groups(ax, [("d", {m: (1.2, None, None) for m in methods})], methods, "speedup_wall")
         colour = next(c for c in ax.containers if c.get_label() == "Graft").patches[0].get_facecolor()
         plt.close(fig)
         return colour
@@ -167,7 +168,7 @@ def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_pro
     import pytest
 
     from graft.analysis.tables import method_rows
-    from graft.analysis.plots import relative_claims
+    from graft.analysis.claims import relative_claims
     from graft.report.figures import CLAIMS
 
     numbers = {"eagle3": (2.0, 3.0), "pruned": (4.0, 2.0), "graft": (4.0, 3.5), "dflash": (2.0, 3.0)}
@@ -206,7 +207,7 @@ def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_pro
 
 
 def test_the_pareto_front_keeps_only_undominated_points():
-    from graft.analysis.plots import pareto_front
+    from graft.analysis.drawing import pareto_front
 
     points = [(4, 1.0), (8, 1.5), (8, 1.2), (16, 1.4), (32, 2.0), (2, 0.5)]
     assert pareto_front(points) == [5, 0, 1, 4]
