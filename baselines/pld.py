@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from graft.parts import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState
+from graft.parts import Retrieved, Retriever
 from graft.registry import register
 
 

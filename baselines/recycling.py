@@ -9,8 +9,8 @@ from typing import Generator, Literal
 
 import torch
 
-from graft.parts import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
+from graft.parts import Retrieved, Retriever
 from graft.registry import register
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, Recycler, TableUpdate, TemplateRead
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from graft.parts import Retrieved, Retriever
 from graft.drafter import PrefillInfo, SequenceState
+from graft.parts import Retrieved, Retriever
 from graft.registry import register
 from graft.retrieval.suffix import SuffixAutomaton
 

@@ -31,16 +31,14 @@ from typing import Generator, Literal
 import torch
 
 from graft.backends.target import TargetBackend
-from graft.parts import AttachPolicy, DenseSplit, Draft, DraftSource, Retrieval, Retriever, Split, Trim
 from graft.drafter import Drafter, PrefillInfo, Proposal, SequenceState, StepFeedback, StepNote, TargetNeeds, drive
-from graft.fixed_size import Deferred
+from graft.fixed_size import Deferred, compact
 from graft.grafting import Grafted
-from graft.fixed_size import compact
 from graft.ops import read_count
+from graft.parts import AttachPolicy, DenseSplit, Draft, DraftSource, Retrieval, Retriever, Split, Trim
 from graft.registry import MethodConfig, build_part, part, register
 from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource
-
 
 RETRIEVAL_ALIASES = {"both": ["suffix", "recycling"]}  # the original two-retriever form of method.retrieval
 

@@ -30,7 +30,7 @@ from graft.ops import read_back, upload
 from graft.tree import NodeSource, topology
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
@@ -241,7 +241,7 @@ def read_kept(sequences: list[tuple[Generation, list, list | None]]) -> None:
     if not parts:
         return
     host, at = read_back(torch.cat(parts)), 0
-    for (gen, book, top2), (found, steps, tops) in zip(sequences, layout):
+    for (gen, _, top2), (found, steps, tops) in zip(sequences, layout):
         resolve_deferred(found, host[at : at + len(found)])
         at += len(found)
         rows = [[int(v) for v in host[at + 5 * i : at + 5 * i + 5]] for i in range(steps)]

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Callable, Generator
 
 import torch
 from torch import Tensor
 
 from graft.acceptance import Acceptance
 from graft.backends.target import ForwardOutput, HiddenTap, TargetBackend
-from graft.tree import DraftTree, Topology
 from graft.ops import upload
+from graft.tree import DraftTree, Topology
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from graft.fixed_size import compact, graft_fixed
-from graft.tree import DraftTree, NodeSource
 from graft.ops import upload
+from graft.tree import DraftTree, NodeSource
 
 
 @dataclass

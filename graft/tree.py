@@ -11,9 +11,9 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any
 from enum import IntEnum
 from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor

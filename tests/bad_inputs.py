@@ -51,7 +51,6 @@ def _child(case: dict, out: Path, err: Path, shared: bool = True, seconds: int =
             runpy.run_path(sys.argv[0], run_name="__main__")  # as a script, as a user runs it
         elif case["tool"].startswith("module:"):  # python -m MODULE ARGS
             import runpy
-
             import warnings
 
             module = case["tool"].removeprefix("module:")

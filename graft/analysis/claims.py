@@ -17,9 +17,9 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from graft.analysis.drawing import errorbars, legend_below, rows_context, save_figure, suptitle_layout  # noqa: E402
 from graft.analysis.figure_data import run_records, run_setting, run_settings  # noqa: E402
-from graft.analysis.stats import MIN_N_FOR_INTERVAL as MIN_N, ratio_interval  # noqa: E402  (no interval below MIN_N)
+from graft.analysis.stats import MIN_N_FOR_INTERVAL as MIN_N  # noqa: E402  (no interval below MIN_N)
+from graft.analysis.stats import ratio_interval
 from graft.analysis.styles import PUBLISHED, dataset_label, method_style  # noqa: E402
-
 
 COMPARISONS = {
     ("graft", "eagle3"): "Graft over EAGLE-3",

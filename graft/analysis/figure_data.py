@@ -34,8 +34,8 @@ def run_records(run) -> list[dict]:
 
 @lru_cache(maxsize=256)
 def _intervals(run: str, stamp: int) -> dict:
-    from graft.records.reader import RecordError
     from graft.analysis.tables import run_intervals as intervals_of
+    from graft.records.reader import RecordError
 
     try:
         return intervals_of(Path(run))

@@ -30,7 +30,6 @@ from graft.analysis import stats
 from graft.records.metrics import record_sides
 from graft.records.reader import _run_config, hardware_name, read_summary, run_dirs, run_sides, summary_records
 
-
 METRICS = (
     "tau",
     "speedup_wall",

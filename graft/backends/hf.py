@@ -7,7 +7,8 @@ import inspect
 import torch
 from torch import Tensor
 
-from graft.backends.target import ForwardOutput, HiddenTap, TargetBackend, compiled, concat_taps
+from graft.backends.compiling import compiled
+from graft.backends.target import ForwardOutput, HiddenTap, TargetBackend, concat_taps
 from graft.layers import ATTENTION_NAME
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from graft.backends.target import PositionalKVCache
+from graft.backends.positional_cache import PositionalKVCache
 from graft.ops import Ops
 
 

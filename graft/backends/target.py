@@ -18,13 +18,12 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
 
+from graft.backends.compiling import capacity_bucket
+from graft.backends.positional_cache import PositionalKVCache
 from graft.clock import PhaseClock
-from graft.kv import KVBuffer
-from graft.ops import Ops
+from graft.ops import Ops, upload
 from graft.tree import DraftTree, Topology, TreeRows, additive_mask, prefix_causal, prefix_tree_masks
-from graft.ops import upload
 
 
 @dataclass(frozen=True)
@@ -99,83 +98,6 @@ def tree_segment(slot: int, tree: DraftTree, topo: Topology, dtype: torch.dtype)
     ids = tree.tokens.clamp_min(0)  # an empty slot (-1) is verified as token 0, never accepted
     mask = topo.attention_mask(dtype) if tree.num_nodes > 1 else None
     return Segment(slot, topo.cache_len, ids, topo.position_ids()[0], mask)
-
-
-class PositionalKVLayer(KVBuffer, CacheLayerMixin):
-    """One layer's KVBuffer seen through transformers' cache-layer interface."""
-
-    is_sliding = False
-    is_compileable = False
-    is_croppable = True
-
-    def __init__(self, capacity: int, static: bool = False, dtype: torch.dtype | None = None):
-        CacheLayerMixin.__init__(self)
-        KVBuffer.__init__(self, capacity, static, dtype)
-
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        self._allocate(key_states, value_states)
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        return self.append(key_states, value_states)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.capacity if self.static else self.length + query_length), 0
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self.keep(0, None, 0)
-
-    def crop(self, max_length: int) -> None:
-        """transformers' contract: keep the first `max_length` positions; a negative value drops that many."""
-        self.keep(max(0, self.length + max_length if max_length < 0 else min(max_length, self.length)), None, 0)
-
-
-class PositionalKVCache(Cache):
-    def __init__(self, num_layers: int, capacity: int, *, static: bool = False, ops: Ops | None = None, dtype=None):
-        super().__init__(layers=[PositionalKVLayer(capacity, static, dtype) for _ in range(num_layers)])
-        self.static = static
-        self.ops = ops or Ops()
-
-    def keep(self, committed: int, rows: Tensor | None, count: int) -> None:
-        first = self.layers[0]
-        if rows is not None and not self.static and first.keys is not None:
-            tensors = [t for layer in self.layers for t in (layer.keys, layer.values)]
-            if self.ops.move_rows(tensors, committed, rows):
-                rows = None  # in place now: the layers only set their lengths
-        placed = {}  # the rows once per device: a sharded cache's layers sit on several GPUs
-        for layer in self.layers:
-            layer.keep(committed, rows_on(layer, rows, placed), count)
-
-    def reserve(self, needed: int) -> None:
-        for layer in self.layers:
-            layer.reserve(needed)
-
-    def advance(self, count: int) -> None:
-        for layer in self.layers:
-            layer.advance(count)
-
-    @property
-    def capacity(self) -> int:
-        return self.layers[0].capacity
-
-
-def rows_on(layer: KVBuffer, rows: Tensor | None, placed: dict) -> Tensor | None:
-    """`rows` on `layer`'s device, copied there once per commit however many layers that device holds."""
-    if rows is None or layer.keys is None:
-        return rows
-    device = layer.keys.device
-    if device not in placed:
-        placed[device] = rows.to(device, non_blocking=True)
-    return placed[device]
 
 
 def text_config(config):
@@ -482,83 +404,6 @@ class TargetBackend(ABC):
     ) -> ForwardOutput:
         """ids, positions [1, n]; mask [1, 1, n, cache + n] additive or None (causal), [1, 1, n, capacity] over a
         static cache, [1, 1, n, n] with compact masks (the cache before the n new positions seen unmasked); `compiled`: through the compiled module (hardware.compile)."""
-
-
-def capacity_bucket(needed: int) -> int:
-    """The static cache size for `needed` positions: 512, then four sizes per doubling (at most 25% unused),
-    so that prompts of similar lengths share one compiled graph."""
-    if needed <= 512:
-        return 512
-    step = 1 << (needed.bit_length() - 3)
-    return -(-needed // step) * step
-
-
-def buckets_between(low: int, high: int) -> list[int]:
-    """Every bucket that a capacity from `low` to `high` positions can land in."""
-    buckets, bucket = [], capacity_bucket(low)
-    while bucket <= capacity_bucket(high):
-        buckets.append(bucket)
-        bucket = capacity_bucket(bucket + 1)
-    return buckets
-
-
-def compiled_graphs() -> int:
-    """Graphs torch.compile has captured in this process (each new cache bucket or tree size adds one)."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
-
-
-_cudagraph_records = [0]  # CUDA graphs recorded in this process (cudagraph trees), first recordings and re-records
-
-
-def _count_cudagraph_record(args) -> None:
-    from torch._dynamo.callback import CallbackTrigger
-
-    if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
-        _cudagraph_records[0] += 1
-
-
-def _watch_cudagraph_records() -> None:
-    """cudagraph trees count no recordings, but announce each one to dynamo's compile callbacks."""
-    from torch._dynamo.callback import callback_handler
-
-    if _count_cudagraph_record not in callback_handler.start_callbacks:
-        callback_handler.register_start_callback(_count_cudagraph_record)
-
-
-def compile_counts() -> dict[str, int]:
-    """What torch.compile did so far in this process: graphs captured, CUDA graphs recorded (cudagraph trees
-    record one per graph, and again whenever a static input, e.g. a reallocated cache, moved), and graphs that
-    cudagraph trees refused and ran without a CUDA graph."""
-    from torch._dynamo.utils import counters
-
-    return {
-        "graphs": counters["stats"]["unique_graphs"],
-        "cudagraph_records": _cudagraph_records[0],
-        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
-    }
-
-
-def uses_cudagraphs(target: TargetBackend) -> bool:
-    """Whether the target's compiled forward replays CUDA graphs (inductor's reduce-overhead or max-autotune on
-    CUDA); elsewhere nothing is recorded and the counts say nothing."""
-    if target.compile_mode is None or target.compile_backend != "inductor" or target.device.type != "cuda":
-        return False
-    import torch._inductor
-
-    mode = None if target.compile_mode == "default" else target.compile_mode
-    return bool(mode and torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
-
-
-def compiled(fn, mode: str | None, backend: str = "inductor"):
-    """`fn` through torch.compile at fixed shapes (hardware.compile); modes only apply to inductor. Every cache
-    bucket and tree size is a graph of its own: past dynamo's default limit of 8 it would fall back to eager."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    _watch_cudagraph_records()
-    if backend != "inductor":
-        return torch.compile(fn, backend=backend, dynamic=False)
-    return torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
 
 
 def concat_taps(captured: dict, taps: tuple[HiddenTap, ...], device: torch.device) -> Tensor | None:

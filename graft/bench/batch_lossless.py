@@ -101,7 +101,14 @@ def table_of(
             queue = deque(BatchRequest(p, tag=i) for i, p in enumerate(ids))
             capacity = slot_capacity([len(p) for p in ids], new_tokens, max(d.max_nodes() for d in drafters))
             generate_batch(
-                target, drafters, queue, new_tokens, stops, greedy, capacity, lambda r, g, s: done.__setitem__(r.tag, g)
+                target,
+                drafters,
+                queue,
+                new_tokens,
+                stops,
+                greedy,
+                capacity,
+                lambda r, g, s, done=done: done.__setitem__(r.tag, g),
             )
             equal = ties = diverged = 0
             for i, base in enumerate(ar):

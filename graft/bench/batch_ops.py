@@ -67,10 +67,10 @@ def measure(target, method: str, size: int, new_tokens: int = 24) -> dict:
 
     from graft import batch as batching
     from graft.batch import BatchRequest, generate_batch, slot_capacity
+    from graft.config.experiment import compose
     from graft.decode import SamplingConfig
     from graft.gpu_check.sync_counter import SyncCounter
     from graft.registry import build_drafter, method_config
-    from graft.config.experiment import compose
 
     raw = dict(compose([f"method={method}"])["method"])
     drafters = [

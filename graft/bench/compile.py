@@ -136,7 +136,7 @@ def decode_loops(backends: dict, loaded, *, model: str, prompts: int, max_new: i
                 outputs.append(out.new_tokens)
             loops.setdefault(method, {})[name] = {"tokens_per_s": round(statistics.median(rates), 2)}
             loops[method].setdefault("outputs", []).append(outputs)
-    for method, row in loops.items():
+    for row in loops.values():
         outputs = row.pop("outputs")
         row["equal_tokens"] = outputs[0] == outputs[1]
     return loops

@@ -33,8 +33,8 @@ POLICY = choose_before_torch()  # before torch loads libgomp, as run.py does
 
 import torch  # noqa: E402
 
-from graft.config.hydra_setup import CONFIG_DIR  # noqa: E402
 from graft.bench import at_least, command_parser, model_config  # noqa: E402
+from graft.config.hydra_setup import CONFIG_DIR  # noqa: E402
 from graft.hub import REPO  # noqa: E402
 from graft.report.e2e import (  # noqa: E402
     NO_AMX,

@@ -12,10 +12,9 @@ import json
 
 import torch
 
+from graft.bench import at_least, command_parser
 from graft.budget.measure import ContextCache, measure_experts
 from graft.gpu_check.measure import harness_target, random_causal_lm
-
-from graft.bench import at_least, command_parser
 
 ARCH = dict(
     vocab_size=512,

@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from graft.costmodel.forward import VerifyTimer, write_report
     from graft.config.experiment import validate
     from graft.config.hydra_setup import CONFIG_DIR, register_schemas
+    from graft.costmodel.forward import VerifyTimer, write_report
     from graft.load.models import load_model
 
     register_schemas()

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-from graft.budget.profile import AR, CostProfile, interpolate
+from graft.budget.profile import AR, CostProfile, cpu_model, interpolate
 from graft.drafter import Drafter, Proposal, SequenceState
-from graft.budget.profile import cpu_model
 from graft.tree import DraftTree, NodeSource, topology
 
 log = logging.getLogger(__name__)

@@ -190,7 +190,7 @@ class CostProfile:
             reason = f"no field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
             raise ConfigError(
                 f"{path} is not a cost profile ({reason}); measure one: python -m graft.costmodel profile"
-            )
+            ) from None
 
 
 def cpu_model() -> str:

@@ -11,7 +11,6 @@ from graft.config.schema import ModelConfig
 from graft.registry import PUBLISHED, MethodConfig, method_config
 from graft.schema import ConfigError, suggest
 
-
 PART_KEYS = ("drafter", "source", "split", "retrieval", "attach", "combine")  # method keys that choose parts
 
 

@@ -13,7 +13,6 @@ import yaml
 from graft.config.schema import SCHEMA_GROUPS, HardwareConfig
 from graft.schema import schema_defaults
 
-
 # the Hydra configs ship inside the package (graft/configs; the repository's configs/ links to it), so an
 # installed copy finds them wherever it runs from
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

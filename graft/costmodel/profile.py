@@ -43,7 +43,6 @@ from pathlib import Path
 
 import torch
 
-from graft.budget.profile import AR, NODE_COUNTS, CostProfile
 from graft.budget.measure import (
     ContextCache,
     identity,
@@ -53,6 +52,7 @@ from graft.budget.measure import (
     measure_verify,
     one_sequence_verify,
 )
+from graft.budget.profile import AR, NODE_COUNTS, CostProfile
 
 CPU_CONTEXTS = (64, 256, 1024, 4096)
 GPU_CONTEXTS = (64, 256, 1024, 4096, 16384)
@@ -108,7 +108,6 @@ def main(argv: list[str] | None = None) -> None:
     from graft.config.experiment import validate
     from graft.config.override_checks import compose_checked
     from graft.load.models import load_model
-
     from graft.run.batched import batched_hardware
     from graft.schema import ConfigError
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from graft.records.reader import run_dirs
 from graft.budget.profile import AR, CostProfile
+from graft.records.reader import run_dirs
 from graft.schema import ConfigError
 
 WITHIN = 0.10  # "agrees" = projected within 10% of measured

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graft.cpu.native import build as native
 from graft.backends.target import ForwardOutput, TargetBackend, concat_taps
+from graft.cpu.native import build as native
 from graft.cpu.ops import CpuOps
 from graft.cpu.products import (
     Bf16PackedLinear,

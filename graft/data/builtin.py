@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from graft.data.prompt import Prompt
 
-
 _PASSAGE_TIDES = (
     "Tides are the regular rise and fall of the sea. They are caused mainly by the Moon's gravity, which "
     "pulls the ocean on the side of the Earth facing it slightly more than the Earth itself, and pulls the "

@@ -11,10 +11,10 @@ import logging
 import os
 
 from graft.config.schema import DatasetConfig
-from graft.hub import from_cwd_or_repo
 from graft.data import long_context, sources
 from graft.data.builtin import BUILTIN
 from graft.data.prompt import DatasetError, Prompt
+from graft.hub import from_cwd_or_repo
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 
 import graft.gpu_check
-from graft.run.commands import one_line_errors
 from graft.gpu_check.batched import part_batched
 from graft.gpu_check.compiled import part_compiled
 from graft.gpu_check.dense import part_llama8b
@@ -24,8 +23,9 @@ from graft.gpu_check.lossless import part_lossless, part_lossless_sampled
 from graft.gpu_check.moe import part_head235, part_moe_layers
 from graft.gpu_check.plan import CPU, FULL, QUICK
 from graft.gpu_check.report import Context, Interrupted, Report
-from graft.schema import ConfigError
 from graft.gpu_check.syncs import part_host_syncs
+from graft.run.commands import one_line_errors
+from graft.schema import ConfigError
 
 PARTS: dict[int, Callable[[Context, dict], None]] = {
     1: part_environment,

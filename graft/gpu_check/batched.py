@@ -27,8 +27,8 @@ import torch
 from graft import batch as batching
 from graft.gpu_check.measure import (
     as_conversation,
-    harness_target,
     hardware_config,
+    harness_target,
     load_tiny,
     method_config_of,
     random_causal_lm,

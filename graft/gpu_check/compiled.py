@@ -29,9 +29,9 @@ from graft.gpu_check.report import Context, release_memory
 
 @contextlib.contextmanager
 def graph_counts() -> Iterator[dict]:
-    """Graphs dynamo compiles (graft.backends.target.compiled_graphs) and CUDA graphs cudagraph trees record
+    """Graphs dynamo compiles (graft.backends.compiling.compiled_graphs) and CUDA graphs cudagraph trees record
     (each call of CUDAGraphTreeManager.record_function, a first recording or a re-record) in the block."""
-    from graft.backends.target import compiled_graphs
+    from graft.backends.compiling import compiled_graphs
 
     counts, graphs = {"graphs": 0, "recordings": 0}, compiled_graphs()
     try:

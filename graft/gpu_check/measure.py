@@ -134,7 +134,7 @@ def verify_times(target, context: list[int], nodes: tuple[int, ...], plan: Plan,
         tree = random_tree(n, target.vocab_size, target.device, seed=n)
         topo = topology(tree.parents, committed)
 
-        def once() -> None:
+        def once(tree=tree, topo=topo) -> None:
             target.verify(tree, topo)  # the backend builds the mask: part of a verification's cost
             target.cache.keep(committed, None, 0)
 
@@ -219,8 +219,8 @@ def harness_target(model, hardware, name: str):
     """The target graft.load.models.load_model makes of a loaded model under `hardware`: its attention kernel, an
     HFBackend, prefill chunks, timing mode. Parts 4-5 build their models on the GPU directly (load_model
     builds random models on the CPU in float32: minutes for 8B), so they repeat these steps here."""
-    from graft.load import models
     from graft.backends.hf import HFBackend
+    from graft.load import models
 
     if getattr(hardware, "attention", None):
         models.use_attention(model, hardware.attention)

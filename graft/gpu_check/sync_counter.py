@@ -254,7 +254,7 @@ def table(models: list[str], temperatures: list[float], methods: list[str], toke
                 )
                 sampling, generator = SamplingConfig(temperature=temperature), torch.Generator().manual_seed(0)
 
-                def once(n, drafter=drafter, sampling=sampling, generator=generator):
+                def once(n, drafter=drafter, sampling=sampling, generator=generator, target=target):
                     return generate(
                         target, drafter, list(range(5, 40)), n, set(), sampling, generator, record_gaps=True
                     )

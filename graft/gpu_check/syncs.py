@@ -155,7 +155,7 @@ def part_host_syncs(ctx: Context, out: dict) -> None:
                     return
                 drafter = Autoregressive(target) if name == "ar" else build_drafter(method_config_of(name), target)
 
-                def once(drafter=drafter, sampling=sampling):
+                def once(drafter=drafter, sampling=sampling, target=target, ids=ids):
                     generator = torch.Generator().manual_seed(0)
                     return generate(target, drafter, ids, long, set(), sampling, generator)
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from graft.backends.target import TargetBackend
 from graft.backends.hf import HFBackend
+from graft.backends.target import TargetBackend
 from graft.config.schema import HardwareConfig, ModelConfig
-from graft.schema import ConfigError
-from graft.load.embedded import ensure_smollm2
-from graft.plan.hardware import resolve_device
-from graft.hub import looks_local
 from graft.cpu.lean import LeanBackend
 from graft.cpu.products import ATTENTION_NAME, apply_fast_path, register_attention
+from graft.hub import looks_local
+from graft.load.embedded import ensure_smollm2
+from graft.plan.hardware import resolve_device
+from graft.schema import ConfigError
 
 
 class ModelLoadError(RuntimeError):
@@ -93,8 +93,16 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _random_model(cfg: ModelConfig, dtype: torch.dtype):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from graft.parts import AttachPolicy, Retrieval
 from graft.grafting import Grafted
+from graft.ops import upload
+from graft.parts import AttachPolicy, Retrieval
 from graft.registry import register
 from graft.tree import topology
-from graft.ops import upload
 
 
 def graft_at(anchor: int, grafted: Grafted, retrieval: Retrieval) -> None:

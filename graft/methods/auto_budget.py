@@ -31,15 +31,15 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from graft.parts import Split, Trim
-from graft.drafter import SequenceState, StepFeedback
-from graft.tree import DraftTree, NodeSource
-from graft.hub import from_cwd_or_repo
-from graft.budget.profile import CostProfile
 from graft.budget.measure import calibrated_profile, identity
+from graft.budget.profile import CostProfile
+from graft.drafter import SequenceState, StepFeedback
+from graft.hub import from_cwd_or_repo
+from graft.ops import upload
+from graft.parts import Split, Trim
 from graft.registry import register
 from graft.schema import ConfigError, require
-from graft.ops import upload
+from graft.tree import DraftTree, NodeSource
 
 log = logging.getLogger(__name__)
 

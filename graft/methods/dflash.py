@@ -24,15 +24,14 @@ import torch
 from torch import Tensor
 
 from graft.backends.target import HiddenTap, TargetBackend
-from graft.parts import Draft, DraftSource, Split
 from graft.draft_models.dflash.checkpoint import load_block_drafter, random_block_drafter
 from graft.draft_models.dflash.model import BlockDrafter
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
 from graft.methods.eagle_tree import Checkpoint
-from graft.tree import Candidates, best_k, select
-from graft.registry import register
-from graft.tree import DraftTree
 from graft.ops import upload
+from graft.parts import Draft, DraftSource, Split
+from graft.registry import register
+from graft.tree import Candidates, DraftTree, best_k, select
 
 
 @dataclass

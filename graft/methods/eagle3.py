@@ -24,18 +24,19 @@ from typing import Generator, Literal
 import torch
 from torch import Tensor
 
-from graft.backends.target import HiddenTap, TargetBackend, capacity_bucket
-from graft.parts import Draft, DraftSource, Split
-from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
-from graft.methods.eagle_tree import ExpandCall, ExtendCall, SelectCall, extend, head_step
+from graft.backends.compiling import capacity_bucket
+from graft.backends.target import HiddenTap, TargetBackend
 from graft.draft_models.eagle.checkpoint import load_head, random_head
 from graft.draft_models.eagle.head import DraftHead
-from graft.kv import KVBuffer
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive
 from graft.fixed_size import select_fixed
+from graft.kv import KVBuffer
+from graft.methods.eagle_tree import ExpandCall, ExtendCall, SelectCall, extend, head_step
+from graft.ops import upload
+from graft.parts import Draft, DraftSource, Split
 from graft.registry import register
 from graft.schema import ConfigError
 from graft.tree import DraftTree, NodeSource, RankTree, select
-from graft.ops import upload
 
 
 @dataclass

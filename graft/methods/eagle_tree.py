@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from graft.draft_models.eagle.head import DraftHead
 from graft.acceptance import joined_rows
+from graft.draft_models.eagle.head import DraftHead
 from graft.drafter import run_grouped
 from graft.kv import KVBuffer
 from graft.ops import ids_on, upload

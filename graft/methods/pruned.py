@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from graft.parts import Split
 from graft.fixed_size import Deferred
+from graft.parts import Split
 from graft.registry import register
 
 DENSE = "dense"

@@ -344,7 +344,7 @@ def run_peer(cfg, plan: PeerPlan, chat, prompts, *, out: Path, worker: Path = WO
                 decoded[method] = done
                 continue
 
-            def record(prompt_id: str, turns: list[dict], key=key) -> None:
+            def record(prompt_id: str, turns: list[dict], key=key, method=method) -> None:
                 log.write(json.dumps({"key": key, "method": method, "prompt": prompt_id, "turns": turns}) + "\n")
                 log.flush()
 

@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 # share of each GPU's free memory left unplanned: the CUDA context, allocator fragmentation, the library's workspaces
 CUDA_HEADROOM = 0.10
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from graft.config.shapes import ModelShape
 
-
 EAGLE3_DRAFT_VOCAB = 32000  # the draft vocabulary of the published EAGLE-3 heads
 
 

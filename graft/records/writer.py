@@ -261,7 +261,9 @@ class RunDir:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 if number != len(lines):
-                    raise RunDirConflict(f"{self.samples_path}:{number} is not valid JSON; fix or move the file")
+                    raise RunDirConflict(
+                        f"{self.samples_path}:{number} is not valid JSON; fix or move the file"
+                    ) from None
                 log.warning("%s:%d is torn (an interrupted run); that prompt reruns", self.samples_path, number)
                 intact = number - 1
                 break

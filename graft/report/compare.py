@@ -23,8 +23,8 @@ from pathlib import Path
 
 def sides(root: Path, partial: bool, told: list[str]) -> dict[tuple[str, str], dict]:
     """{(run path below root, method): {"turns": {(prompt id, turn): turn record}, "lossless", "partial"}}."""
-    from graft.records.reader import read_summary, run_dirs, run_use, summary_records
     from graft.records.metrics import record_sides
+    from graft.records.reader import read_summary, run_dirs, run_use, summary_records
 
     found: dict[tuple[str, str], dict] = {}
     for run in run_dirs([root], partial=True):

@@ -24,10 +24,11 @@ CLAIMS = PAPER / "relative_claims.csv"
 def make_figures(paths: list[str], out: Path, partial: bool = False) -> list[Path]:
     import pandas as pd
 
-    from graft.analysis import claims as paper_claims, plots
+    from graft.analysis import claims as paper_claims
+    from graft.analysis import plots
     from graft.analysis.batch import batch_rows
-    from graft.records.reader import RecordError
     from graft.analysis.tables import method_rows, step_rows
+    from graft.records.reader import RecordError
 
     rows, steps = method_rows(paths, partial=partial), step_rows(paths, partial=partial)
     if rows.empty:

@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_arguments(args)  # before anything loads: one line naming a bad name or count
 
+    from baselines.autoregressive import Autoregressive
     from graft.config.experiment import validate
     from graft.config.override_checks import compose_checked
-    from graft.run.logs import to_console
-    from baselines.autoregressive import Autoregressive
     from graft.load.models import load_model
     from graft.registry import build_drafter
+    from graft.run.logs import to_console
 
     to_console()  # what loading the model and the prompts says (graft/run/logs.py), as a run shows it
 
@@ -159,8 +159,8 @@ def check_prompt(
     """One prompt: the greedy baseline once (with its top-2 gaps), then every method, each counted in its row of
     `table` as equal, a float tie or another divergence."""
     from graft.decode import SamplingConfig
-    from graft.run.lossless import compare
     from graft.run.conversation import run_conversation
+    from graft.run.lossless import compare
 
     greedy = SamplingConfig()
     base = run_conversation(model, baseline, prompt, max_new_tokens, greedy, 0, record_gaps=True)

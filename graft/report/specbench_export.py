@@ -152,7 +152,7 @@ def export_specbench(
         more = f" (and {len(there) - 1} more)" if len(there) > 1 else ""
         raise RecordError(f"{there[0]}: already there{more}; pass --replace to replace the answer files it writes")
     written, skipped_total = [], 0
-    for run, files, texted, skipped in checked:
+    for run, files, _, skipped in checked:
         out = target / run.relative_to(source) if run != source else target
         out.mkdir(parents=True, exist_ok=True)
         for name, lines in files.items():

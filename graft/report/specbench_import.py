@@ -158,7 +158,7 @@ def _records(found: AnswerFiles, common: list, dataset: str) -> tuple[list[dict]
     records = []
     for index, qid in enumerate(common):
         base_answer = found.read[found.base][qid]
-        where = lambda i: f"{found.files[i]}:{found.read[i][qid]['_line']}"  # noqa: E731
+        where = lambda i, qid=qid: f"{found.files[i]}:{found.read[i][qid]['_line']}"  # noqa: E731
         base_turns, steps_from["ar"] = imported_turns(base_answer, where(found.base))
         baseline_side = side_of(base_turns)
         b_tps = baseline_side["totals"]["tokens_per_s"]

@@ -53,7 +53,6 @@ def ordered(labels) -> list[str]:
 
 
 def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, str, object]:
-    from graft.records.reader import RecordError
     from graft.analysis.batch import batch_rows, batch_series, batch_table
     from graft.analysis.tables import (
         best_settings,
@@ -66,6 +65,7 @@ def build(paths: list[str], metric: str, partial: bool = False) -> tuple[str, st
         stage_table,
         sweep_table,
     )
+    from graft.records.reader import RecordError
 
     rows = method_rows(paths, intervals=True, partial=partial)
     if rows.empty:
@@ -135,9 +135,9 @@ def category_tables(paths: list[str], metric: str, partial: bool = False) -> tup
     every interval, for categories.csv."""
     import pandas as pd
 
-    from graft.records.reader import RecordError
-    from graft.analysis.tables import category_rows
     from graft.analysis.stats import MIN_N_FOR_INTERVAL
+    from graft.analysis.tables import category_rows
+    from graft.records.reader import RecordError
 
     rows = category_rows(paths, partial=partial)
     if rows.empty:

@@ -18,7 +18,6 @@ from graft.run.conversation import Conversation, PromptTooLong, next_turn, rotat
 from graft.run.prompt_records import prompt_record, repeat_id
 from graft.schema import ConfigError
 
-
 # a batched run measures streams of at least this many times B sequences (the dataset repeated where it has
 # fewer: stream_repeats), so that a batch spends most of its steps full, between its ramp-up and its drain
 STREAM_FACTOR = 4

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 import time
+from pathlib import Path
 
 
 def job(cfg) -> float | None:
@@ -21,10 +21,10 @@ def job(cfg) -> float | None:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from graft.run.commands import is_user_error
-    from graft.config.experiment import validate
-    from graft.run.logs import printed, to_log_file
     from graft.analysis.console import print_comparison, print_summary
+    from graft.config.experiment import validate
+    from graft.run.commands import is_user_error
+    from graft.run.logs import printed, to_log_file
     from graft.run.runner import run
     from graft.run.sweeps import clear_failure, record_failure, submitted_to_slurm
 

@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from baselines.autoregressive import Autoregressive
 from graft.analysis.plots import plot_comparison_pareto
 from graft.analysis.stats import INTERVAL_METHOD, intervals
-from graft.backends.target import compile_counts
+from graft.backends.compiling import compile_counts
 from graft.config.schema import ExperimentConfig
 from graft.data.loading import BUILT_WITH_TOKENIZER, Prompt, load_prompts
 from graft.decode import SamplingConfig

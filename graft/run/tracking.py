@@ -151,7 +151,7 @@ class WandbLogger(NullLogger):
         except Exception as err:
             if mode != "online":
                 raise
-            warnings.warn(f"W&B could not start online ({err}); logging offline instead")
+            warnings.warn(f"W&B could not start online ({err}); logging offline instead", stacklevel=2)
             mode = "offline"
             self.run = wandb.init(mode=mode, **options)
         self.offline = mode == "offline"
@@ -188,7 +188,7 @@ class WandbLogger(NullLogger):
         try:
             action()
         except Exception as err:
-            warnings.warn(f"W&B: could not log {what} ({type(err).__name__}: {err})")
+            warnings.warn(f"W&B: could not log {what} ({type(err).__name__}: {err})", stacklevel=2)
 
     def finish(self, summary: dict, samples: list[dict] = (), figures: list[Path] = (), failed: bool = False) -> None:
         samples = list(samples)
@@ -274,5 +274,5 @@ def make_logger(
             tags=tags,
         )
     except Exception as err:  # a logging backend must not stop a benchmark
-        warnings.warn(f"W&B logger could not start ({err}); continuing without it")
+        warnings.warn(f"W&B logger could not start ({err}); continuing without it", stacklevel=2)
         return NullLogger()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graft.backends.target import buckets_between, capacity_bucket, compile_counts, uses_cudagraphs
+from graft.backends.compiling import buckets_between, capacity_bucket, compile_counts, uses_cudagraphs
 from graft.data.loading import Prompt
 from graft.decode import SamplingConfig, generate
 from graft.drafter import Drafter

@@ -24,8 +24,8 @@ import torch
 from omegaconf import DictConfig
 
 from graft.backends.target import HiddenTap
-from graft.run.commands import one_line_errors
 from graft.config.hydra_setup import CONFIG_DIR
+from graft.run.commands import one_line_errors
 from graft.schema import ConfigError
 from graft.train.features import batch_tensors, load_features, stage_features
 from graft.train.fit import export, fit_loop, load_saved, setup

@@ -24,7 +24,6 @@ from graft.config.schema import HardwareConfig, ModelConfig
 from graft.hub import REPO
 from graft.schema import ConfigError, coerce_dataclass
 
-
 STAGES = ("generate", "features", "fit", "export", "all")
 
 # a trainer's counts and files, checked before anything loads: key -> (accepts the value, what is allowed);

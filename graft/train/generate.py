@@ -15,7 +15,6 @@ import torch
 from tqdm.auto import tqdm
 
 from graft.schema import ConfigError
-
 from graft.train.prompts import (
     CODE_FOLLOWUPS,
     CODE_REVIEWS,

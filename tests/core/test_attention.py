@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import compose, make_drafter
+
 from graft.layers import attention_lse, grouped_sdpa, math_attention_lse, split_attention
 from graft.tree import topology
 

@@ -17,6 +17,7 @@ def test_the_best_budget_maximises_expected_tokens_per_ms():
 
 def test_auto_needs_a_profile(tiny):
     from conftest import make_drafter
+
     from graft.schema import ConfigError
 
     with pytest.raises(ConfigError, match="method.cost_profile=nope.json: no such file"):
@@ -90,6 +91,7 @@ def test_auto_methods_default_to_costs_measured_where_they_run():
 
 def test_a_profile_measured_at_start_up_is_cached_and_reused(tiny, tmp_path, monkeypatch):
     from conftest import make_drafter
+
     from graft.budget import measure
 
     monkeypatch.setenv("GRAFT_COST_PROFILES", str(tmp_path))
@@ -115,8 +117,8 @@ def test_a_profile_measured_at_start_up_is_cached_and_reused(tiny, tmp_path, mon
 
 def _saved_profile(tmp_path, target, **changes):
     """This target's identity on a made-up table, with `changes`, saved to a file; its path."""
-    from graft.budget.profile import CostProfile
     from graft.budget.measure import identity
+    from graft.budget.profile import CostProfile
 
     fields = {**identity(target), **changes}
     profile = CostProfile(
@@ -129,6 +131,7 @@ def _saved_profile(tmp_path, target, **changes):
 
 def test_a_profile_file_of_another_target_is_refused_in_one_line(tiny, tmp_path, caplog):
     from conftest import make_drafter
+
     from graft.schema import ConfigError
 
     target = tiny("tiny_llama").target
@@ -151,6 +154,7 @@ def test_a_profile_file_of_another_target_is_refused_in_one_line(tiny, tmp_path,
 
 def test_a_torn_profile_file_is_a_one_line_error_naming_it(tiny, tmp_path):
     from conftest import make_drafter
+
     from graft.schema import ConfigError
 
     path = tmp_path / "torn.json"
@@ -161,8 +165,9 @@ def test_a_torn_profile_file_is_a_one_line_error_naming_it(tiny, tmp_path):
 
 
 def test_graft_auto_on_a_profile_measured_here_is_lossless(tiny, tmp_path, monkeypatch):
-    from baselines.autoregressive import Autoregressive
     from conftest import make_drafter
+
+    from baselines.autoregressive import Autoregressive
     from graft.data.loading import BUILTIN
     from graft.decode import generate
 
@@ -213,6 +218,7 @@ def test_at_batch_8_a_node_costs_its_share_of_the_batched_forward_and_the_tree_s
 
 def test_a_profile_file_measured_at_another_batch_is_refused_naming_both(tiny, tmp_path):
     from conftest import method_yaml
+
     from graft.registry import build_drafter, method_config
     from graft.run.runner import cost_profile_batch
     from graft.schema import ConfigError
@@ -240,7 +246,7 @@ def test_a_profile_file_measured_at_another_batch_is_refused_naming_both(tiny, t
 
 def test_a_profile_at_batch_2_is_measured_through_verify_rows_cached_apart_and_reused(tiny, tmp_path, monkeypatch):
     from graft.budget import measure
-    from graft.methods.auto_budget import AutoSplit, AutoParams
+    from graft.methods.auto_budget import AutoParams, AutoSplit
 
     monkeypatch.setenv("GRAFT_COST_PROFILES", str(tmp_path))
     target = tiny("tiny_llama").target

@@ -10,8 +10,8 @@ from collections import deque
 
 import pytest
 import torch
-
 from conftest import make_drafter
+
 from graft.batch import BatchRequest, generate_batch, slot_capacity
 from graft.config.hydra_setup import group_options
 from graft.decode import SamplingConfig, generate

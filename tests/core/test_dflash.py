@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import load_tiny, make_drafter
+
 from graft.backends.target import HiddenTap
 from graft.draft_models.dflash.checkpoint import (
     BlockLoadError,

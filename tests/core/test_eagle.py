@@ -258,6 +258,7 @@ def test_static_tree_follows_the_choices_and_the_head_ranks(tiny):
     """EAGLE-1's static tree: node shape from the choices; each child is its parent's rank-r head token,
     checked against the head run on the ancestor path alone (a chain, no tree mask)."""
     from conftest import make_drafter
+
     from graft.drafter import PrefillInfo, SequenceState
     from graft.methods.eagle3 import MC_SIM_7B_63
 

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from graft.grafting import graft
 from graft.fixed_size import compact, graft_fixed
+from graft.grafting import graft
 from graft.methods.pruned import scaled_split, stage_at
 from graft.retrieval.recycling import DEFAULT_RANK_PRIOR, SuccessorTable, read_template
 from graft.retrieval.suffix import SuffixAutomaton
@@ -202,8 +202,8 @@ def test_the_fixed_size_graft_agrees_with_graft_on_random_trees():
 def test_the_fixed_size_selection_keeps_what_the_pruned_selection_keeps():
     """select_fixed fills exactly select()'s nodes (same tokens, same parents) and leaves the rest of the
     fixed size empty; a level cap drops the candidates the host path would not have drafted."""
-    from graft.tree import Candidates, select
     from graft.fixed_size import select_fixed
+    from graft.tree import Candidates, select
 
     k = 2
     found = Candidates(
@@ -247,6 +247,7 @@ BUDGETED = [
 @pytest.mark.parametrize("budget", [2, 3])  # 1, the root alone, is AR: a composed method refuses it
 def test_every_method_verifies_at_most_its_budget(tiny, budget):
     from conftest import make_drafter, method_yaml
+
     from graft.decode import generate
 
     target = tiny("tiny_llama").target
@@ -303,9 +304,10 @@ def test_suffix_automaton_agrees_with_brute_force():
 
 @pytest.mark.parametrize("budget", [8, 16, 60])
 def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
+    from conftest import make_drafter
+
     from graft.data.loading import BUILTIN
     from graft.decode import generate
-    from conftest import make_drafter
 
     model = tiny("tiny_llama")
     ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])
@@ -327,8 +329,8 @@ def test_graft_trees_fit_the_budget_and_keep_the_pruned_draft(tiny, budget):
 
 def test_refill_spends_what_retrieval_left_on_the_next_best_draft_candidates():
     from graft.compose import ComposedDrafter
-    from graft.parts import Draft
     from graft.grafting import Grafted
+    from graft.parts import Draft
 
     # candidates in candidate (topological) order: root 10's children 11 (-0.5), 12 (-1.0), 14 (-1.6); 11's child 13 (-0.9)
     cand_tokens, cand_parents, cand_scores = [11, 12, 14, 13], [0, 0, 0, 1], [-0.5, -1.0, -1.6, -0.9]
@@ -363,9 +365,10 @@ def test_refill_spends_what_retrieval_left_on_the_next_best_draft_candidates():
 
 
 def test_refill_fills_the_budget_and_keeps_the_tokens(tiny):
+    from conftest import make_drafter
+
     from graft.data.loading import BUILTIN
     from graft.decode import generate
-    from conftest import make_drafter
 
     model = tiny("tiny_llama")
     ids = model.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])
@@ -385,6 +388,7 @@ def test_refill_fills_the_budget_and_keeps_the_tokens(tiny):
 
 def test_refill_without_a_draft_source_is_refused_with_the_reason():
     from conftest import make_drafter
+
     from graft.schema import ConfigError
 
     with pytest.raises(ConfigError, match="method.refill=true .* needs a draft source"):

@@ -413,9 +413,9 @@ def _retrievers(names: list[str], vocab: int = 50):
 
 def _leaves(room: int, tokens, parents, scores, retrieval, committed, leaf_count: int = 4):
     from graft.drafter import SequenceState
-    from graft.parts import Retrieval
     from graft.grafting import Grafted
     from graft.methods.attach_policies import AtLeaves, LeafParams
+    from graft.parts import Retrieval
     from graft.tree import DraftTree
 
     draft = DraftTree(torch.tensor(tokens), torch.tensor(parents), scores=torch.tensor(scores))
@@ -493,6 +493,7 @@ def test_attach_leaves_reads_the_retrieval_setting(tiny):
     """End to end on a tiny model: with attach=leaves, adding suffix retrieval to recycling changes the trees
     (the earlier policy read only the first recycling-like retriever, so both runs were identical)."""
     from conftest import make_drafter
+
     from graft.decode import generate
 
     model = tiny("tiny_llama")

@@ -4,14 +4,14 @@ import random
 
 import pytest
 import torch
+from conftest import make_drafter
 
 from baselines.autoregressive import Autoregressive
-from conftest import make_drafter
 from graft.config.hydra_setup import group_options
 from graft.data.loading import BUILTIN
 from graft.decode import SamplingConfig, generate
-from graft.run.lossless import float_tie
 from graft.drafter import Drafter, Proposal, SequenceState
+from graft.run.lossless import float_tie
 from graft.tree import DraftTree, NodeSource
 
 TINY = ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_llama:packed", "tiny_qwen3:packed", "tiny_qwen3_moe:bf16"]

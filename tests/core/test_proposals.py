@@ -5,15 +5,14 @@ pruned selection after a given checkpoint stage."""
 import math
 
 import torch
-
 from conftest import make_drafter
+
+from graft.acceptance import Acceptance
 from graft.backends.target import ForwardOutput
 from graft.drafter import PrefillInfo, SequenceState, StepFeedback
-from graft.acceptance import Acceptance
-from graft.tree import Candidates, select
 from graft.methods.pruned import StageParams, StageSplit
 from graft.ops import Ops
-from graft.tree import NodeSource, topology
+from graft.tree import Candidates, NodeSource, select, topology
 
 T = torch.tensor
 R, D, RET = int(NodeSource.ROOT), int(NodeSource.DRAFT), int(NodeSource.RETRIEVAL)

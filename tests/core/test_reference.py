@@ -4,8 +4,8 @@ every step and the same tokens, on a tiny model; with a setting changed it is no
 import dataclasses
 
 import pytest
-
 from conftest import make_drafter
+
 from graft.data.loading import BUILTIN
 from graft.decode import generate
 from graft.reference import GraftSettings, generate_graft
@@ -60,6 +60,7 @@ def test_the_comparison_fails_when_the_reference_prunes_otherwise(tiny):
 def test_the_reference_step_is_method_graft_on_the_embedded_model_with_its_head():
     """The shipped EAGLE-3 head prunes at every checkpoint (8, 24 and 40 draft nodes) on these prompts."""
     from conftest import compose, method_yaml
+
     from graft.config.experiment import validate
     from graft.load.models import load_model
     from graft.registry import build_drafter, method_config
@@ -72,7 +73,7 @@ def test_the_reference_step_is_method_graft_on_the_embedded_model_with_its_head(
             method_config(dict(method_yaml("graft")), draft_head=cfg.model.draft_head), model.target
         )
         trees, propose = [], drafter.propose
-        drafter.propose = lambda state: trees.append(propose(state)) or trees[-1]
+        drafter.propose = lambda state, trees=trees, propose=propose: trees.append(propose(state)) or trees[-1]
         out = generate(model.target, drafter, ids, 64, model.stop_ids)
         head = drafter.source.runner.head
         mine, my_trees = generate_graft(model.target, head, ids, max_new_tokens=64, stop_ids=model.stop_ids)

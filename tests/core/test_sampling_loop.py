@@ -5,10 +5,10 @@ independently (plain forwards, softmax, nucleus), and the test fails on a loop t
 import numpy as np
 import pytest
 import torch
+from conftest import make_drafter
 from scipy.stats import chisquare
 
 import graft.acceptance as acceptance
-from conftest import make_drafter
 from graft.acceptance import accept_greedy
 from graft.data.loading import BUILTIN
 from graft.decode import SamplingConfig, generate
@@ -92,7 +92,7 @@ def setting(request):
     prompt = loaded.chat.prompt_ids([{"role": "user", "content": BUILTIN[2].turns[0]}])[:24]
     joint = joint_distribution(loaded.target, prompt)
     likely: dict[int, list[int]] = {}
-    for (t1, t2), p in sorted(joint.items(), key=lambda kv: -kv[1]):
+    for (t1, t2), _ in sorted(joint.items(), key=lambda kv: -kv[1]):
         likely.setdefault(t1, []).append(t2)
     return loaded.target, prompt, joint, likely
 

@@ -50,6 +50,7 @@ def test_commit_of_a_branch_equals_encoding_it_directly(tiny):
 @pytest.mark.parametrize("fast_path", ["transposed", "packed", "packed_bf16", "bf16"])
 def test_fast_paths_match_the_transformers_forward(name, fast_path):
     from conftest import compose
+
     from graft.config.experiment import validate
     from graft.load.models import load_model
 
@@ -101,8 +102,8 @@ def test_with_the_lm_head_on_another_device_drafting_follows_it():
     Simulated with the LM head on the meta device (no second GPU here)."""
     from conftest import compose
 
-    from graft.backends.target import concat_taps
     from graft.backends.hf import HFBackend
+    from graft.backends.target import concat_taps
     from graft.config.experiment import validate
     from graft.draft_models.eagle.checkpoint import random_head
     from graft.load.models import load_model
@@ -158,8 +159,8 @@ def test_an_unknown_attention_kernel_is_refused_with_the_allowed_ones():
     from conftest import compose
 
     from graft.config.experiment import validate
-    from graft.schema import ConfigError
     from graft.load.models import load_model
+    from graft.schema import ConfigError
 
     cfg = validate(compose(["model=tiny_llama", "logger=none", "hardware.fast_path=none", "hardware.attention=fast"]))
     with pytest.raises(ConfigError, match="hardware.attention='fast'; allowed: .*graft_sdpa.*sdpa"):

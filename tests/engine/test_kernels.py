@@ -71,8 +71,8 @@ def test_the_head_on_the_target_products_drafts_as_the_plain_head(product_kernel
     unchanged (training and saving read those)."""
     from conftest import compose
 
-    from graft.cpu.native import build as native
     from graft.config.experiment import validate
+    from graft.cpu.native import build as native
     from graft.draft_models.eagle.checkpoint import random_head
     from graft.kv import KVBuffer
     from graft.load.models import load_model

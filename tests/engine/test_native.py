@@ -255,7 +255,7 @@ def test_the_native_row_top_k_orders_as_torch_and_breaks_ties_by_index():
 
 @pytest.mark.skipif(native.load() is None, reason="no native build here")
 def test_a_commit_moves_the_same_rows_natively_as_through_aten():
-    from graft.backends.target import PositionalKVCache
+    from graft.backends.positional_cache import PositionalKVCache
 
     g = torch.Generator().manual_seed(0)
     caches = []

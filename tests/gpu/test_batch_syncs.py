@@ -9,14 +9,14 @@ from collections import deque
 
 import pytest
 import torch
+from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings, steps_of
 
 from graft import batch as batching
 from graft.batch import BatchRequest, generate_batch, rows_bucket, slot_capacity
+from graft.config.hydra_setup import group_options
 from graft.decode import SamplingConfig, generate
 from graft.gpu_check.sync_counter import SyncCounter, _snapshot, sites_of, syncs_of
 from graft.ops import Ops
-from graft.config.hydra_setup import group_options
-from test_host_syncs import LEAKS, _Leaky, drafter_for, gpu_settings, steps_of
 
 LENGTHS = (12, 21, 9, 17, 10, 26)  # six prompts over four slots: newcomers enter while others decode
 TOGETHER = (8, 8, 8, 8, 12, 10)  # the first four start together and (one token a step) leave together

@@ -4,9 +4,9 @@ import contextlib
 
 import pytest
 import torch
+from conftest import compose, make_drafter
 
 from baselines.autoregressive import Autoregressive
-from conftest import compose, make_drafter
 from graft.config.experiment import validate
 from graft.data.loading import BUILTIN
 from graft.decode import generate
@@ -97,7 +97,7 @@ def test_after_the_warm_up_prompts_of_three_lengths_compile_nothing(tiny, method
     keep it quick."""
     from types import SimpleNamespace
 
-    from graft.backends.target import capacity_bucket, compiled_graphs
+    from graft.backends.compiling import capacity_bucket, compiled_graphs
     from graft.data.loading import Prompt
     from graft.decode import SamplingConfig
     from graft.run.warmup import WarmUp, tree_sizes
@@ -172,7 +172,7 @@ def _two_turn_run(tmp_path, backend: str) -> tuple[dict, list[dict]]:
 
 
 def _turn_buckets(sample: dict) -> list[int]:
-    from graft.backends.target import capacity_bucket
+    from graft.backends.compiling import capacity_bucket
 
     turns = [t["prompt_tokens"] for t in sample["baseline"]["turns"]]
     return [capacity_bucket(n + 8 + 80 + 8) for n in turns]  # max_new_tokens, recycling's 80 nodes, decode's 8

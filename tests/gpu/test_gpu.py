@@ -2,9 +2,9 @@
 Skipped without CUDA (the `gpu` marker, tests/conftest.py)."""
 
 import pytest
+from conftest import compose, make_drafter
 
 from baselines.autoregressive import Autoregressive
-from conftest import compose, make_drafter
 from graft.config.experiment import validate
 from graft.data.loading import BUILTIN
 from graft.decode import generate

@@ -9,11 +9,11 @@ import re
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from dataclasses import replace
 from packaging.requirements import Requirement
 
 from graft.decode import Generation
@@ -430,8 +430,8 @@ def test_syncs_are_counted_by_where_they_were_made(monkeypatch):
 
     def run():
         for _ in range(3):
-            warnings.warn("called a synchronizing CUDA operation")
-        warnings.warn("something else")
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
         return "done"
 
     result, sites = count_syncs(run)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, compose, make_drafter
 
 from baselines.autoregressive import Autoregressive
-from conftest import ROOT, compose, make_drafter
 from graft.config.experiment import validate
 from graft.decode import SamplingConfig, generate
 from graft.gpu_check.sync_counter import per_step, sites_of, syncs_of

@@ -5,8 +5,8 @@ batched AR; an interrupted batched run resumes without lost or duplicated record
 import json
 
 import pytest
-
 from conftest import compose
+
 from graft.config.experiment import validate
 from graft.run import runner
 
@@ -127,8 +127,8 @@ def test_a_batch_refuses_what_it_cannot_run_before_the_model_loads(tmp_path):
 
 
 def test_tables_and_the_figure_lay_runs_out_by_batch_size(alone_and_batched, tmp_path):
-    from graft.analysis.plots import batch_scaling
     from graft.analysis.batch import batch_rows, batch_table
+    from graft.analysis.plots import batch_scaling
     from graft.report.tables import build
 
     root, alone, batched = alone_and_batched

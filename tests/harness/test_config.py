@@ -2,8 +2,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-
 from conftest import compose
+
 from graft.config.experiment import validate
 from graft.config.hydra_setup import group_options
 from graft.config.override_checks import check_overrides

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import compose, load_tiny
+
 from graft.config.experiment import validate
 from graft.data.loading import DatasetError, load_prompts
 from graft.data.scoring import gsm8k_correct, humaneval_passes, last_number

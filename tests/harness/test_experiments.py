@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT, compose
+
 from graft.config.experiment import validate
 from graft.config.hydra_setup import CONFIG_DIR, group_options
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import compose
+
+from graft.config.experiment import compose as compose_default
 from graft.config.experiment import validate
 from graft.config.hydra_setup import CONFIG_DIR
-from graft.schema import ConfigError
-from graft.config.experiment import compose as compose_default
 from graft.config.hydra_setup import hardware_profile as profile
 from graft.plan.hardware import check_memory, register_resolvers, resolve_hardware
 from graft.plan.memory import plan_memory
+from graft.schema import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = 141 * 10**9  # free bytes per GPU the fake node reports

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, compose
 
 pytest.importorskip("wandb")
@@ -293,8 +292,8 @@ def test_a_sweep_job_logs_a_run_named_by_its_keys_with_its_tables_figure_and_rec
 def test_a_failing_job_still_finishes_its_wandb_run(offline, monkeypatch, tiny):
     import wandb
 
-    from graft.run import prompt_records, runner
     from graft.config.experiment import validate
+    from graft.run import prompt_records, runner
 
     resolved = compose(["experiment=smoke", "logger=wandb", f"run.out_dir={offline}", "run.warmup=false"])
     resolved["run"]["out_dir"] = str(offline)

@@ -7,9 +7,9 @@ import re
 
 from rich.console import Console
 from rich.table import Table
+from test_cli import run_cli
 
 from graft.run.logs import ConsoleFormatter, printed, to_log_file
-from test_cli import run_cli
 
 
 def test_a_run_writes_its_console_lines_and_table_into_the_job_log(tmp_path):

@@ -11,22 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
-
 import torch
 from conftest import compose
+
 from graft.config.experiment import validate
 from graft.config.schema import HardwareConfig
-from graft.schema import ConfigError
 from graft.config.shapes import ModelShape, check_declared_shape, count_parameters
 from graft.cpu.layout import narrow_panels_expected
 from graft.cpu.products import onednn_packs
-from graft.plan.hardware import check_memory
 from graft.plan.capacity import available_ram, cpu_capacity, cuda_capacity
 from graft.plan.fit import check, needs_text
+from graft.plan.hardware import check_memory
 from graft.plan.jobs import host_memory_gb, reference_gpus
 from graft.plan.memory import plan_memory
 from graft.plan.placement import gpus_needed, gpus_needed_like, layer_split, place
 from graft.plan.sizes import attention_mask_bytes, random_model_config
+from graft.schema import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,10 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import compose
-from graft.run import provenance
+
 from graft.config.experiment import validate
+from graft.run import provenance
 
 
 def test_a_tiny_run_records_its_provenance_with_one_git_call_and_export_keeps_it(tmp_path, monkeypatch):

@@ -3,16 +3,16 @@
 
 import json
 import os
-import socket
 import shutil
+import socket
 
 import pytest
-
 from conftest import compose
+
+from graft.analysis.stats import INTERVAL_METHOD
 from graft.config.experiment import validate
 from graft.records.writer import LOCK as LOCK_NAME
 from graft.records.writer import RunDir, completed_summary
-from graft.analysis.stats import INTERVAL_METHOD
 
 OVERRIDES = ["model=tiny_llama", "method=pld", "run.num_prompts=3", "run.max_new_tokens=8", "logger=none"]
 QUIET = ["run.warmup=false", "run.progress=false"]

@@ -8,16 +8,16 @@ import time
 
 import huggingface_hub
 import pytest
+from conftest import ROOT, compose
 from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError
 
-from conftest import ROOT, compose
 from graft import hub
-from graft.load import resolve as resolve_module
-from graft.run import runner
 from graft.config.experiment import validate
 from graft.draft_models.eagle.checkpoint import _local_dir
+from graft.load import resolve as resolve_module
 from graft.load.resolve import MissingArtefacts, resolve
+from graft.run import runner
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from graft.config.hydra_setup import CONFIG_DIR, group_options, register_schemas
 from graft.config.overrides import prepare_overrides
 from graft.plan.hardware import register_resolvers

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import ROOT, finish_run
+
 from graft.budget.profile import CostProfile, interpolate
 from graft.costmodel.project import Step, job_anchor, project, turn_steps
 

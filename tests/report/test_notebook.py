@@ -4,7 +4,6 @@ notebooks/runs.ipynb reads a comparison and a single-method run alike."""
 import os
 
 import pytest
-
 from conftest import ROOT, finish_run
 
 nbformat = pytest.importorskip("nbformat")

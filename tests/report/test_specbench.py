@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import finish_run
+
 from graft.report.__main__ import main as report
 from graft.report.specbench import question_id
 
@@ -224,6 +224,7 @@ def test_colliding_numbers_fall_back_to_the_ids(tmp_path):
 def tiny_run(tmp_path_factory):
     """A finished comparison of the tiny model, with its texts: pld and eagle3 against one baseline, 3 prompts."""
     from conftest import compose
+
     from graft.config.experiment import validate
     from graft.run.runner import run
 

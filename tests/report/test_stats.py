@@ -9,11 +9,11 @@ import csv
 import io
 import json
 
-from graft.records.metrics import side_totals, summarize
 import numpy as np
 
 from graft.analysis import stats
 from graft.analysis.stats import MIN_N_FOR_INTERVAL, format_interval, interval, intervals, paired_rows
+from graft.records.metrics import side_totals, summarize
 
 
 def _turn(new_tokens, wall_s, step_tokens, steps, decode_s):
@@ -258,8 +258,8 @@ def test_repeats_have_a_table_and_a_console_column(capsys):
     console a column of it beside the interval; runs of one pass add neither."""
     import pandas as pd
 
-    from graft.analysis.tables import repeat_columns, repeat_table
     from graft.analysis.console import print_comparison
+    from graft.analysis.tables import repeat_columns, repeat_table
 
     spread = {"mean": 1.25, "min": 1.2, "max": 1.3, "values": [1.2, 1.3, 1.25]}
     base = {"method": "graft", "dataset": "mt", "repeats": None}

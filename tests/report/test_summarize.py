@@ -4,6 +4,7 @@ numbers (not dashes), a single-method run its one row."""
 import json
 
 from conftest import finish_run
+
 from graft.report.summarize import main
 
 HARDWARE = {"device": "cpu", "cpu": "test CPU", "torch_threads": 2}

@@ -167,8 +167,8 @@ def test_the_relative_claims_table_is_the_ratio_of_two_methods_over_the_same_pro
     import pandas as pd
     import pytest
 
-    from graft.analysis.tables import method_rows
     from graft.analysis.claims import relative_claims
+    from graft.analysis.tables import method_rows
     from graft.report.figures import CLAIMS
 
     numbers = {"eagle3": (2.0, 3.0), "pruned": (4.0, 2.0), "graft": (4.0, 3.5), "dflash": (2.0, 3.0)}

@@ -240,7 +240,7 @@ class DraftHead(nn.Module):
 
     def compile(self, mode: str | None, backend: str = "inductor") -> None:
         """A compiled `step` for drafting levels (hardware.compile): one [top_k]-node shape over a static cache."""
-        from graft.backends.target import compiled
+        from graft.backends.compiling import compiled
 
         self.compiled_step = compiled(self.step, mode, backend)
 
