@@ -160,19 +160,11 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
         written = []
         for at, (repeat, index, prompt) in enumerate(chunk):
             own = {role: results[role][at] for role in results}
+            settings = {"run_cfg": run_cfg, "sampling": sampling, "comparison": comparison}
             written.append(
                 prompt_record(
-                    model,
-                    contenders,
-                    baseline,
-                    prompt,
-                    index,
-                    run_cfg,
-                    sampling,
-                    comparison,
-                    repeat=repeat,
-                    measured=own,
-                    batch=batch,
+                    model, prompt, contenders=contenders, baseline=baseline, index=index, repeat=repeat,
+                    measured=own, batch=batch, **settings,
                 )
-            )
+            )  # fmt: skip
         yield written  # the group's records in one write (their totals are the group's)

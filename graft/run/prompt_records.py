@@ -80,9 +80,10 @@ def repeat_id(prompt_id: str, repeat: int) -> str:
 
 def prompt_record(
     model,
+    prompt,
+    *,
     contenders: dict,
     baseline,
-    prompt,
     index: int,
     run_cfg,
     sampling,

@@ -258,18 +258,11 @@ def measurements(model: LoadedModel, cfg, contenders: dict, *, baseline, todo: l
     run_cfg, comparison = cfg.run, cfg.methods is not None
     if run_cfg.batch_size > 1:
         return measure_batched(model, cfg, contenders, baseline, todo, sampling, comparison)
+    settings = {"run_cfg": run_cfg, "sampling": sampling, "comparison": comparison}
+    warm = warm if run_cfg.warmup else None
     return (
         prompt_record(
-            model,
-            contenders,
-            baseline,
-            prompt,
-            index,
-            run_cfg,
-            sampling,
-            comparison,
-            warm if run_cfg.warmup else None,
-            repeat=repeat,
+            model, prompt, contenders=contenders, baseline=baseline, index=index, repeat=repeat, warm=warm, **settings
         )
         for repeat, index, prompt in todo
     )
