@@ -168,7 +168,7 @@ class HardwareConfig:
     # prompt tokens per prefill forward: longer prompts are encoded in chunks (no [prompt, prompt] mask or
     # scores; 64K-token prompts fit); null encodes every prompt in one forward
     prefill_chunk: int | None = 4096
-    # trees of a fixed size per step (graft/grafting.py: graft_fixed): pruning marks nodes empty instead of
+    # trees of a fixed size per step (graft/fixed_size.py: graft_fixed): pruning marks nodes empty instead of
     # dropping them and retrieval fills slots, so a step reads one value back to the host (the accepted
     # path) and no shape depends on data; the GPU default. On a CPU the empty slots only cost time.
     fixed_size_trees: bool = False
