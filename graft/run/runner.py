@@ -71,12 +71,15 @@ def run(cfg: ExperimentConfig, resolved: dict, experiment: str | None = None) ->
     artefacts = resolve_artefacts(cfg)  # every missing file named at once, heads fetched, before the target loads
     rundir = RunDir(run_cfg.out_dir, resolved)  # writable, no other config's results, ours alone: before loading
     try:
-        return _run_in(rundir, cfg, resolved, experiment, choice, artefacts, plan, sampling)
+        return _run_in(
+            rundir, cfg, resolved=resolved, experiment=experiment, choice=choice, artefacts=artefacts, plan=plan,
+            sampling=sampling,
+        )  # fmt: skip
     finally:
         rundir.close()  # the folder's lock let go of, however the run ended
 
 
-def _run_in(rundir: RunDir, cfg, resolved: dict, experiment, choice, artefacts, plan: dict, sampling) -> dict:
+def _run_in(rundir: RunDir, cfg, *, resolved: dict, experiment, choice, artefacts, plan: dict, sampling) -> dict:
     """The run proper, in its locked folder: load the model and the prompts, describe the hardware, build the
     contenders, measure every prompt not yet recorded, summarise."""
     run_cfg = cfg.run
