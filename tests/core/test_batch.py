@@ -229,6 +229,24 @@ def test_the_equality_table_tool_prints_one_cell_per_batch_size(capsys):
     assert rows[-1] == "| tiny_llama | pld | 8/8 equal | 8/8 equal |"
 
 
+def test_the_throughput_bench_splits_a_streams_forwards_into_decode_and_prompt_rows(capsys, monkeypatch):
+    """graft-bench batch --forwards on tiny_llama, 8 prompts at concurrency 2, 6 new tokens each (EOS ignored):
+    the sequences start and end in pairs, so each pair's two prompts run in one forward with nothing decoding,
+    then 5 decode-only steps follow; every prompt position is counted once."""
+    from graft.bench import batch
+
+    streams = []
+    stream_prompts = batch.Loaded.stream_prompts
+    monkeypatch.setattr(
+        batch.Loaded, "stream_prompts", lambda self, size: streams.append(stream_prompts(self, size)) or streams[-1]
+    )
+    batch.main(["--model", "tiny_llama", "--sizes", "2", "--rounds", "1", "--new-tokens", "6", "--forwards"])
+    row = capsys.readouterr().out.splitlines()[-1].strip("| ").split(" | ")
+    assert row[0] == "engine, B = 2"
+    decode, prompt, rows = int(row[2]), int(row[5]), int(row[6])
+    assert (decode, prompt, rows) == (4 * 5, 4, sum(len(p) for p in streams[-1]))
+
+
 def positions_per_node(steps: list[dict]) -> float:
     """Positions a batch's verify forwards computed per real tree node (padding and padding rows included)."""
     decoding = [step for step in steps if step["slots"]]
