@@ -399,8 +399,9 @@ def split_settings(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             short = {k: k.rsplit(".", 1)[-1] for k in own}
             short = {k: k if list(short.values()).count(v) > 1 else v for k, v in short.items()}
             for i in mine:
-                split[i] = "; ".join(f"{k}={_text(settings[i].get(k))}" for k in own)
-                parts = [f"{short[k]}={_text(settings[i].get(k))}" for k in own]
+                values = {k: _text(settings[i].get(k)) for k in own}
+                split[i] = "; ".join(f"{k}={v}" for k, v in values.items())
+                parts = [f"{short[k]}={v}" for k, v in values.items()]
                 parts += ["partial"] if unfinished[i] else []
                 if parts:
                     labels[i] = f"{method} ({', '.join(parts)})"
