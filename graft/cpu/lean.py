@@ -32,9 +32,6 @@ from graft.layers import apply_rotary, fuse_linears, grouped_sdpa, rms_norm
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 NATIVE_MODES = ("auto", "on", "off")
-# Forwards of up to this many rows run the native layer loop (decode steps, verifications); longer ones (a
-# prefill chunk) are product-bound, and the Python loop's overhead is noise there.
-NATIVE_MAX_ROWS = 64
 
 
 @dataclass
@@ -101,7 +98,7 @@ class LeanForward:
         return rms_norm(x, weight, self.eps)
 
     def enable_native(self, mode: str = "auto") -> dict:
-        """Run forwards of a few rows through the native layer loop (graft/cpu/native) where this model allows it:
+        """Run every forward through the native layer loop (graft/cpu/native) where this model allows it:
         float32 on the CPU, dense MLPs, oneDNN-packed products. "auto" falls back to the Python loop (saying
         why); "on" refuses to load without it; "off" keeps the Python loop. Returns what was chosen, for run.json.
         Call it after the one-row kernel is settled: the weights handed over are the ones that survived it."""
@@ -118,7 +115,7 @@ class LeanForward:
         self._native_weights = [w for layer in self.layers for w in native.layer_weights(vars(layer))]
         self._native_prefetch = [mode for layer in self.layers for mode in native.layer_prefetch(vars(layer))]
         self._small_rows = max(native.small_rows(p) for p in self.linears())
-        reason = f"layer loop in C++ ({self.native.variant()} build) for forwards of up to {NATIVE_MAX_ROWS} rows"
+        reason = f"layer loop in C++ ({self.native.variant()} build) for every forward"
         return {"native": "on", "native_reason": reason}
 
     def _native_blocker(self) -> str | None:
@@ -169,7 +166,7 @@ class LeanForward:
             mask = None  # a one-node tree sees the whole cache: no mask needed
         elif mask is not None and groups > 1:
             mask = mask.repeat(1, 1, groups, 1)  # tiled once for grouped_sdpa's folded query axis
-        if self.native is not None and n <= NATIVE_MAX_ROWS and not cache.static:
+        if self.native is not None and not cache.static:
             x = self._native_layers(x, cos, sin, mask, cache, taps, captured)
         else:
             x = self._python_layers(x, cos.unsqueeze(1), sin.unsqueeze(1), mask, cache, taps, captured)
@@ -191,7 +188,7 @@ class LeanForward:
         cos, sin = self.rotary(x, torch.cat([s.positions for s in segments]).unsqueeze(0))  # [1, total, head_dim]
         masks = [None if s.mask is None or s.length == 1 else s.mask for s in segments]  # one node sees the prefix
         captured = {}
-        if self.native is not None and max(s.length for s in segments) <= NATIVE_MAX_ROWS:
+        if self.native is not None:
             x = self._native_rows(x, cos, sin, masks, segments, slots, taps, captured)
         else:
             x = self._python_rows(x, cos.unsqueeze(1), sin.unsqueeze(1), masks, segments, slots, taps, captured)
@@ -379,15 +376,6 @@ class LeanBackend(TargetBackend):
     ragged_rows = True  # a batch's trees and prompt chunks run as segments of one forward (LeanForward.rows)
 
     def forward_segments(self, slots, segments, taps=()) -> list[ForwardOutput]:
-        long = [s.length > NATIVE_MAX_ROWS for s in segments]
-        if self.native is not None and any(long) and not all(long):
-            # as batch 1 runs them, so with the same bits: few rows through the native loop, long ones (a prompt
-            # chunk) through the Python loop, in a forward of their own
-            outputs = {}
-            for group in (False, True):
-                mine = [i for i, is_long in enumerate(long) if is_long == group]
-                outputs.update(zip(mine, self.forward_segments(slots, [segments[i] for i in mine], taps)))
-            return [outputs[i] for i in range(len(segments))]
         wanted = {(tap.layer, tap.where) for tap in taps}
         logits, captured = self.lean.rows(segments, slots, wanted)
         hidden = concat_taps({tap: captured[(tap.layer, tap.where)] for tap in taps}, taps, self.device)

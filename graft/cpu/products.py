@@ -248,7 +248,7 @@ def panels_apply(native_module, weight: Tensor) -> bool:
 
 
 PRODUCT_KERNELS = ("panel", "onednn")
-# a decode step, the verifications of this project's trees (up to 64 rows: the native loop's)
+# a decode step, the verifications of this project's trees (up to 64 rows; longer forwards are prompt chunks)
 PRODUCT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 

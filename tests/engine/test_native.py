@@ -339,3 +339,47 @@ def test_the_native_head_layer_tiles_an_untiled_mask_where_it_falls_back_to_sdpa
             first = head_step(head, cache, embeds, feats, torch.arange(5), None)
             outs.append(head.engine.layer(embeds[:3], first[-3:], torch.tensor([5, 5, 6]), mask, cache))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def _prompt_in_chunks(target, ids: torch.Tensor, cuts: list[int]) -> tuple[torch.Tensor, list]:
+    """`ids` encoded into slot 0 of a two-slot batch in chunks ending at `cuts`, each chunk's forward beside a
+    one-token step of slot 1 (as a newcomer's prompt rides in a batch's decode steps). Returns the last chunk's
+    logits and slot 0's cached keys."""
+    from graft.backends.slots import SlotCaches
+    from graft.backends.target import Segment
+
+    slots = SlotCaches(target, 2, len(ids) + 8, ops=target.ops)
+    target.forward_segments(slots, [Segment(1, 0, torch.tensor([5, 6, 7]), torch.arange(3), None)])
+    lo, other = 0, 3
+    for hi in cuts:
+        prompt = Segment(0, lo, ids[lo:hi], torch.arange(lo, hi), None)
+        beside = Segment(1, other, torch.tensor([9]), torch.tensor([other]), None)
+        last = target.forward_segments(slots, [prompt, beside])[0]
+        lo, other = hi, other + 1
+    return last.logits[-1], [keys[0, :, : len(ids)] for keys in slots.keys]
+
+
+@needs_compiler
+def test_a_long_prompt_is_the_same_bits_whole_at_batch_1_and_in_chunks_beside_another_sequence():
+    """A prompt longer than a verification (100 positions) through the native loop: whole at batch 1, or cut
+    where a batch's per-step prefill budget cuts it (37 + 63, then 64 + 36) beside another sequence's decode
+    token, its last logits and its cache are the same bits, so a batched run's newcomers decode as batch 1 does.
+    Negative control: the Python loop for the chunks (the native loop's rule before) gives other bits."""
+    if not native.load().panels_supported():
+        pytest.skip("this CPU has neither AVX-512F nor AVX2 with FMA: no panel kernel")
+    target = _target("tiny_llama", "hardware.native=on", "hardware.product_kernel=panel")
+    ids = torch.arange(3, 103) % 200
+    target.reset(108)
+    whole = target.prefill(ids.tolist()).logits[-1]
+    cached = [layer.keys[0, :, :100] for layer in target.cache.layers]
+    for cuts in ([37, 100], [64, 100]):
+        logits, keys = _prompt_in_chunks(target, ids, cuts)
+        assert torch.equal(logits, whole)
+        assert all(torch.equal(a, b) for a, b in zip(keys, cached, strict=True))
+    native_module, target.lean.native = target.lean.native, None  # the chunks through the Python loop
+    try:
+        logits, keys = _prompt_in_chunks(target, ids, [37, 100])
+    finally:
+        target.lean.native = native_module
+    torch.testing.assert_close(logits, whole, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(logits, whole) or not all(torch.equal(a, b) for a, b in zip(keys, cached, strict=True))

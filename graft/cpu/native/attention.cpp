@@ -1,6 +1,7 @@
 // A layer's attention for few rows: q/k normed (Qwen3) and rotated, keys and values written into the cache, then
 // softmax attention in one pass of plain loops (attention_avx512.h, attention_avx2.h), where SDPA's dispatch and
 // layout work cost more than the few rows' arithmetic; SDPA for other head sizes and in the generic build.
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 
@@ -50,20 +51,23 @@ void place_rows(const float* qkv_rows, int64_t n, int64_t heads, int64_t kv_head
                 const float* cos, const float* sin, float* q, C* k_cache, C* v_cache, int64_t capacity, int64_t start,
                 float eps) {
   const int64_t qk_heads = heads + kv_heads, row_width = (heads + 2 * kv_heads) * d;
-  std::vector<float> scratch(d), rotated(d);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = qkv_rows + i * row_width;
-    for (int64_t j = 0; j < qk_heads; ++j) {
-      const float* head_norm = norm ? norm + j * d : nullptr;
-      if (j < heads) {
-        norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, q + (j * n + i) * d, d, eps, scratch.data());
-        continue;
+  at::parallel_for(0, n, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+    std::vector<float> scratch(d), rotated(d);
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* row = qkv_rows + i * row_width;
+      for (int64_t j = 0; j < qk_heads; ++j) {
+        const float* head_norm = norm ? norm + j * d : nullptr;
+        if (j < heads) {
+          norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, q + (j * n + i) * d, d, eps, scratch.data());
+          continue;
+        }
+        norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, rotated.data(), d, eps, scratch.data());
+        store_row(rotated.data(), k_cache + ((j - heads) * capacity + start + i) * d, d);
       }
-      norm_rotate(row + j * d, head_norm, cos + i * d, sin + i * d, rotated.data(), d, eps, scratch.data());
-      store_row(rotated.data(), k_cache + ((j - heads) * capacity + start + i) * d, d);
+      for (int64_t j = 0; j < kv_heads; ++j)
+        store_row(row + (qk_heads + j) * d, v_cache + (j * capacity + start + i) * d, d);
     }
-    for (int64_t j = 0; j < kv_heads; ++j) store_row(row + (qk_heads + j) * d, v_cache + (j * capacity + start + i) * d, d);
-  }
+  });
 }
 
 // attend()'s few-row path on raw buffers, for callers that lay out many sequences' rows themselves (layers.cpp:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cache_values.h"
@@ -33,6 +34,25 @@ inline __m512 sum_lanes16(const __m512* products) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
+// `count` values from `row` asked into the cache, a line at a time (nothing where count <= 0).
+template <typename C>
+inline void prefetch_rows(const C* row, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < count * static_cast<int64_t>(sizeof(C)); b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+}
+
+// `count` keys' values as float32: a float32 cache's in place, a bfloat16 cache's widened into `wide`.
+inline const float* widened_keys(const float* keys, int64_t, float*) { return keys; }
+inline const float* widened_keys(const uint16_t* keys, int64_t count, float* wide) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) _mm512_storeu_ps(wide + i, load_lanes(keys + i));
+  for (; i < count; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(keys[i]) << 16;
+    std::memcpy(wide + i, &bits, sizeof bits);
+  }
+  return wide;
+}
+
 // Softmax attention of n query rows over the cache, for head_dim = 16 V. The G query heads sharing a key/value
 // head and all n rows (F = G n queries) are one work item, split in two where the key/value heads are fewer than
 // twice the threads: each block of 16 keys is read once for all its queries (first the scores, then, after each
@@ -48,11 +68,14 @@ void few_row_attention(const float* query, const C* keys, const C* values, int64
                        float scaling, float* out) {
   constexpr int64_t d = 16 * V;
   const int64_t groups = heads / kv_heads, total = start + n, queries = groups * n;
-  const int64_t parts = queries > 1 && kv_heads < 2 * at::get_num_threads() ? 2 : 1;
+  // inside a parallel region (a batch's segments, one a thread) a second part would only read the keys twice;
+  // a long prompt chunk's queries go kQueryBlock at a time, so that its scores stay [kQueryBlock, keys]
+  const bool split = queries > 1 && kv_heads < 2 * at::get_num_threads() && !at::in_parallel_region();
+  const int64_t parts = std::max<int64_t>(split ? 2 : 1, (queries + kQueryBlock - 1) / kQueryBlock);
   const int64_t per_part = (queries + parts - 1) / parts;
   at::parallel_for(0, kv_heads * parts, 1, [&](int64_t first, int64_t last) {
     const int64_t stride = total + 16;
-    std::vector<float> scores(per_part * stride), kept(total + 16), sums(per_part);
+    std::vector<float> scores(per_part * stride), kept(total + 16), sums(per_part), wide(16 * d);
     const std::vector<float> zeros(total + 16, 0.f);
     for (int64_t item = first; item < last; ++item) {
       const int64_t g = item / parts, lo = (item % parts) * per_part, hi = std::min(queries, lo + per_part);
@@ -65,6 +88,12 @@ void few_row_attention(const float* query, const C* keys, const C* values, int64
       auto visible_of = [&](int64_t f) { return mask != nullptr ? total : start + row_of(f) + 1; };
       std::vector<float> best(hi - lo, -INFINITY);
       for (int64_t s0 = 0; s0 < total; s0 += 16) {  // scores, 16 keys at a time for every query
+        // the keys two blocks ahead and this block's values asked for now: a decode step's short streams (a few
+        // KiB a head and sequence) ended before the hardware prefetcher caught up, so the loads waited on memory
+        prefetch_rows(k_head + (s0 + 32) * d, std::min<int64_t>(16, total - s0 - 32) * d);
+        prefetch_rows(v_head + s0 * d, std::min<int64_t>(16, total - s0) * d);
+        // a bfloat16 block widened once for all its queries (the same float32 values each query read widened)
+        const float* block = widened_keys(k_head + s0 * d, std::min<int64_t>(16, total - s0) * d, wide.data());
         for (int64_t f = lo; f < hi; ++f) {
           const int64_t visible = visible_of(f);
           if (s0 >= visible) continue;
@@ -77,7 +106,7 @@ void few_row_attention(const float* query, const C* keys, const C* values, int64
           for (int j = 0; j < 16; ++j) {
             products[j] = _mm512_setzero_ps();
             if (j >= count) continue;
-            const C* key = k_head + (s0 + j) * d;
+            const float* key = block + j * d;
             products[j] = _mm512_mul_ps(qv[0], load_lanes(key));
             for (int v = 1; v < V; ++v) products[j] = _mm512_fmadd_ps(qv[v], load_lanes(key + 16 * v), products[j]);
           }

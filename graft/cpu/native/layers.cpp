@@ -1,12 +1,14 @@
-// The lean forward's layer loop for a few rows (a decode step, a verification), and an EAGLE draft head's layer.
+// The lean forward's layer loop (a decode step, a verification, a prompt chunk), and an EAGLE draft head's layer.
 //
 // On a small model on a CPU, Python running the loop and some twenty small ATen ops per layer (norms, rotary,
 // transposes, SwiGLU), each a few microseconds of dispatch and allocation, cost a good part of a decode step beside
 // the weight-bound products. Here everything between the products is one pass over the rows in plain loops: the
 // RMSNorms, Qwen3's per-head q/k norm, the rotary embedding with keys and values written straight into the cache,
-// SiLU(gate) * up, and attention for few rows. The products are the panel kernel where it measured faster at load,
-// else oneDNN's packed linear (products.cpp). Activations and caches are float32 (products may read bfloat16
-// weights: a bfloat16 draft head); the callers fall back to Python where the build is missing.
+// SiLU(gate) * up, and attention. The products are the panel kernel where it measured faster at load, else oneDNN's
+// packed linear (products.cpp). Activations are float32 (products may read bfloat16 weights, the cache may hold
+// bfloat16); the callers fall back to Python where the build is missing. Everything but oneDNN's products computes a
+// row alone, so with panel products a prompt's rows are the same bits in one chunk or cut into several, at batch 1
+// or beside other sequences' rows.
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/ops/empty.h>

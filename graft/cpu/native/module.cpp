@@ -32,7 +32,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace graft;
   m.def("variant", &variant, "the instruction set this build was compiled for (graft/cpu/native: VARIANTS)");
-  m.def("lean_layers", &lean_layers, "the lean forward's layer loop for a few rows (float32)");
+  m.def("lean_layers", &lean_layers, "the lean forward's layer loop (float32)");
   m.def("lean_rows", &lean_rows, "the layer loop over several sequences' rows, each over its own cache slot");
   m.def("head_rows", &head_rows, "an EAGLE head's layer over several sequences' entries, each on its own cache");
   m.def("head_layer", &head_layer, "an EAGLE draft head's decoder layer for a few entries (float32)");

@@ -15,6 +15,11 @@ namespace graft {
 
 inline bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
+// Row-wise passes (norms, SwiGLU, rounding, placing rows in the cache) split their rows over the threads in
+// tasks of at least this many: a prompt's thousands of rows were serial passes while the other threads waited,
+// and a decode step's few rows cost less than a fork. Rows are independent, so the split never changes a bit.
+constexpr int64_t kRowsPerTask = 64;
+
 // What this build was compiled for: "amx", "avx512bf16", "avx512", "avx2" or "generic" (graft/cpu/native's VARIANTS).
 std::string variant();
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -191,21 +192,24 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const at:
     panel_blocks(xp, rows, wp, blocks, k_size, width, y.data_ptr<float>(), modes.of);
 #elif defined(GRAFT_BF16_DOT)
     const int64_t k_pairs = laid_out / 2;
-    std::vector<uint32_t> x_pairs(rows * k_pairs);
-    for (int64_t r = 0; r < rows; ++r) round_to_pairs(xp + r * k_size, k_size, x_pairs.data() + r * k_pairs);
+    const int64_t padded = rows > 16 ? (rows + 15) / 16 * 16 : rows;  // the AMX tiles' rows beyond 16
+    // rounded over the threads (a prompt's rows were a serial pass), zeros only in the padding rows
+    std::unique_ptr<uint32_t[]> x_pairs(new uint32_t[padded * k_pairs]);
+    std::fill(x_pairs.get() + rows * k_pairs, x_pairs.get() + padded * k_pairs, 0u);
+    at::parallel_for(0, rows, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) round_to_pairs(xp + r * k_size, k_size, x_pairs.get() + r * k_pairs);
+    });
 #if defined(GRAFT_AMX)
     if (k_pairs % 16 == 0 && amx_on()) {
-      const int64_t padded = rows > 16 ? (rows + 15) / 16 * 16 : rows;
-      x_pairs.resize(padded * k_pairs, 0u);
       at::Tensor out = padded > rows ? at::empty({padded, n_size}, x.options()) : y;
       const auto* w16 = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
-      amx_blocks(x_pairs.data(), padded, k_pairs, w16, blocks, width, out.data_ptr<float>());
+      amx_blocks(x_pairs.get(), padded, k_pairs, w16, blocks, width, out.data_ptr<float>());
       y = out.narrow(0, 0, rows);
       return present(bias) ? y.add_(bias) : y;
     }
 #endif
     const auto* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<at::BFloat16>());
-    panel_blocks(x_pairs.data(), rows, wp, blocks, k_pairs, width, y.data_ptr<float>(), modes.of);
+    panel_blocks(x_pairs.get(), rows, wp, blocks, k_pairs, width, y.data_ptr<float>(), modes.of);
 #else
     TORCH_CHECK(false, "bfloat16 panels need the AVX2 build or AVX512-BF16");
 #endif

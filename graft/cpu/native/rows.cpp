@@ -57,13 +57,15 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, float ep
   const float* src = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * d;
-    const float inv = inverse_rms(row, d, eps);
-    float* o = dst + r * d;
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = src + r * d;
+      const float inv = inverse_rms(row, d, eps);
+      float* o = dst + r * d;
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = w[i] * (row[i] * inv);
-  }
+      for (int64_t i = 0; i < d; ++i) o[i] = w[i] * (row[i] * inv);
+    }
+  });
   return out;
 }
 
@@ -73,7 +75,9 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   at::Tensor act = at::empty({n, inner}, gate_up.options());
   const float* gu = gate_up.data_ptr<float>();
   float* a = act.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) silu_times(gu + i * 2 * inner, gu + i * 2 * inner + inner, a + i * inner, inner);
+  at::parallel_for(0, n, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) silu_times(gu + i * 2 * inner, gu + i * 2 * inner + inner, a + i * inner, inner);
+  });
   return act;
 }
 

@@ -10,6 +10,10 @@
 
 namespace graft {
 
+// The few-row attention kernels take a long prompt chunk's queries this many at a time: their scores stay
+// [kQueryBlock, keys] however long the chunk (a query's result never depends on the others beside it).
+constexpr int64_t kQueryBlock = 256;
+
 // Sum of squares vectorised (omp simd lets the compiler reorder the float reduction).
 inline float inverse_rms(const float* x, int64_t d, float eps) {
   float squares = 0.f;
