@@ -175,53 +175,75 @@ def run_batch(target, drafters: list, *, prompts: list[list[int]], tokens: int, 
     return done, time.perf_counter() - start
 
 
+def allowed_reads(found: dict) -> int:
+    """What a round of the batch loop may read: the step's one read, one for every leaver's records together, one
+    per newcomer's first token (sampled from its prefill's logits before its drafter starts)."""
+    return 1 + (found["left"] > 0) + found["first"]
+
+
 @contextlib.contextmanager
-def batched_steps(snapshots: dict[str, Callable[[], Counter]]) -> Iterator[tuple[list, list]]:
-    """Per batched step of the block (graft.batch._Run.step, then _Run.flush: the records of the sequences that
-    left in it, read back in one copy), {name: what snapshots[name]() gained in it}: in the first list, or in the
-    second for a step in which sequences left. The class is patched for the block only."""
-    steps: list[dict] = []
-    leaving: list[dict] = []
+def counted_rounds(snapshots: dict[str, Callable[[], Counter]]) -> Iterator[list[dict]]:
+    """Per round of graft.batch's loop (the newcomers' prefill gap, the step, then _Run.flush: the records of the
+    sequences that left in it, read back in one copy): {"counts": {name: what snapshots[name]() gained in it},
+    "left": leavers, "first": newcomers whose prompt ended in the gap, "verified": whether the step verified a
+    slot (a step whose every slot left for want of context verifies none)}. The class is patched for the block
+    only. tests/gpu/test_batch_syncs.py and part 9 count through this one helper."""
+    rounds: list[dict] = []
     current: dict = {}
-    step, flush = batching._Run.step, batching._Run.flush
+    gap, step, flush = batching._Run.prefill_gap, batching._Run.step, batching._Run.flush
+
+    def begin() -> None:
+        current.setdefault("before", {k: snap() for k, snap in snapshots.items()})
+
+    def counted_gap(run, live, filling):
+        begin()
+        decoding = len(live)
+        gap(run, live, filling)
+        current["first"] = current.get("first", 0) + len(live) - decoding
 
     def counted_step(run, *args, **kwargs):
-        current["before"] = {k: snap() for k, snap in snapshots.items()}
+        begin()
         result = step(run, *args, **kwargs)
-        current["verified"] = bool(result.get("slots"))  # a step whose every slot left for want of context: none
+        current["verified"] = bool(result.get("slots"))
         return result
 
     def counted_flush(run):
-        left = bool(run.leaving)
+        left = len(run.leaving)
         flush(run)
         before = current.pop("before", None)
-        if before is not None and current.pop("verified", False):
-            (leaving if left else steps).append({k: snap() - before[k] for k, snap in snapshots.items()})
+        if before is not None:
+            counts = {k: snap() - before[k] for k, snap in snapshots.items()}
+            found = {"left": left, "first": current.get("first", 0), "verified": current.get("verified", False)}
+            rounds.append({"counts": counts, **found})
+        current.clear()
 
-    batching._Run.step, batching._Run.flush = counted_step, counted_flush
+    batching._Run.prefill_gap, batching._Run.step, batching._Run.flush = counted_gap, counted_step, counted_flush
     try:
-        yield steps, leaving
+        yield rounds
     finally:
-        batching._Run.step, batching._Run.flush = step, flush
+        batching._Run.prefill_gap, batching._Run.step, batching._Run.flush = gap, step, flush
 
 
 def counted_run(target, drafters: list, *, prompts: list[list[int]], tokens: int, cuda: bool) -> dict:
-    """Syncs per batched step of one run: at the dispatcher, and on CUDA under sync debug mode in the same run."""
+    """Syncs per round of one run: at the dispatcher, and on CUDA under sync debug mode in the same run."""
     counter = SyncCounter()
     with contextlib.ExitStack() as stack:
         snapshots = {"dispatcher": lambda: _snapshot(counter)}
         if cuda:
             snapshots["debug_mode"] = stack.enter_context(debug_mode_sites())
-        steps, leaving = stack.enter_context(batched_steps(snapshots))
+        rounds = stack.enter_context(counted_rounds(snapshots))
         stack.enter_context(counter)
         run_batch(target, drafters, prompts=prompts, tokens=tokens)
-    return steps_row(steps, leaving, cuda=cuda)
+    return steps_row([r for r in rounds if r["verified"]], cuda=cuda)
 
 
-def steps_row(steps: list[dict], leaving: list[dict], *, cuda: bool) -> dict:
-    """The mean and worst step's syncs (leaving steps apart), their kinds and the worst step's places."""
+def steps_row(rounds: list[dict], *, cuda: bool) -> dict:
+    """The mean and worst step's syncs over the rounds no sequence left or joined in, their kinds and the worst
+    step's places; and the rounds sequences left or joined in, each against what it may read (allowed_reads)."""
+    steps = [r["counts"] for r in rounds if not r["left"] and not r["first"]]
+    others = [r for r in rounds if r["left"] or r["first"]]
     counts = [sum(syncs_of(s["dispatcher"]).values()) for s in steps]
-    leave_counts = [sum(syncs_of(s["dispatcher"]).values()) for s in leaving]
+    excess = [sum(syncs_of(r["counts"]["dispatcher"]).values()) - allowed_reads(r) for r in others]
     kinds: Counter = Counter()
     for s in steps:
         kinds.update(syncs_of(s["dispatcher"]))
@@ -233,8 +255,9 @@ def steps_row(steps: list[dict], leaving: list[dict], *, cuda: bool) -> dict:
         "worst_step_sites": dict(Counter(sites_of(steps[counts.index(max(counts))]["dispatcher"])).most_common(8))
         if counts
         else {},
-        "leaving_steps": len(leave_counts),
-        "leave_max": max(leave_counts, default=None),
+        "leaving_steps": sum(1 for r in others if r["left"]),
+        "joining_steps": sum(1 for r in others if r["first"]),
+        "leave_join_excess_max": max(excess, default=None),
     }
     if cuda:
         debug = [sum(s["debug_mode"].values()) for s in steps]
@@ -300,7 +323,7 @@ def batch_ratios(out: dict, *, cuda: bool) -> dict:
     failed = [m for m, r in rows.items() if "error" in r or not r["lossless"]["lossless"]]
     ratios = {
         "batch_syncs_per_step_max": worst("max"),
-        "batch_leave_syncs_max": worst("leave_max"),
+        "batch_leave_join_excess_max": worst("leave_join_excess_max"),
         "batch_debug_syncs_per_step_max": worst("debug_mode_max"),
         "batch_lossless": bool(rows) and not failed and "truncated" not in out,
         **{f"batch_{m}_over_ar1": r.get("tokens_per_s_over_ar_batch1") for m, r in rows.items()},

@@ -221,7 +221,7 @@ def batched(out: dict) -> list[str]:
         m: {
             "syncs mean / worst step": f"{r.get('mean')} / {r.get('max')}",
             "debug mode worst step": r.get("debug_mode_max"),
-            "leaving steps: worst": r.get("leave_max"),
+            "leave / join rounds: worst excess": r.get("leave_join_excess_max"),
             "equal / checked": f"{r['lossless']['equal']} / {r['lossless']['checked']}" if "lossless" in r else None,
             "tokens/s": r.get("tokens_per_s"),
             "/ batch-1 AR": r.get("tokens_per_s_over_ar_batch1"),

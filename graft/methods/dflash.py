@@ -19,6 +19,7 @@ Methods: dflash (dense chain), dflash_graft (prefix split + retrieval attached a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generator
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from torch import Tensor
 from graft.backends.target import HiddenTap, TargetBackend
 from graft.draft_models.dflash.checkpoint import load_block_drafter, random_block_drafter
 from graft.draft_models.dflash.model import BlockDrafter
-from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds
+from graft.drafter import PrefillInfo, SequenceState, StepFeedback, TargetNeeds, drive, run_grouped
 from graft.methods.eagle_tree import Checkpoint
 from graft.ops import upload
 from graft.parts import Draft, DraftSource, Split
@@ -96,6 +97,11 @@ class BlockSource(DraftSource):
         )
         self.mask = torch.tensor([cfg.mask_token_id], dtype=torch.long, device=target.device)
 
+    def share_with(self, first: "BlockSource") -> None:
+        """In a batch the slots share one drafter's weights (read only), so every slot's block is one forward
+        (BlockCall.run_all); each slot keeps its own context caches."""
+        self.model = first.model
+
     @torch.inference_mode()
     def reset(self, prefill: PrefillInfo) -> None:
         self.caches = self.model.new_caches(len(prefill.state.tokens) + 512)
@@ -103,7 +109,10 @@ class BlockSource(DraftSource):
 
     @torch.inference_mode()
     def update(self, step: StepFeedback) -> None:
-        self.model.encode(step.forward.hidden[step.acceptance.index], self.caches)  # root + accepted nodes
+        drive(self.update_steps(step))
+
+    def update_steps(self, step: StepFeedback) -> Generator:
+        yield EncodeCall(self, step.forward.hidden[step.acceptance.index])  # root + accepted nodes
 
     @torch.inference_mode()
     def block_log_probs(self, root: int, size: int) -> Tensor:
@@ -114,11 +123,67 @@ class BlockSource(DraftSource):
 
     @torch.inference_mode()
     def draft(self, state: SequenceState, split: Split, total_tokens: int) -> Draft:
+        return drive(self.draft_steps(state, split, total_tokens))
+
+    def draft_steps(self, state: SequenceState, split: Split, total_tokens: int) -> Generator:
         size = min(self.block_size, total_tokens) if self.params.top_k == 1 else self.block_size
         if size < 2:  # a budget of the root alone
             return Draft(DraftTree.root_only(state.root, self.target.device))
         split.start()
-        found = block_candidates(self.block_log_probs(state.root, size), self.params.top_k, split.stop_after)
+        logp = yield BlockCall(self, state.root, size)
+        found = block_candidates(logp, self.params.top_k, split.stop_after)
         keep = split.keep(torch.cat(found.scores), total_tokens)
         root = state.root_on(self.mask.device)
         return Draft(select(found, root, keep - 1), split.label(), widen=lambda n: select(found, root, n))
+
+
+@dataclass
+class BlockCall:
+    """One sequence's block forward (BlockSource.block_log_probs); a batch runs every slot's blocks of one drafter
+    and size as one forward (run_all: BlockDrafter.block_rows, the LM head once over every row)."""
+
+    source: BlockSource
+    root: int
+    size: int
+
+    def run(self) -> Tensor:
+        return self.source.block_log_probs(self.root, self.size)
+
+    @staticmethod
+    @torch.inference_mode()
+    def run_all(calls: list["BlockCall"]) -> list[Tensor]:
+        return run_grouped(calls, lambda c: (id(c.source.model), c.size), _blocks)
+
+
+def _blocks(calls: list[BlockCall]) -> list[Tensor]:
+    if len(calls) == 1:
+        return [calls[0].run()]
+    source, size = calls[0].source, calls[0].size
+    ids = torch.cat(
+        [upload([c.root for c in calls], source.mask.device)[:, None], source.mask.expand(len(calls), size - 1)], 1
+    )
+    hidden = source.model.block_rows(source.target.embed(ids.view(-1)), [c.source.caches for c in calls])
+    drafted = hidden.view(len(calls), size, -1)[:, 1:].reshape(-1, hidden.shape[-1])  # every block's masks
+    logp = torch.log_softmax(source.target.lm_head(drafted).float(), dim=-1)
+    return list(logp.view(len(calls), size - 1, -1).unbind(0))
+
+
+@dataclass
+class EncodeCall:
+    """After a verification, put one sequence's newly committed context features on its drafter's caches; a
+    batch encodes every slot's of one drafter as one forward (run_all: BlockDrafter.encode_rows)."""
+
+    source: BlockSource
+    features: Tensor  # [committed, F]
+
+    def run(self) -> None:
+        self.source.model.encode(self.features, self.source.caches)
+
+    @staticmethod
+    @torch.inference_mode()
+    def run_all(calls: list["EncodeCall"]) -> list[None]:
+        def encode(group: list[EncodeCall]) -> list[None]:
+            group[0].source.model.encode_rows([c.features for c in group], [c.source.caches for c in group])
+            return [None] * len(group)
+
+        return run_grouped(calls, lambda c: id(c.source.model), encode)

@@ -187,3 +187,53 @@ def test_a_shared_table_taught_by_a_batch_keeps_the_later_slots_write():
     update_tables(shared * 2, tokens=tokens, logits=logits, paths=[[0], []])
     assert shared[0].rows.tolist() == one[0].rows.tolist()
     assert shared[0].rows[3].tolist() == [0, 4]
+
+
+def _block_sources(target, lengths: list[int]):
+    """One random block drafter shared by the slots' sources (as a batch shares it), each with empty context
+    caches, and each slot's `lengths[b]` positions of context features to encode."""
+    from conftest import make_drafter
+
+    sources = [make_drafter("dflash", target, checkpoint="random", block_size=5).source for _ in lengths]
+    for source in sources[1:]:
+        source.share_with(sources[0])
+    generator = torch.Generator().manual_seed(4)
+    width = sources[0].model.cfg.feature_size
+    features = [torch.randn(n, width, generator=generator) for n in lengths]
+    for source in sources:
+        source.caches = source.model.new_caches(64)
+    return sources, features
+
+
+def test_a_batch_of_block_drafts_gives_every_slot_the_caches_and_log_probs_it_gets_alone(tiny, monkeypatch):
+    """DFlash's drafter per slot no more: three slots of one random block drafter, with 5, 9 and 2 positions of
+    context, encode their committed features as one forward (EncodeCall.run_all) and draft their blocks as one
+    (BlockCall.run_all: every product and the LM head once over the three blocks, each block's attention over its
+    own caches); each slot's caches and log-probabilities equal its own drafter's alone, bit for bit. Negative
+    control: a block attending to another slot's caches differs."""
+    from graft.methods.dflash import BlockCall, EncodeCall
+
+    target = tiny("tiny_llama:packed").target
+    alone, features = _block_sources(target, [5, 9, 2])
+    together, _ = _block_sources(target, [5, 9, 2])
+    blocks = []
+    forward = type(together[0].model).block_rows
+    monkeypatch.setattr(
+        type(together[0].model), "block_rows", lambda m, e, c: blocks.append(len(c)) or forward(m, e, c)
+    )
+    with torch.inference_mode():
+        for source, mine in zip(alone, features):
+            source.model.encode(mine, source.caches)
+        EncodeCall.run_all([EncodeCall(s, f) for s, f in zip(together, features)])
+        want = [s.block_log_probs(root, 5) for s, root in zip(alone, [7, 8, 9])]
+        got = BlockCall.run_all([BlockCall(s, root, 5) for s, root in zip(together, [7, 8, 9])])
+    assert blocks[-1] == 3  # one forward for the three blocks (block_log_probs alone calls it with one)
+    for a, b in zip(alone, together):
+        assert [c.length for c in a.caches] == [c.length for c in b.caches]
+        assert all(
+            torch.equal(x.keys[..., : x.length, :], y.keys[..., : y.length, :]) for x, y in zip(a.caches, b.caches)
+        )
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    with torch.inference_mode():
+        swapped = BlockCall.run_all([BlockCall(s, root, 5) for s, root in zip(together[::-1], [7, 8, 9])])
+    assert not torch.equal(swapped[0], want[0])

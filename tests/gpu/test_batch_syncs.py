@@ -15,6 +15,7 @@ from graft import batch as batching
 from graft.batch import BatchRequest, generate_batch, rows_bucket, slot_capacity
 from graft.config.hydra_setup import group_options
 from graft.decode import SamplingConfig, generate
+from graft.gpu_check.batched import allowed_reads, counted_rounds
 from graft.gpu_check.sync_counter import SyncCounter, _snapshot, sites_of, syncs_of
 from graft.ops import Ops
 
@@ -44,37 +45,19 @@ def prompts(vocab: int, lengths=LENGTHS) -> list[list[int]]:
 
 
 def batched(target, drafters, ids, temperature=0.0, count=True, with_leavers=False):
-    """({prompt: Generation}, per batched step the host syncs it asked for). A step counts its whole round of the
-    loop: the newcomers' prefill gap before it, the step, and the one read of the records of every sequence that
-    left in it (`_Run.flush`); each as a dict {"syncs", "left": leavers, "first": newcomers whose prompt ended in
-    the gap (each reads its first token)}. Without `with_leavers`, the syncs of the rounds no one left in alone."""
-    done, rounds, counter = {}, [], SyncCounter()
-    gap, flush = batching._Run.prefill_gap, batching._Run.flush
-    current = {}
-
-    def counted_gap(run, live, filling):
-        current.update(before=_snapshot(counter), first=len(live))
-        gap(run, live, filling)
-        current["first"] = len(live) - current["first"]
-
-    def counted_flush(run):
-        left = len(run.leaving)
-        flush(run)
-        if "before" in current:
-            syncs = _snapshot(counter) - current.pop("before")
-            rounds.append({"syncs": syncs, "left": left, "first": current.pop("first")})
-
+    """({prompt: Generation}, per round of the loop the host syncs it asked for: graft/gpu_check/batched.py:
+    counted_rounds, the newcomers' prefill gap, the step and the one read of the leavers' records), each round
+    {"syncs", "left", "first"}. Without `with_leavers`, the syncs of the rounds no one left or joined in alone."""
+    done, counter = {}, SyncCounter()
     queue = deque(BatchRequest(p, torch.Generator().manual_seed(i), tag=i) for i, p in enumerate(ids))
     capacity = slot_capacity([len(p) for p in ids], NEW, max(d.max_nodes() for d in drafters))
     sampling = SamplingConfig(temperature=temperature)
-    batching._Run.prefill_gap, batching._Run.flush = counted_gap, counted_flush
-    try:
+    with counted_rounds({"syncs": lambda: _snapshot(counter)}) as found:
         with counter if count else contextlib.nullcontext():
             generate_batch(
                 target, drafters, queue, NEW, set(), sampling, capacity, lambda r, g, s: done.__setitem__(r.tag, g)
             )
-    finally:
-        batching._Run.prefill_gap, batching._Run.flush = gap, flush
+    rounds = [{"syncs": r["counts"]["syncs"], "left": r["left"], "first": r["first"]} for r in found]
     if with_leavers:
         return done, rounds
     return done, [r["syncs"] for r in rounds if not r["left"] and not r["first"]]
@@ -82,12 +65,6 @@ def batched(target, drafters, ids, temperature=0.0, count=True, with_leavers=Fal
 
 def problems(steps) -> list[str]:
     return [f"step {i}: {syncs_of(s)} at {sites_of(s)}" for i, s in enumerate(steps) if syncs_of(s) != {"read": 1}]
-
-
-def allowed_reads(found: dict) -> int:
-    """What a round may read: the step's one read, one for every leaver's records together, one per newcomer's
-    first token (sampled from its prefill's logits before its drafter starts)."""
-    return 1 + (found["left"] > 0) + found["first"]
 
 
 @pytest.mark.parametrize("method, temperature", CASES)

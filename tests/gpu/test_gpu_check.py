@@ -549,7 +549,10 @@ def test_a_missed_timing_goal_fails_on_a_gpu_and_reads_na_on_a_cpu():
 
 BATCH_SYNCS = "B = 8, greedy: host syncs per batched step, dispatcher counter (worst step of ar / eagle3 / graft)"
 BATCH_LOSSLESS = "B = 8, greedy: every sequence's tokens = batch-1 AR's (float ties allowed)"
-BATCH_LEAVE = "B = 8: host syncs of a step sequences leave in, their records included (worst step)"
+BATCH_LEAVE = (
+    "B = 8: host syncs of a round sequences leave or join in, beyond its stated reads (1, + 1 for the leavers'"
+    " records, + 1 per newcomer's first token; worst round)"
+)
 DFLASH_STEP = "DFlash whole step / AR step (events clock, random block drafter)"
 PRUNE_16 = "pruning: verify(16) / verify(60) at 1K context (kept nodes in buckets of 8)"
 PRUNE_STEP = "pruning: worst verify(smaller) / verify(next larger) over kept nodes 60, 32, 16, 8"
@@ -583,7 +586,8 @@ def test_the_batch_of_8_part_runs_on_the_cpu_and_reports_its_figures(tmp_path, o
     for method in ("ar", "eagle3"):
         row = out["methods"][method]
         assert row["steps"] >= 5 and row["max"] == 1 and row["kinds"] == {"read": row["steps"]}, (method, row)
-        assert row["leaving_steps"] >= 1 and row["leave_max"] >= 1  # the leavers' records, read once each
+        assert row["leaving_steps"] >= 1 and row["joining_steps"] >= 1  # 10 prompts over 8 slots
+        assert row["leave_join_excess_max"] == 0  # the leavers' records in one read, a read per newcomer's first token
         assert row["lossless"] == {"equal": 10, "checked": 10, "divergent": [], "lossless": True}
         assert row["new_tokens"] == 10 * 10 and _positive(row["tokens_per_s_over_ar_batch1"])
         assert "debug_mode_max" not in row  # sync debug mode needs CUDA
@@ -601,7 +605,7 @@ def test_the_batch_of_8_part_runs_on_the_cpu_and_reports_its_figures(tmp_path, o
 
 def test_a_batched_step_reading_each_slot_apart_fails_the_batch_sync_goal(tmp_path, monkeypatch, one_thread):
     """Negative control: every slot's acceptance read back on its own (B reads a step) fails the goal, and the
-    leaving steps' goal with it; the debug-mode count runs per step too (stubbed here: CUDA's sync debug mode
+    leave-and-join rounds' goal with it; the debug-mode count runs per step too (stubbed here: CUDA's sync debug mode
     reports nothing on a CPU)."""
     from graft import acceptance
 

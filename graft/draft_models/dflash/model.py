@@ -113,13 +113,25 @@ class BlockAttention(nn.Module):
     def forward(self, x: Tensor, positions: Tensor, context: KVBuffer, rotary: Rotary) -> Tensor:
         """The block x [1, B, H] (normed) at `positions` [B], over every context entry on `context` and the
         whole block (no causal mask)."""
-        limit = context.length + x.shape[1]  # the block ends the sequence: no position reaches this
-        q = self.query(x, positions, rotary, limit)  # [1, heads, B, d]
-        k, v = self.keys_values(x, positions, rotary, limit)  # [1, kv_heads, B, d]
-        committed = context.length
-        keys, values = context.append(k, v)  # the block sits after the context, then is dropped
-        context.length = committed
-        out, _ = grouped_sdpa(None, q, keys, values, None, is_causal=False)  # [1, B, heads, d]
+        return self.rows(x, positions, [context], rotary, context.length + x.shape[1])
+
+    def rows(self, x: Tensor, positions: Tensor, contexts: list[KVBuffer], rotary: Rotary, limit: int) -> Tensor:
+        """Several sequences' blocks of one size, x [1, S B, H] (normed) at `positions` [S B], sequence i's rows
+        after sequence i - 1's: the projections once over every row, block i's attention over contexts[i] and
+        its own rows (no causal mask). `limit`: above every position (the blocks end their sequences)."""
+        size = x.shape[1] // len(contexts)
+        q = self.query(x, positions, rotary, limit)  # [1, heads, S B, d]
+        k, v = self.keys_values(x, positions, rotary, limit)  # [1, kv_heads, S B, d]
+        merged = []
+        for i, context in enumerate(contexts):
+            mine = slice(i * size, (i + 1) * size)
+            committed = context.length
+            # the block sits after the context, then is dropped
+            keys, values = context.append(k[:, :, mine].contiguous(), v[:, :, mine].contiguous())
+            context.length = committed
+            out, _ = grouped_sdpa(None, q[:, :, mine].contiguous(), keys, values, None, is_causal=False)
+            merged.append(out)  # [1, B, heads, d]
+        out = merged[0] if len(merged) == 1 else torch.cat(merged, dim=1)
         return self.fast.get("o", self.o_proj)(out.reshape(1, x.shape[1], -1))
 
 
@@ -167,18 +179,38 @@ class BlockDrafter(nn.Module):
 
     def encode(self, features: Tensor, caches: list[KVBuffer]) -> None:
         """Append the context keys / values of the n positions committed after the cached ones (features [n, F])."""
-        start, n = caches[0].length, features.shape[0]
-        positions = torch.arange(start, start + n, device=features.device)
-        ctx = self.context(features).unsqueeze(0)  # [1, n, H]
-        for layer, cache in zip(self.layers, caches):
-            cache.append(*layer.self_attn.keys_values(ctx, positions, self.rotary, start + n))
+        self.encode_rows([features], [caches])
+
+    def encode_rows(self, features: list[Tensor], caches: list[list[KVBuffer]]) -> None:
+        """encode() for several sequences (features[i] [n_i, F] after caches[i]'s positions): the context
+        projection and every layer's keys and values once over all their rows, each sequence's appended to its
+        own caches."""
+        counts, starts = [f.shape[0] for f in features], [mine[0].length for mine in caches]
+        device = features[0].device
+        positions = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, counts)])
+        joined = features[0] if len(features) == 1 else torch.cat(features)
+        ctx = self.context(joined).unsqueeze(0)  # [1, total, H]
+        limit = max(s + n for s, n in zip(starts, counts))
+        for index, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(ctx, positions, self.rotary, limit)  # [1, kv_heads, total, d]
+            for mine, k_part, v_part in zip(caches, k.split(counts, dim=2), v.split(counts, dim=2)):
+                mine[index].append(k_part, v_part)
 
     def block(self, embeds: Tensor, caches: list[KVBuffer]) -> Tensor:
         """embeds [B, H] of [committed token, mask, ...], right after the cached context -> normed hidden [B, H]."""
+        return self.block_rows(embeds, [caches])
+
+    def block_rows(self, embeds: Tensor, caches: list[list[KVBuffer]]) -> Tensor:
+        """block() for several sequences' blocks of one size B: embeds [S B, H], sequence i's block after
+        sequence i - 1's, each right after caches[i]'s context; every product once over all rows. Returns the
+        normed hidden [S B, H]."""
         x = embeds.unsqueeze(0).to(self.fc.weight.dtype)
-        start = caches[0].length
-        positions = torch.arange(start, start + x.shape[1], device=x.device)
-        for layer, cache in zip(self.layers, caches):
-            x = x + layer.self_attn(layer.input_layernorm(x), positions, cache, self.rotary)
+        size = x.shape[1] // len(caches)
+        starts = [mine[0].length for mine in caches]
+        positions = torch.cat([torch.arange(s, s + size, device=x.device) for s in starts])
+        limit = max(starts) + size
+        for index, layer in enumerate(self.layers):
+            contexts = [mine[index] for mine in caches]
+            x = x + layer.self_attn.rows(layer.input_layernorm(x), positions, contexts, self.rotary, limit)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)[0]
