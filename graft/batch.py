@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from graft.acceptance import accept, device_generator, sample_token
+from graft.backends.compiling import capacity_bucket
 from graft.backends.slots import SlotCaches
 from graft.backends.target import PromptPrefill, Segment, TargetBackend, tree_segment, tree_segments
 from graft.decode import (
@@ -114,6 +115,8 @@ def generate_batch(
     Newcomers' prompts are encoded between two batched steps, the oldest first, at most one chunk's worth of
     positions (hardware.prefill_chunk) in all while sequences decode, so a newcomer stalls the others one chunk
     at a time (and short prompts share a gap); while no sequence decodes, the chunks run back to back."""
+    if target.compile_mode is not None:  # the capacity is the mask's width: one graph serves every stream in a bucket
+        capacity = capacity_bucket(capacity)
     slots = SlotCaches(target, len(drafters), capacity, ops=target.ops)
     free, live, filling, steps = deque(range(len(drafters))), {}, {}, []
     run = _Run(target, drafters, slots, max_new_tokens, stop_ids, sampling, record_gaps, clock, on_done, free)

@@ -19,7 +19,9 @@ def decoder_of(model):
 class HFBackend(TargetBackend):
     def __init__(self, model, tokenizer, name: str = "target"):
         super().__init__(model, tokenizer, name)
-        self._hooked: set[HiddenTap] = set()
+        # each tap as first hooked: equal taps of other drafters map to it, so a compiled graph's guards on the
+        # taps in flight (`_wanted`, read by the hooks) hold for every drafter, not only for the one it traced
+        self._hooked: dict[HiddenTap, HiddenTap] = {}
         self._wanted: frozenset[HiddenTap] = frozenset()  # the taps of the forward in flight
         self._captured: dict[HiddenTap, Tensor] = {}
         # transformers renamed past_key_values to cache; older 5.x releases silently ignore `cache=`
@@ -49,7 +51,7 @@ class HFBackend(TargetBackend):
                 decoder.layers[tap.layer].register_forward_pre_hook(self._pre_hook(tap), with_kwargs=True)
             else:
                 decoder.layers[tap.layer].register_forward_hook(self._post_hook(tap))
-            self._hooked.add(tap)
+            self._hooked[tap] = tap
 
     def _pre_hook(self, tap: HiddenTap):
         def hook(module, args, kwargs):
@@ -96,7 +98,7 @@ class HFBackend(TargetBackend):
     def _forward(self, ids, positions, mask, taps, logits_to_keep: int = 0, compiled: bool = False) -> ForwardOutput:
         self._hook(taps)
         self._shard_hooks()
-        self._wanted = frozenset(taps)
+        self._wanted = frozenset(self._hooked[tap] for tap in taps)
         model = self._compiled if compiled else self.model
         try:
             out = model(
@@ -119,11 +121,14 @@ class HFBackend(TargetBackend):
             logits = logits.clone()
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def _forward_rows(self, ids, positions, mask, taps, cache) -> tuple[Tensor, Tensor | None]:
+    def _forward_rows(self, ids, positions, mask, taps, cache, compiled: bool = False) -> tuple[Tensor, Tensor | None]:
         self._hook(taps)
-        self._wanted = frozenset(taps)
+        self._wanted = frozenset(self._hooked[tap] for tap in taps)
+        if compiled and self._compiled is None:
+            self._compiled = self._compile()
+        model = self._compiled if compiled else self.model  # one graph per rows bucket and width
         try:
-            out = self.model(
+            out = model(
                 input_ids=ids,
                 position_ids=positions,
                 attention_mask=mask,
@@ -134,4 +139,5 @@ class HFBackend(TargetBackend):
         finally:
             self._wanted = frozenset()
             self._captured.clear()
-        return out.logits.float(), hidden
+        logits = out.logits.float()  # a CUDA graph's outputs are overwritten by its next replay: copied, as _forward
+        return (logits.clone() if compiled and out.logits.dtype == torch.float32 else logits), hidden

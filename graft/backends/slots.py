@@ -35,9 +35,10 @@ class SlotCaches:
                 layer.growable, layer.is_initialized, layer.device = False, True, keys.device
             self.slot.append(cache)
 
-    def rows(self, first: int, starts: list[int]) -> "RowsKVCache":
-        """The cache of one forward over slots first .. first + len(starts) - 1, each writing after its `starts`."""
-        span = slice(first, first + len(starts))
+    def rows(self, first: int, starts: Tensor) -> "RowsKVCache":
+        """The cache of one forward over slots first .. first + len(starts) - 1, each writing after its `starts`
+        ([rows] int64 on the storage's device: no host value a compiled graph would be specialised to)."""
+        span = slice(first, first + starts.shape[0])
         return RowsKVCache([RowsKVLayer(k[span], v[span], starts) for k, v in zip(self.keys, self.values)])
 
 
@@ -49,7 +50,7 @@ class RowsKVLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, keys: Tensor, values: Tensor, starts: list[int]):
+    def __init__(self, keys: Tensor, values: Tensor, starts: Tensor):
         super().__init__()
         self.keys, self.values, self.starts = keys, values, starts
         self.device, self.is_initialized = keys.device, True
@@ -58,17 +59,19 @@ class RowsKVLayer(CacheLayerMixin):
         pass
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        n = key_states.shape[-2]  # [rows, kv_heads, n, head_dim]
-        for row, start in enumerate(self.starts):
-            self.keys[row, :, start : start + n] = key_states[row]
-            self.values[row, :, start : start + n] = value_states[row]
+        """Every row's new keys and values at its own start, in one scatter each (a loop over rows was B copies)."""
+        rows, heads, n, dim = key_states.shape
+        at = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # [rows, n]
+        index = at[:, None, :, None].expand(rows, heads, n, dim)
+        self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
+        self.values.scatter_(2, index, value_states.to(self.values.dtype))
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> int:
-        return max(self.starts)
+        return 0  # the rows' own starts live on the device; the caller passes positions and a full mask
 
     def get_max_length(self) -> int:
         return -1

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from graft.backends.compiling import capacity_bucket
+from graft.backends.padded_rows import padded_rows
 from graft.backends.positional_cache import PositionalKVCache
 from graft.clock import PhaseClock
 from graft.ops import Ops, upload
@@ -323,28 +324,24 @@ class TargetBackend(ABC):
         padded to `width` (default: the longest): a padding position is token 0 seeing position 0 alone, written
         past its slot's length, where the next commit or forward overwrites it. Each tree's logits and taps, as
         verify() gives."""
-        if self.compile_mode is not None or len(self.devices) > 1:
-            raise ValueError("a batch verifies on one device, eager (not hardware.compile, not sharded)")
+        if len(self.devices) > 1:
+            raise ValueError("a batch verifies on one device (not sharded)")
         if self.ragged_rows:  # each tree at its own size: no padding to `width`
             segments = [
                 tree_segment(first + row, tree, topo, self.dtype) for row, (tree, topo) in enumerate(zip(trees, topos))
             ]
             return self.forward_segments(slots, segments, taps)
         width, capacity = max([width or 0, *(tree.num_nodes for tree in trees)]), slots.capacity
-        ids = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)  # [rows, width]
-        positions = torch.zeros(len(trees), width, dtype=torch.long, device=self.input_device)
-        lowest = torch.finfo(self.dtype).min
-        mask = torch.full((len(trees), 1, width, capacity), lowest, dtype=self.dtype, device=self.device)
-        mask[:, :, :, 0] = 0  # padding queries see position 0 (a row of -inf would be NaN); real rows are set below
-        for row, (tree, topo) in enumerate(zip(trees, topos)):
-            n, start = tree.num_nodes, topo.cache_len
-            if start + width > capacity:
-                raise RuntimeError(f"slot {first + row}: {start} + {width} positions exceed its {capacity}")
-            ids[row, :n] = tree.tokens.clamp_min(0)  # an empty slot (-1) is verified as token 0, never accepted
-            positions[row, :n] = topo.position_ids()[0]
-            mask[row, 0, :n, : start + n] = topo.attention_mask(self.dtype)[0, 0]
-        cache = slots.rows(first, [topo.cache_len for topo in topos])
-        logits, hidden = self._forward_rows(ids, positions, mask, taps, cache)
+        for row, topo in enumerate(topos):
+            if topo.cache_len + width > capacity:
+                raise RuntimeError(f"slot {first + row}: {topo.cache_len} + {width} positions exceed its {capacity}")
+        ids, positions, mask, starts = padded_rows(
+            trees, topos, width=width, capacity=capacity, dtype=self.dtype, device=self.device
+        )
+        ids, positions = ids.to(self.input_device), positions.to(self.input_device)
+        cache = slots.rows(first, starts)
+        # compiled (hardware.compile): the rows' starts are device tensors, so new starts reuse a bucket's graph
+        logits, hidden = self._forward_rows(ids, positions, mask, taps, cache, compiled=self.compile_mode is not None)
         return [
             ForwardOutput(
                 logits=logits[row, : tree.num_nodes], hidden=None if hidden is None else hidden[row, : tree.num_nodes]
@@ -358,9 +355,10 @@ class TargetBackend(ABC):
         and taps, as verify() and prefill() give them."""
         raise ValueError(f"{type(self).__name__} verifies a batch as padded rows (verify_rows), not segments")
 
-    def _forward_rows(self, ids, positions, mask, taps, cache) -> tuple[Tensor, Tensor | None]:
-        """ids, positions [rows, n]; mask [rows, 1, n, capacity] additive; `cache` the rows' (RowsKVCache).
-        Logits [rows, n, vocab] float32 and taps [rows, n, taps * hidden] (None without taps)."""
+    def _forward_rows(self, ids, positions, mask, taps, cache, compiled: bool = False) -> tuple[Tensor, Tensor | None]:
+        """ids, positions [rows, n]; mask [rows, 1, n, capacity] additive; `cache` the rows' (RowsKVCache);
+        `compiled`: through the compiled module. Logits [rows, n, vocab] float32 and taps [rows, n, taps * hidden]
+        (None without taps)."""
         raise ValueError(
             f"{type(self).__name__} verifies one sequence at a time; run.batch_size > 1 needs the transformers "
             "forward (hardware.fast_path=none)"

@@ -8,7 +8,8 @@ import time
 from collections import deque
 
 from baselines.autoregressive import Autoregressive
-from graft.batch import BatchRequest, generate_batch, occupancy
+from graft.backends.compiling import capacity_bucket
+from graft.batch import BatchRequest, generate_batch, occupancy, rows_bucket
 from graft.data.loading import Prompt
 from graft.decode import Generation, SamplingConfig
 from graft.drafter import Drafter
@@ -25,12 +26,13 @@ STREAM_FACTOR = 4
 
 def batched_hardware(hardware, batch_size: int):
     """The hardware a batch runs on: the configured forward (the CPU engine runs ragged rows, the transformers
-    forward padded ones), eager and on one device (refused otherwise, before the model loads)."""
+    forward padded ones, compiled where hardware.compile says: a graph per rows bucket), on one device (refused
+    otherwise, before the model loads)."""
     if batch_size == 1:
         return hardware
-    if hardware.compile != "off" or hardware.tensor_parallel or hardware.device_map:
+    if hardware.tensor_parallel or hardware.device_map:
         raise ConfigError(
-            f"run.batch_size={batch_size} decodes on one device, eager; not with hardware.compile={hardware.compile}, "
+            f"run.batch_size={batch_size} decodes on one device; not with "
             f"tensor_parallel={hardware.tensor_parallel} or device_map={hardware.device_map} (run.batch_size=1 runs those)"
         )
     # padded rows are verified at one width, so a pruned tree's kept size is not read back per slot (B syncs a step)
@@ -133,11 +135,33 @@ def measure_group(
     return results, totals
 
 
-def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool):
+def warm_batches(model, slot_drafters: dict, groups: list[list[Prompt]], run_cfg, sampling) -> None:
+    """Every role once over the first group's first prompts (each slot's drafter sets itself up lazily). Compiled
+    (hardware.compile), also every rows bucket at every slot capacity the groups reach, each at the width the
+    timed steps verify (fixed-size trees): one graph each, none left to compile inside a timed stream."""
+    size = run_cfg.batch_size
+    first = groups[0][:size]
+    for drafters in slot_drafters.values():
+        run_conversations(model, drafters, first, run_cfg.warmup_tokens, sampling, run_cfg.seed, False)
+    target = model.target
+    if target.compile_mode is None:
+        return
+    ids = model.chat.prompt_ids([{"role": "user", "content": first[0].turns[0]}])
+    for drafters in slot_drafters.values():
+        nodes = max(d.max_nodes() for d in drafters)
+        capacities = {capacity_bucket(conversation_capacity(model, g, run_cfg.max_new_tokens, nodes)) for g in groups}
+        for capacity in sorted(capacities):
+            for rows in sorted({rows_bucket(n, size) for n in range(1, size + 1)}):
+                queue = deque(BatchRequest(ids, None) for _ in range(rows))
+                tokens = run_cfg.warmup_tokens
+                generate_batch(target, drafters[:rows], queue, tokens, set(), sampling, capacity, lambda *a: None)
+
+
+def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool, warm=None):
     """The records of `todo` measured run.batch_size sequences at a time: groups of STREAM_FACTOR x B sequences,
     each a stream at concurrency B (finished sequences hand their slots to newcomers), every role over a group in
-    rotating order, after an untimed warm-up of every role on the first prompts; a group's records are written
-    together when it is done (one list per group)."""
+    rotating order, after an untimed warm-up of every role (warm_batches; counted as `warm`'s where compiled); a
+    group's records are written together when it is done (one list per group)."""
     run_cfg, size = cfg.run, cfg.run.batch_size
     slot_drafters = {} if baseline is None else {"baseline": [Autoregressive(model.target) for _ in range(size)]}
     methods = {m.name: m for m in cfg.compared}
@@ -145,11 +169,14 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
         slot_drafters[name] = [drafter] + [build_drafter(methods[name], model.target, size) for _ in range(size - 1)]
         for other in slot_drafters[name][1:]:
             other.share_with(drafter)  # state the method shares across the batch (recycling's table: shared)
-    if run_cfg.warmup and todo:
-        first = [prompt for _, _, prompt in todo[:size]]
-        for drafters in slot_drafters.values():
-            run_conversations(model, drafters, first, run_cfg.warmup_tokens, sampling, run_cfg.seed, False)
     group = STREAM_FACTOR * size
+    if run_cfg.warmup and todo:
+        groups = [[p for _, _, p in todo[start : start + group]] for start in range(0, len(todo), group)]
+        warming = lambda: warm_batches(model, slot_drafters, groups, run_cfg, sampling)  # noqa: E731
+        if warm is None:
+            warming()
+        else:
+            warm.inside_timed(warming)
     for start in range(0, len(todo), group):
         chunk = todo[start : start + group]
         results, totals = measure_group(

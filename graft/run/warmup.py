@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -133,6 +134,16 @@ class WarmUp:
                 generate(target, drafter, prompt, self._tokens(), set(), self.sampling, generator)
                 if self.compiled:
                     verify_sizes(target, drafter, prompt, self._tokens())
+        self._count(before, late)
+
+    def inside_timed(self, warm: Callable[[], None]) -> None:
+        """A warm-up run inside the timed window (a batched run's: graft/run/batched.py, warm_batches): what it
+        compiles is counted as warm-up, not as timed."""
+        before = compile_counts()
+        warm()
+        self._count(before, late=True)
+
+    def _count(self, before: dict[str, int], late: bool) -> None:
         for key, value in compile_counts().items():
             for counts in (self.counts, self.late_counts) if late else (self.counts,):
                 counts[key] = counts.get(key, 0) + value - before[key]

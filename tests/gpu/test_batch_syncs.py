@@ -133,9 +133,9 @@ def shapes_seen(target, method: str, monkeypatch) -> collections.Counter:
     seen = collections.Counter()
     forward = type(target)._forward_rows
 
-    def recorded(self, ids, positions, mask, taps, cache):
+    def recorded(self, ids, positions, mask, taps, cache, compiled=False):
         seen[(tuple(ids.shape), tuple(mask.shape))] += 1
-        return forward(self, ids, positions, mask, taps, cache)
+        return forward(self, ids, positions, mask, taps, cache, compiled)
 
     monkeypatch.setattr(type(target), "_forward_rows", recorded)
     drafters = [drafter_for(method, target) for _ in range(4)]

@@ -1,6 +1,7 @@
 """hardware.compile: static caches, and the verify forward and draft-head levels through torch.compile."""
 
 import contextlib
+import json
 
 import pytest
 import torch
@@ -235,3 +236,109 @@ def test_every_drafter_of_a_run_shares_the_largest_drafters_bucket(tiny):
             buffers.append(target.cache.layers[0].keys)
         assert target.spare_nodes == 0 and target.cache.capacity == 640
         assert buffers[0] is buffers[1] is buffers[2]
+
+
+def _batch_tokens(target, drafters, prompts: list[list[int]], new: int) -> dict:
+    from collections import deque
+
+    from graft.batch import BatchRequest, generate_batch, slot_capacity
+    from graft.decode import SamplingConfig
+
+    done: dict = {}
+    queue = deque(BatchRequest(p, None, tag=i) for i, p in enumerate(prompts))
+    capacity = slot_capacity([len(p) for p in prompts], new, max(d.max_nodes() for d in drafters))
+    record = lambda request, gen, slot: done.__setitem__(request.tag, gen.new_tokens)  # noqa: E731
+    generate_batch(target, drafters, queue, new, set(), SamplingConfig(), capacity, record)
+    return done
+
+
+def _rows_at_host_starts(self, first: int, starts: torch.Tensor):
+    """SlotCaches.rows as it was: each row's keys written at its start held as a host integer."""
+    from graft.backends.slots import RowsKVCache, RowsKVLayer
+
+    class HostStarts(RowsKVLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            n = key_states.shape[-2]
+            for row, start in enumerate(self.host_starts):
+                self.keys[row, :, start : start + n] = key_states[row]
+                self.values[row, :, start : start + n] = value_states[row]
+            return self.keys, self.values
+
+    span, host = slice(first, first + starts.shape[0]), starts.tolist()
+    layers = [HostStarts(k[span], v[span], starts) for k, v in zip(self.keys, self.values)]
+    for layer in layers:
+        layer.host_starts = host
+    return RowsKVCache(layers)
+
+
+def test_a_compiled_batch_captures_a_graph_per_rows_bucket_and_none_for_new_starts(monkeypatch):
+    """Graft at B = 4 compiled (the GPU settings on the CPU: fixed-size trees, tree_bucket 0; dynamo's capture
+    with the eager backend): a warm-up stream of 6 prompts over 4 slots reaches the rows buckets 4, 2 and 1; a
+    second stream of other prompts (other slot starts, newcomers and leavers) captures no new graph, and every
+    sequence's tokens are batch-1 AR's. Negative control: the rows' starts as host integers, written row by row
+    (as the cache did before the starts moved to the device), make new starts new graphs."""
+    from test_host_syncs import drafter_for, gpu_settings
+
+    from graft.backends import slots
+    from graft.backends.compiling import compiled_graphs
+
+    target = gpu_settings("tiny_llama")
+    target.tree_bucket, target.compile_mode, target.compile_backend = 0, "default", "eager"
+    generator = torch.Generator().manual_seed(5)
+    streams = [
+        [torch.randint(3, 200, (n,), generator=generator).tolist() for n in lengths]
+        for lengths in ((12, 21, 9, 17, 10, 26), (15, 8, 23, 11, 19, 13))
+    ]
+    alone = [generate(target, drafter_for("ar", target), p, 8, set()).new_tokens for p in streams[1]]
+    drafters = [drafter_for("graft", target) for _ in range(4)]
+    torch._dynamo.reset()
+    _batch_tokens(target, drafters, streams[0], 8)
+    graphs = compiled_graphs()
+    done = _batch_tokens(target, drafters, streams[1], 8)
+    assert 0 < graphs == compiled_graphs()
+    assert [done[i] for i in range(6)] == alone
+    monkeypatch.setattr(slots.SlotCaches, "rows", _rows_at_host_starts)
+    torch._dynamo.reset()
+    target._compiled = None
+    _batch_tokens(target, drafters, streams[0], 8)
+    graphs = compiled_graphs()
+    _batch_tokens(target, drafters, streams[1], 8)
+    assert compiled_graphs() > graphs
+
+
+def _compiled_batched_run(path, *extra) -> dict:
+    from graft.config.experiment import validate
+    from graft.run import runner
+
+    overrides = ["model=tiny_llama", "methods=[eagle3,graft]", "run.batch_size=4", "run.num_prompts=6"]
+    overrides += ["run.max_new_tokens=8", "logger=none", "run.progress=false", "hardware=gpu", "hardware.device=cpu"]
+    overrides += ["hardware.fast_path=none", "hardware.compile=default", "hardware.compile_backend=eager", *extra]
+    resolved = compose(overrides)
+    resolved["run"]["out_dir"] = str(path)
+    runner.run(validate(resolved), resolved)
+    return json.loads((path / "summary.json").read_text())
+
+
+def test_a_compiled_batched_run_compiles_every_graph_at_its_warm_up(tmp_path, monkeypatch):
+    """run.batch_size=4 with hardware.compile (the GPU settings on the CPU, dynamo's capture): the batched warm-up
+    covers every rows bucket at every slot capacity the streams reach, so no graph compiles inside a timed
+    stream (run.json's compile.graphs_timed 0), and every method is lossless. Negative control: a warm-up run
+    eager compiles no bucket, and the timed streams count the graphs they compile."""
+    from graft.run import batched
+
+    torch._dynamo.reset()
+    summary = _compiled_batched_run(tmp_path / "warm")
+    assert summary["compile"]["graphs_at_warmup"] > 0 and summary["compile"]["graphs_timed"] == 0, summary["compile"]
+    assert all(side["lossless"] for side in summary["methods"].values())
+    warm = batched.warm_batches
+
+    def roles_alone(model, slot_drafters, groups, run_cfg, sampling):
+        compile_mode, model.target.compile_mode = model.target.compile_mode, None  # nothing compiled
+        try:
+            warm(model, slot_drafters, groups, run_cfg, sampling)
+        finally:
+            model.target.compile_mode = compile_mode
+
+    monkeypatch.setattr(batched, "warm_batches", roles_alone)
+    torch._dynamo.reset()
+    assert _compiled_batched_run(tmp_path / "cold")["compile"]["graphs_timed"] > 0
