@@ -310,7 +310,7 @@ def _compiled_batched_run(path, *extra) -> dict:
     from graft.config.experiment import validate
     from graft.run import runner
 
-    overrides = ["model=tiny_llama", "methods=[eagle3,graft]", "run.batch_size=4", "run.num_prompts=6"]
+    overrides = ["model=tiny_llama", "methods=[graft]", "run.batch_size=2", "run.num_prompts=4"]
     overrides += ["run.max_new_tokens=8", "logger=none", "run.progress=false", "hardware=gpu", "hardware.device=cpu"]
     overrides += ["hardware.fast_path=none", "hardware.compile=default", "hardware.compile_backend=eager", *extra]
     resolved = compose(overrides)
@@ -320,7 +320,7 @@ def _compiled_batched_run(path, *extra) -> dict:
 
 
 def test_a_compiled_batched_run_compiles_every_graph_at_its_warm_up(tmp_path, monkeypatch):
-    """run.batch_size=4 with hardware.compile (the GPU settings on the CPU, dynamo's capture): the batched warm-up
+    """Graft at run.batch_size=2 with hardware.compile (the GPU settings on the CPU, dynamo's capture): the warm-up
     covers every rows bucket at every slot capacity the streams reach, so no graph compiles inside a timed
     stream (run.json's compile.graphs_timed 0), and every method is lossless. Negative control: a warm-up run
     eager compiles no bucket, and the timed streams count the graphs they compile."""
