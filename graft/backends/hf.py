@@ -99,7 +99,7 @@ class HFBackend(TargetBackend):
         self._hook(taps)
         self._shard_hooks()
         self._wanted = frozenset(self._hooked[tap] for tap in taps)
-        model = self._compiled if compiled else self.model
+        model = self._compiled_module() if compiled else self.model
         try:
             out = model(
                 input_ids=ids,
@@ -115,18 +115,12 @@ class HFBackend(TargetBackend):
             self._captured.clear()
             if self._placed:
                 self._placed.clear()
-        # a CUDA graph's outputs are overwritten by its next replay: the compiled forward's logits are copied
-        logits = out.logits[0].float()  # a copy unless the logits are float32 already
-        if compiled and out.logits.dtype == torch.float32:
-            logits = logits.clone()
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return ForwardOutput(logits=_owned_logits(out.logits[0], compiled), hidden=hidden)
 
     def _forward_rows(self, ids, positions, mask, taps, cache, compiled: bool = False) -> tuple[Tensor, Tensor | None]:
         self._hook(taps)
         self._wanted = frozenset(self._hooked[tap] for tap in taps)
-        if compiled and self._compiled is None:
-            self._compiled = self._compile()
-        model = self._compiled if compiled else self.model  # one graph per rows bucket and width
+        model = self._compiled_module() if compiled else self.model  # one graph per rows bucket and width
         try:
             out = model(
                 input_ids=ids,
@@ -139,5 +133,11 @@ class HFBackend(TargetBackend):
         finally:
             self._wanted = frozenset()
             self._captured.clear()
-        logits = out.logits.float()  # a CUDA graph's outputs are overwritten by its next replay: copied, as _forward
-        return (logits.clone() if compiled and out.logits.dtype == torch.float32 else logits), hidden
+        return _owned_logits(out.logits, compiled), hidden
+
+
+def _owned_logits(logits: Tensor, compiled: bool) -> Tensor:
+    """The forward's logits as float32 the caller owns: a CUDA graph's outputs are overwritten by its next replay,
+    so the compiled forward's are copied (.float() copies unless they are float32 already)."""
+    owned = logits.float()
+    return owned.clone() if compiled and logits.dtype == torch.float32 else owned

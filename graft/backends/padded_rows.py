@@ -33,7 +33,7 @@ def padded_rows(
     allowed = torch.where(real[:, :, None], allowed, columns == 0)  # padding sees position 0 alone
     mask = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
     positions = torch.where(real, depth + starts[:, None], 0)
-    return tokens.to(device), positions, mask, starts
+    return tokens, positions, mask, starts
 
 
 def _padded(x: Tensor, width: int, dim: int = -1) -> Tensor:

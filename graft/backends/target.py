@@ -375,11 +375,16 @@ class TargetBackend(ABC):
             mask = self._chunk_mask(n, start)
         hidden_slots = self.cache.capacity - mask.shape[-1]
         mask = torch.nn.functional.pad(mask, (0, hidden_slots), value=torch.finfo(mask.dtype).min)
-        if compiled and self._compiled is None:
-            self._compiled = self._compile()
         out = self._forward(ids, positions, mask, taps, logits_to_keep, compiled=compiled)
         self.cache.advance(n)
         return out
+
+    def _compiled_module(self):
+        """The compiled module (hardware.compile), made on its first use: the verify forward's and a batch's
+        padded rows' one torch.compile, a graph per shape."""
+        if self._compiled is None:
+            self._compiled = self._compile()
+        return self._compiled
 
     def _compile(self):
         """The module the compiled forward calls (backends that support hardware.compile override this)."""

@@ -116,10 +116,8 @@ class BlockSource(DraftSource):
 
     @torch.inference_mode()
     def block_log_probs(self, root: int, size: int) -> Tensor:
-        """[size - 1, V] log-probabilities of block positions 1 .. size - 1 after `root`."""
-        ids = torch.cat([upload([root], self.mask.device), self.mask.expand(size - 1)])
-        hidden = self.model.block(self.target.embed(ids), self.caches)  # [size, H]
-        return torch.log_softmax(self.target.lm_head(hidden[1:]).float(), dim=-1)
+        """[size - 1, V] log-probabilities of block positions 1 .. size - 1 after `root` (a batch of one block)."""
+        return _blocks([BlockCall(self, root, size)])[0]
 
     @torch.inference_mode()
     def draft(self, state: SequenceState, split: Split, total_tokens: int) -> Draft:
@@ -156,8 +154,8 @@ class BlockCall:
 
 
 def _blocks(calls: list[BlockCall]) -> list[Tensor]:
-    if len(calls) == 1:
-        return [calls[0].run()]
+    """Each call's [size - 1, V] log-probabilities: the blocks [root, mask x (size - 1)] of one drafter in one
+    forward, each after its own caches, and the LM head once over every block's mask positions."""
     source, size = calls[0].source, calls[0].size
     ids = torch.cat(
         [upload([c.root for c in calls], source.mask.device)[:, None], source.mask.expand(len(calls), size - 1)], 1

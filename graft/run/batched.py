@@ -146,18 +146,18 @@ def warm_batches(model, slot_drafters: dict, groups: list[list[Prompt]], run_cfg
     target = model.target
     if target.compile_mode is None:
         return
-    ids = model.chat.prompt_ids([{"role": "user", "content": first[0].turns[0]}])
+    ids, tokens = model.chat.prompt_ids([{"role": "user", "content": first[0].turns[0]}]), run_cfg.warmup_tokens
     for drafters in slot_drafters.values():
         nodes = max(d.max_nodes() for d in drafters)
+        # generate_batch buckets a compiled batch's capacity: equal buckets compile once
         capacities = {capacity_bucket(conversation_capacity(model, g, run_cfg.max_new_tokens, nodes)) for g in groups}
         for capacity in sorted(capacities):
             for rows in sorted({rows_bucket(n, size) for n in range(1, size + 1)}):
                 queue = deque(BatchRequest(ids, None) for _ in range(rows))
-                tokens = run_cfg.warmup_tokens
                 generate_batch(target, drafters[:rows], queue, tokens, set(), sampling, capacity, lambda *a: None)
 
 
-def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool, warm=None):
+def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling, comparison: bool, *, warm):
     """The records of `todo` measured run.batch_size sequences at a time: groups of STREAM_FACTOR x B sequences,
     each a stream at concurrency B (finished sequences hand their slots to newcomers), every role over a group in
     rotating order, after an untimed warm-up of every role (warm_batches; counted as `warm`'s where compiled); a
@@ -172,11 +172,7 @@ def measure_batched(model, cfg, contenders: dict, baseline, todo: list, sampling
     group = STREAM_FACTOR * size
     if run_cfg.warmup and todo:
         groups = [[p for _, _, p in todo[start : start + group]] for start in range(0, len(todo), group)]
-        warming = lambda: warm_batches(model, slot_drafters, groups, run_cfg, sampling)  # noqa: E731
-        if warm is None:
-            warming()
-        else:
-            warm.inside_timed(warming)
+        warm.inside_timed(lambda: warm_batches(model, slot_drafters, groups, run_cfg, sampling))
     for start in range(0, len(todo), group):
         chunk = todo[start : start + group]
         results, totals = measure_group(

@@ -260,7 +260,7 @@ def measurements(model: LoadedModel, cfg, contenders: dict, *, baseline, todo: l
     """The records of `todo`, measured as they are asked for: one at a time, or a batched group's as one list."""
     run_cfg, comparison = cfg.run, cfg.methods is not None
     if run_cfg.batch_size > 1:
-        return measure_batched(model, cfg, contenders, baseline, todo, sampling, comparison, warm)
+        return measure_batched(model, cfg, contenders, baseline, todo, sampling, comparison, warm=warm)
     settings = {"run_cfg": run_cfg, "sampling": sampling, "comparison": comparison}
     warm = warm if run_cfg.warmup else None
     return (

@@ -83,8 +83,7 @@ void few_row_attention(const float* query, const T* keys, const T* values, int64
                        float scaling, float* out) {
   constexpr int64_t d = 8 * V;
   const int64_t groups = heads / kv_heads, total = start + n, queries = groups * n;
-  const bool split = queries > 1 && kv_heads < 2 * at::get_num_threads() && !at::in_parallel_region();
-  const int64_t parts = std::max<int64_t>(split ? 2 : 1, (queries + kQueryBlock - 1) / kQueryBlock);
+  const int64_t parts = query_parts(queries, kv_heads);
   const int64_t per_part = (queries + parts - 1) / parts;
   at::parallel_for(0, kv_heads * parts, 1, [&](int64_t first, int64_t last) {
     const int64_t stride = total + 8;

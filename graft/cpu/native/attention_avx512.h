@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "cache_values.h"
@@ -41,15 +40,11 @@ inline void prefetch_rows(const C* row, int64_t count) {
   for (int64_t b = 0; b < count * static_cast<int64_t>(sizeof(C)); b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
 }
 
-// `count` keys' values as float32: a float32 cache's in place, a bfloat16 cache's widened into `wide`.
+// `count` keys' values (a multiple of 16: whole rows of head_dim 16 V) as float32: a float32 cache's in place, a
+// bfloat16 cache's widened into `wide`.
 inline const float* widened_keys(const float* keys, int64_t, float*) { return keys; }
 inline const float* widened_keys(const uint16_t* keys, int64_t count, float* wide) {
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16) _mm512_storeu_ps(wide + i, load_lanes(keys + i));
-  for (; i < count; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(keys[i]) << 16;
-    std::memcpy(wide + i, &bits, sizeof bits);
-  }
+  for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(wide + i, load_lanes(keys + i));
   return wide;
 }
 
@@ -68,10 +63,7 @@ void few_row_attention(const float* query, const C* keys, const C* values, int64
                        float scaling, float* out) {
   constexpr int64_t d = 16 * V;
   const int64_t groups = heads / kv_heads, total = start + n, queries = groups * n;
-  // inside a parallel region (a batch's segments, one a thread) a second part would only read the keys twice;
-  // a long prompt chunk's queries go kQueryBlock at a time, so that its scores stay [kQueryBlock, keys]
-  const bool split = queries > 1 && kv_heads < 2 * at::get_num_threads() && !at::in_parallel_region();
-  const int64_t parts = std::max<int64_t>(split ? 2 : 1, (queries + kQueryBlock - 1) / kQueryBlock);
+  const int64_t parts = query_parts(queries, kv_heads);
   const int64_t per_part = (queries + parts - 1) / parts;
   at::parallel_for(0, kv_heads * parts, 1, [&](int64_t first, int64_t last) {
     const int64_t stride = total + 16;

@@ -68,18 +68,10 @@ inline void amx_width(int64_t width, const uint32_t* x, int64_t k_pairs, const u
 }
 
 // Rows beyond 16: the 16-column groups of a thread's blocks taken two at a time (a pair may span two blocks)
-// for two row groups, 2 x 2 accumulators (tiles 0 .. 3), x's two row groups (4, 5) and the pair's weights (6, 7):
-// four tile loads for four tdpbf16ps a k step, where a whole block's three groups took nine loads for six. Each
-// accumulator still adds its k steps in order from zero, so a product's bits are those of amx_block.
-inline void configure_pair_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.bytes_per_row[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
+// for two row groups, 2 x 2 accumulators (tiles 0 .. 3), x's two row groups (4, 5) and the pair's weights (6, 7),
+// every tile 16 rows (configure_tiles(16)): four tile loads for four tdpbf16ps a k step, where a whole block's
+// three groups took nine loads for six. Each accumulator still adds its k steps in order from zero, so a
+// product's bits are those of amx_block.
 // y's 32 rows x two 16-column groups (columns c0 and c1; their weights w0, w1 in the dot panels' layout, rows
 // w_stride bytes apart); `single`: the second group absent.
 template <bool single>
@@ -123,7 +115,7 @@ inline void amx_pair_blocks(const uint32_t* x_pairs, int64_t rows, int64_t k_pai
   };
   auto column = [&](int64_t g) { return (first + g / per_block) * width + 16 * (g % per_block); };
   int64_t m0 = 0;
-  configure_pair_tiles();
+  configure_tiles(16);  // every tile 16 rows: the pairs', and amx_block's for an odd last 16
   for (; m0 + 32 <= rows; m0 += 32) {
     const uint32_t* xr = x_pairs + m0 * k_pairs;
     float* y = yp + m0 * n_size;
@@ -133,7 +125,6 @@ inline void amx_pair_blocks(const uint32_t* x_pairs, int64_t rows, int64_t k_pai
     if (g < groups) amx_pair<true>(xr, k_pairs, weights(g), nullptr, w_stride, width, y + column(g), nullptr, n_size);
   }
   if (m0 < rows) {  // the last 16 rows
-    configure_tiles(16);
     const uint32_t* xr = x_pairs + m0 * k_pairs;
     for (int64_t b = first; b < last; ++b)
       amx_width(width, xr, k_pairs, wp + b * k_pairs * 2 * width, yp + m0 * n_size + b * width, n_size);

@@ -2,6 +2,8 @@
 // values, horizontal reductions.
 #pragma once
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +15,14 @@ namespace graft {
 // The few-row attention kernels take a long prompt chunk's queries this many at a time: their scores stay
 // [kQueryBlock, keys] however long the chunk (a query's result never depends on the others beside it).
 constexpr int64_t kQueryBlock = 256;
+
+// How many parts a kv head's `queries` go in: two where the kv heads alone would leave threads idle, but not inside
+// a parallel region (a batch's segments, one a thread), where a second part would only read the keys twice; and
+// at least one per kQueryBlock queries. A query's result never depends on the part it is in.
+inline int64_t query_parts(int64_t queries, int64_t kv_heads) {
+  const bool split = queries > 1 && kv_heads < 2 * at::get_num_threads() && !at::in_parallel_region();
+  return std::max<int64_t>(split ? 2 : 1, (queries + kQueryBlock - 1) / kQueryBlock);
+}
 
 // Sum of squares vectorised (omp simd lets the compiler reorder the float reduction).
 inline float inverse_rms(const float* x, int64_t d, float eps) {
